@@ -1,0 +1,807 @@
+//! The run configuration: a TOML schema with a default for every key.
+//!
+//! A file only needs the keys it changes. Unknown keys are errors that name
+//! the key, and [`Config::validate`] rejects out-of-range values by key.
+//! [`Config::to_resolved_toml`] writes every default out, with the version,
+//! so that any result can be traced back to the exact choices behind it.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Free-form name, used for the default output directory.
+    pub name: String,
+    /// Master seed of every random stream.
+    pub seed: u64,
+    /// Number of communication rounds.
+    pub rounds: usize,
+    /// Test accuracies (0..1) whose first-reaching round is reported.
+    pub targets: Vec<f64>,
+    /// Where dataset files live; `FEDSEL_DATA` or a per-user default otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Compute device: `flex` (CPU) or `cuda` (needs the `cuda` feature).
+    pub device: String,
+    /// Check dataset files against their published checksums.
+    pub verify_checksums: bool,
+    /// Version of fedsel that resolved this config; informational.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fedsel_version: Option<String>,
+    /// The dataset.
+    pub dataset: DatasetConfig,
+    /// How the training data is split over clients.
+    pub partition: PartitionConfig,
+    /// The model.
+    pub model: ModelConfig,
+    /// Local training on the clients.
+    pub train: TrainConfig,
+    /// Aggregation and server optimizer.
+    pub server: ServerConfig,
+    /// Client selection.
+    pub selection: SelectionConfig,
+    /// Client availability.
+    pub availability: AvailabilityConfig,
+    /// Evaluation of the global model.
+    pub eval: EvalConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            name: "default".into(),
+            seed: 1,
+            rounds: 200,
+            targets: vec![0.5, 0.6, 0.7],
+            data_dir: None,
+            device: "flex".into(),
+            verify_checksums: true,
+            fedsel_version: None,
+            dataset: DatasetConfig::default(),
+            partition: PartitionConfig::default(),
+            model: ModelConfig::default(),
+            train: TrainConfig::default(),
+            server: ServerConfig::default(),
+            selection: SelectionConfig::default(),
+            availability: AvailabilityConfig::default(),
+            eval: EvalConfig::default(),
+        }
+    }
+}
+
+/// Which dataset to load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DatasetConfig {
+    /// FedProx's Synthetic(α, β) generator (built in, no files).
+    Synthetic {
+        /// Std of the per-user model mean u_k (heterogeneity of the models).
+        #[serde(default = "half")]
+        alpha: f64,
+        /// Std of the per-user feature mean B_k (heterogeneity of the inputs).
+        #[serde(default = "half")]
+        beta: f64,
+        /// Number of users (each becomes one client under the natural partition).
+        #[serde(default = "thirty")]
+        users: usize,
+        /// Input dimension.
+        #[serde(default = "sixty")]
+        dim: usize,
+        /// Number of classes.
+        #[serde(default = "ten")]
+        classes: usize,
+        /// Fraction of each user's samples kept for the global test set.
+        #[serde(default = "tenth")]
+        test_fraction: f64,
+    },
+    /// Fashion-MNIST from the four IDX files.
+    Fmnist,
+    /// CIFAR-10 binary version.
+    Cifar10,
+    /// CIFAR-100 binary version (fine labels).
+    Cifar100,
+    /// Shakespeare, LEAF preprocessing of the Gutenberg text.
+    Shakespeare {
+        /// Fraction of each role's windows used for training (LEAF `--tf`).
+        #[serde(default = "eight_tenths")]
+        train_fraction: f64,
+        /// Roles with fewer windows are dropped (LEAF `-k`).
+        #[serde(default)]
+        min_samples: usize,
+        /// Keep at most this many roles (0 = all), taken in a seeded order.
+        #[serde(default)]
+        max_clients: usize,
+        /// Keep at most this many windows per role (0 = all), for CPU-sized runs.
+        #[serde(default)]
+        max_samples_per_client: usize,
+    },
+}
+
+fn half() -> f64 {
+    0.5
+}
+fn tenth() -> f64 {
+    0.1
+}
+fn eight_tenths() -> f64 {
+    0.8
+}
+fn thirty() -> usize {
+    30
+}
+fn sixty() -> usize {
+    60
+}
+fn ten() -> usize {
+    10
+}
+
+impl Default for DatasetConfig {
+    fn default() -> Self {
+        Self::Synthetic {
+            alpha: 0.5,
+            beta: 0.5,
+            users: 30,
+            dim: 60,
+            classes: 10,
+            test_fraction: 0.1,
+        }
+    }
+}
+
+impl DatasetConfig {
+    /// Short name as used in `kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Synthetic { .. } => "synthetic",
+            Self::Fmnist => "fmnist",
+            Self::Cifar10 => "cifar10",
+            Self::Cifar100 => "cifar100",
+            Self::Shakespeare { .. } => "shakespeare",
+        }
+    }
+}
+
+/// How training examples are assigned to clients.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PartitionConfig {
+    /// The rule.
+    pub scheme: PartitionScheme,
+    /// Number of clients (ignored by `natural`, which takes the dataset's users).
+    pub clients: usize,
+    /// Fraction of each client's examples held out for its loss reports.
+    pub holdout_fraction: f64,
+}
+
+impl Default for PartitionConfig {
+    fn default() -> Self {
+        Self {
+            scheme: PartitionScheme::Natural,
+            clients: 30,
+            holdout_fraction: 0.2,
+        }
+    }
+}
+
+/// The partition rules of the papers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum PartitionScheme {
+    /// Uniformly at random, equal sizes.
+    Iid,
+    /// Sort by label, cut into `shards_per_client · N` shards, deal them out (1SPC/2SPC).
+    Shards {
+        /// Shards per client.
+        shards_per_client: usize,
+    },
+    /// Per-client label mix q_k ~ Dir(α·prior), sizes from a min-norm QP (FedCor App. C.2).
+    DirichletQp {
+        /// Concentration α.
+        alpha: f64,
+    },
+    /// Per-class Dirichlet over clients (Hsu et al.); several α give client groups (HiCS App. 6.10).
+    ClassDirichlet {
+        /// One α per client group; clients are split evenly over the groups.
+        alphas: Vec<f64>,
+    },
+    /// Each client holds k labels, chosen to balance label use (FedGS FMNIST).
+    Labels {
+        /// Labels per client.
+        labels_per_client: usize,
+    },
+    /// Log-normal client sizes with Dirichlet label mixes (FedGS CIFAR).
+    LognormalDirichlet {
+        /// σ of the log-normal sizes.
+        sigma: f64,
+        /// Dirichlet concentration of each client's label mix.
+        alpha: f64,
+    },
+    /// The dataset's own users (Synthetic users, Shakespeare roles).
+    Natural,
+}
+
+/// Model architecture.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// `logreg`, `mlp`, `cnn_fmnist`, `cnn_cifar` or `char_lstm`.
+    pub kind: String,
+    /// Dropout probability where the architecture has dropout (MLP).
+    pub dropout: f64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            kind: "logreg".into(),
+            dropout: 0.0,
+        }
+    }
+}
+
+/// Local optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LocalOptimizer {
+    /// SGD with optional momentum and weight decay.
+    Sgd,
+    /// Adam.
+    Adam,
+}
+
+/// Per-round learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LrSchedule {
+    /// The same rate every round.
+    Constant,
+    /// Multiply by `gamma` at the start of each listed round.
+    Step {
+        /// Rounds at which the rate is multiplied.
+        milestones: Vec<usize>,
+        /// Factor.
+        gamma: f64,
+    },
+    /// Multiply by `gamma` every round.
+    Exponential {
+        /// Factor per round.
+        gamma: f64,
+    },
+}
+
+impl LrSchedule {
+    /// Learning rate in round `t` (0-based) for a base rate `lr`.
+    pub fn rate(&self, lr: f64, t: usize) -> f64 {
+        match self {
+            Self::Constant => lr,
+            Self::Step { milestones, gamma } => {
+                let passed = milestones.iter().filter(|&&m| m <= t).count();
+                lr * gamma.powi(passed as i32)
+            }
+            Self::Exponential { gamma } => lr * gamma.powi(t as i32),
+        }
+    }
+}
+
+/// How long a client trains in one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum LocalWork {
+    /// A fixed number of mini-batch steps.
+    Steps(usize),
+    /// Full passes over the local training part.
+    Epochs(usize),
+}
+
+/// Local training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Optimizer.
+    pub optimizer: LocalOptimizer,
+    /// Base learning rate.
+    pub lr: f64,
+    /// SGD momentum.
+    pub momentum: f64,
+    /// L2 weight decay added to the gradient.
+    pub weight_decay: f64,
+    /// Adam β1.
+    pub beta1: f64,
+    /// Adam β2.
+    pub beta2: f64,
+    /// Adam ε.
+    pub eps: f64,
+    /// Steps or epochs per round.
+    pub work: LocalWork,
+    /// Mini-batch size.
+    pub batch_size: usize,
+    /// FedProx proximal coefficient μ (0 = FedAvg).
+    pub prox_mu: f64,
+    /// Learning-rate schedule over rounds.
+    pub schedule: LrSchedule,
+    /// Keep each client's optimizer state (momentum, Adam moments) between its rounds.
+    pub persistent_state: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            optimizer: LocalOptimizer::Sgd,
+            lr: 0.01,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            work: LocalWork::Epochs(1),
+            batch_size: 10,
+            prox_mu: 0.0,
+            schedule: LrSchedule::Constant,
+            persistent_state: false,
+        }
+    }
+}
+
+/// How the uploaded models are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregationRule {
+    /// Unweighted mean over the selected (duplicates count twice).
+    Mean,
+    /// Data-size weights n_k renormalised over the selected.
+    DataSize,
+    /// Weights given by the selector (e.g. F3AST's p_k/r_k); not renormalised.
+    Selector,
+}
+
+/// Server-side optimizer applied to the aggregated update Δ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerOptimizer {
+    /// w ← w + Δ (plain FedAvg).
+    Replace,
+    /// w ← w + η Δ.
+    Sgd,
+    /// FedAdam (Reddi et al.): Adam on Δ with adaptivity τ, no bias correction.
+    Adam,
+}
+
+/// Server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Aggregation rule.
+    pub aggregation: AggregationRule,
+    /// Server optimizer.
+    pub optimizer: ServerOptimizer,
+    /// Server learning rate η (SGD and Adam).
+    pub lr: f64,
+    /// Adam β1.
+    pub beta1: f64,
+    /// Adam β2.
+    pub beta2: f64,
+    /// Adam adaptivity τ.
+    pub tau: f64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            aggregation: AggregationRule::Mean,
+            optimizer: ServerOptimizer::Replace,
+            lr: 1.0,
+            beta1: 0.9,
+            beta2: 0.99,
+            tau: 1e-3,
+        }
+    }
+}
+
+/// Client selection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SelectionConfig {
+    /// `uniform` or `md`.
+    pub strategy: String,
+    /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
+    pub clients_per_round: usize,
+    /// Fraction of clients per round, used when `clients_per_round` is 0.
+    pub fraction: f64,
+}
+
+impl Default for SelectionConfig {
+    fn default() -> Self {
+        Self {
+            strategy: "uniform".into(),
+            clients_per_round: 0,
+            fraction: 0.2,
+        }
+    }
+}
+
+impl SelectionConfig {
+    /// m for `n` clients.
+    pub fn per_round(&self, n: usize) -> usize {
+        if self.clients_per_round > 0 {
+            self.clients_per_round
+        } else {
+            ((self.fraction * n as f64).round() as usize).max(1)
+        }
+    }
+}
+
+/// Availability model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AvailabilityConfig {
+    /// Every client, every round.
+    Always,
+}
+
+impl Default for AvailabilityConfig {
+    fn default() -> Self {
+        Self::Always
+    }
+}
+
+/// Evaluation of the global model on the global test set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Evaluate every this many rounds (the last round always is).
+    pub every: usize,
+    /// Batch size of evaluation passes.
+    pub batch_size: usize,
+    /// Evaluate on at most this many test examples (0 = all), a fixed seeded subset.
+    pub max_test_samples: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            every: 1,
+            batch_size: 1000,
+            max_test_samples: 0,
+        }
+    }
+}
+
+const MODELS: &[&str] = &["logreg", "mlp", "cnn_fmnist", "cnn_cifar", "char_lstm"];
+const STRATEGIES: &[&str] = &["uniform", "md"];
+
+fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(key, reason))
+    }
+}
+
+fn check_prob(x: f64, key: &str, lo_open: bool, hi_open: bool) -> Result<(), ConfigError> {
+    let lo = if lo_open { x > 0.0 } else { x >= 0.0 };
+    let hi = if hi_open { x < 1.0 } else { x <= 1.0 };
+    check(
+        x.is_finite() && lo && hi,
+        key,
+        format!(
+            "{x} is outside {}0, 1{}",
+            if lo_open { "(" } else { "[" },
+            if hi_open { ")" } else { "]" }
+        ),
+    )
+}
+
+fn check_pos(x: f64, key: &str) -> Result<(), ConfigError> {
+    check(x.is_finite() && x > 0.0, key, format!("{x} must be > 0"))
+}
+
+impl Config {
+    /// Parses a TOML text, applies `key=value` overrides, and validates.
+    ///
+    /// `source_name` names the text in error messages (usually the file path).
+    pub fn from_toml_str(
+        text: &str,
+        source_name: &str,
+        overrides: &[String],
+    ) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    source_name: source_name.into(),
+                    message: e.to_string(),
+                })?;
+        for o in overrides {
+            apply_override(&mut table, o)?;
+        }
+        let de = toml::Value::Table(table);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError::Parse {
+                source_name: source_name.into(),
+                message: format!("key `{path}`: {}", e.into_inner()),
+            }
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads a config file; `None` means the built-in default.
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Self, ConfigError> {
+        match path {
+            None => Self::from_toml_str("", "built-in default", overrides),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError::Parse {
+                    source_name: p.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                Self::from_toml_str(&text, &p.display().to_string(), overrides)
+            }
+        }
+    }
+
+    /// Rejects values no run can use, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(self.rounds > 0, "rounds", "must be at least 1")?;
+        for (i, &t) in self.targets.iter().enumerate() {
+            check_prob(t, &format!("targets[{i}]"), true, false)?;
+        }
+        check(
+            matches!(self.device.as_str(), "flex" | "cuda"),
+            "device",
+            format!("`{}` is not one of flex, cuda", self.device),
+        )?;
+        match &self.dataset {
+            DatasetConfig::Synthetic {
+                alpha,
+                beta,
+                users,
+                dim,
+                classes,
+                test_fraction,
+            } => {
+                check(
+                    alpha.is_finite() && *alpha >= 0.0,
+                    "dataset.alpha",
+                    "must be >= 0",
+                )?;
+                check(
+                    beta.is_finite() && *beta >= 0.0,
+                    "dataset.beta",
+                    "must be >= 0",
+                )?;
+                check(*users > 0, "dataset.users", "must be at least 1")?;
+                check(*dim > 0, "dataset.dim", "must be at least 1")?;
+                check(*classes >= 2, "dataset.classes", "must be at least 2")?;
+                check_prob(*test_fraction, "dataset.test_fraction", true, true)?;
+            }
+            DatasetConfig::Shakespeare { train_fraction, .. } => {
+                check_prob(*train_fraction, "dataset.train_fraction", true, true)?;
+            }
+            _ => {}
+        }
+        let p = &self.partition;
+        check(p.clients > 0, "partition.clients", "must be at least 1")?;
+        check_prob(
+            p.holdout_fraction,
+            "partition.holdout_fraction",
+            false,
+            true,
+        )?;
+        match &p.scheme {
+            PartitionScheme::Shards { shards_per_client } => check(
+                *shards_per_client > 0,
+                "partition.scheme.shards_per_client",
+                "must be at least 1",
+            )?,
+            PartitionScheme::DirichletQp { alpha } => check_pos(*alpha, "partition.scheme.alpha")?,
+            PartitionScheme::ClassDirichlet { alphas } => {
+                check(
+                    !alphas.is_empty(),
+                    "partition.scheme.alphas",
+                    "needs at least one α",
+                )?;
+                for (i, a) in alphas.iter().enumerate() {
+                    check_pos(*a, &format!("partition.scheme.alphas[{i}]"))?;
+                }
+                check(
+                    p.clients % alphas.len() == 0,
+                    "partition.clients",
+                    format!(
+                        "{} clients do not split evenly into {} α groups",
+                        p.clients,
+                        alphas.len()
+                    ),
+                )?;
+            }
+            PartitionScheme::Labels { labels_per_client } => check(
+                *labels_per_client > 0,
+                "partition.scheme.labels_per_client",
+                "must be at least 1",
+            )?,
+            PartitionScheme::LognormalDirichlet { sigma, alpha } => {
+                check(
+                    sigma.is_finite() && *sigma >= 0.0,
+                    "partition.scheme.sigma",
+                    "must be >= 0",
+                )?;
+                check_pos(*alpha, "partition.scheme.alpha")?;
+            }
+            PartitionScheme::Iid | PartitionScheme::Natural => {}
+        }
+        check(
+            MODELS.contains(&self.model.kind.as_str()),
+            "model.kind",
+            format!("`{}` is not one of {}", self.model.kind, MODELS.join(", ")),
+        )?;
+        check_prob(self.model.dropout, "model.dropout", false, true)?;
+        let t = &self.train;
+        check_pos(t.lr, "train.lr")?;
+        check_prob(t.momentum, "train.momentum", false, true)?;
+        check(
+            t.weight_decay.is_finite() && t.weight_decay >= 0.0,
+            "train.weight_decay",
+            "must be >= 0",
+        )?;
+        check_prob(t.beta1, "train.beta1", false, true)?;
+        check_prob(t.beta2, "train.beta2", false, true)?;
+        check_pos(t.eps, "train.eps")?;
+        check(t.batch_size > 0, "train.batch_size", "must be at least 1")?;
+        check(
+            t.prox_mu.is_finite() && t.prox_mu >= 0.0,
+            "train.prox_mu",
+            "must be >= 0",
+        )?;
+        match t.work {
+            LocalWork::Steps(n) | LocalWork::Epochs(n) => {
+                check(n > 0, "train.work", "steps or epochs must be at least 1")?
+            }
+        }
+        match &t.schedule {
+            LrSchedule::Constant => {}
+            LrSchedule::Step { gamma, .. } | LrSchedule::Exponential { gamma } => {
+                check_pos(*gamma, "train.schedule.gamma")?
+            }
+        }
+        let s = &self.server;
+        check_pos(s.lr, "server.lr")?;
+        check_prob(s.beta1, "server.beta1", false, true)?;
+        check_prob(s.beta2, "server.beta2", false, true)?;
+        check_pos(s.tau, "server.tau")?;
+        let sel = &self.selection;
+        check(
+            STRATEGIES.contains(&sel.strategy.as_str()),
+            "selection.strategy",
+            format!("`{}` is not one of {}", sel.strategy, STRATEGIES.join(", ")),
+        )?;
+        check_prob(sel.fraction, "selection.fraction", true, false)?;
+        check(self.eval.every > 0, "eval.every", "must be at least 1")?;
+        check(
+            self.eval.batch_size > 0,
+            "eval.batch_size",
+            "must be at least 1",
+        )?;
+        Ok(())
+    }
+
+    /// The config with every default written out and the version stamped, as TOML.
+    pub fn to_resolved_toml(&self) -> String {
+        let mut c = self.clone();
+        c.fedsel_version = Some(crate::VERSION.to_string());
+        toml::to_string_pretty(&c).expect("a Config always serializes")
+    }
+}
+
+/// Sets `a.b.c = value` in a TOML table; the value is parsed as TOML, else taken as a string.
+fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), ConfigError> {
+    let (key, raw) = spec
+        .split_once('=')
+        .ok_or_else(|| ConfigError::BadOverride(spec.into()))?;
+    let key = key.trim();
+    if key.is_empty() || key.split('.').any(str::is_empty) {
+        return Err(ConfigError::BadOverride(spec.into()));
+    }
+    let raw = raw.trim();
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut cur = table;
+    for part in &parts[..parts.len() - 1] {
+        let entry = cur
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = entry.as_table_mut().ok_or_else(|| {
+            ConfigError::invalid(key, format!("`{part}` is a value, not a table"))
+        })?;
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_round_trips_through_resolved_toml() {
+        let c = Config::default();
+        c.validate().unwrap();
+        let text = c.to_resolved_toml();
+        let back = Config::from_toml_str(&text, "resolved", &[]).unwrap();
+        assert_eq!(back.fedsel_version.as_deref(), Some(crate::VERSION));
+        assert_eq!(
+            Config {
+                fedsel_version: None,
+                ..back
+            },
+            c
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_toml_str("[train]\nlr = 0.1\nlearning_rate = 3", "x.toml", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("learning_rate"), "{err}");
+        assert!(err.contains("x.toml"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_value_is_named() {
+        let err = Config::from_toml_str("", "d", &["train.lr=-1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("train.lr"), "{err}");
+        let err = Config::from_toml_str("", "d", &["selection.strategy=\"best\"".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("selection.strategy"), "{err}");
+    }
+
+    #[test]
+    fn overrides_reach_nested_and_tagged_keys() {
+        let c = Config::from_toml_str(
+            "",
+            "d",
+            &[
+                "partition.scheme.kind=shards".into(),
+                "partition.scheme.shards_per_client=2".into(),
+                "train.work.steps=20".into(),
+                "seed=7".into(),
+                "name=bare-string".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            c.partition.scheme,
+            PartitionScheme::Shards {
+                shards_per_client: 2
+            }
+        );
+        assert_eq!(c.train.work, LocalWork::Steps(20));
+        assert_eq!(c.seed, 7);
+        assert_eq!(c.name, "bare-string");
+    }
+
+    #[test]
+    fn schedules_match_hand_computed_rates() {
+        let s = LrSchedule::Step {
+            milestones: vec![150, 300],
+            gamma: 0.5,
+        };
+        assert_eq!(s.rate(0.005, 149), 0.005);
+        assert_eq!(s.rate(0.005, 150), 0.0025);
+        assert_eq!(s.rate(0.005, 300), 0.00125);
+        let e = LrSchedule::Exponential { gamma: 0.9 };
+        assert!((e.rate(1.0, 2) - 0.81).abs() < 1e-12);
+    }
+}

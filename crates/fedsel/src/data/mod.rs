@@ -1,0 +1,187 @@
+//! Datasets: in-memory examples, the global test set and, where the data has
+//! them, its natural users.
+//!
+//! Inputs are stored once, already normalised, and clients hold only index
+//! lists into them, so a partition never copies examples.
+
+pub mod cifar;
+pub mod fmnist;
+pub mod locate;
+pub mod shakespeare;
+pub mod synthetic;
+
+use std::path::Path;
+
+use crate::config::{Config, DatasetConfig};
+use crate::error::DataError;
+
+/// Example inputs, row-major, one row per example.
+#[derive(Debug, Clone)]
+pub enum Inputs {
+    /// Real-valued features; `shape` is one example's shape (e.g. `[1, 28, 28]` or `[60]`).
+    Dense {
+        /// Shape of one example.
+        shape: Vec<usize>,
+        /// `len · prod(shape)` values.
+        values: Vec<f32>,
+    },
+    /// Fixed-length token sequences (character indices).
+    Tokens {
+        /// Sequence length.
+        len: usize,
+        /// `examples · len` token ids.
+        values: Vec<u8>,
+    },
+}
+
+impl Inputs {
+    /// Number of scalars in one example.
+    pub fn row_len(&self) -> usize {
+        match self {
+            Self::Dense { shape, .. } => shape.iter().product(),
+            Self::Tokens { len, .. } => *len,
+        }
+    }
+}
+
+/// A labelled set of examples.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// The inputs.
+    pub inputs: Inputs,
+    /// One label per example, in `0..classes`.
+    pub labels: Vec<u32>,
+    /// Number of classes.
+    pub classes: usize,
+}
+
+impl Dataset {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Per-class counts over the given examples (all when `idx` is `None`).
+    pub fn histogram(&self, idx: Option<&[usize]>) -> Vec<usize> {
+        let mut h = vec![0; self.classes];
+        match idx {
+            Some(idx) => idx.iter().for_each(|&i| h[self.labels[i] as usize] += 1),
+            None => self.labels.iter().for_each(|&l| h[l as usize] += 1),
+        }
+        h
+    }
+
+    /// The examples at `idx`, as a new dataset (used to subsample a test set).
+    pub fn subset(&self, idx: &[usize]) -> Dataset {
+        let row = self.inputs.row_len();
+        let inputs = match &self.inputs {
+            Inputs::Dense { shape, values } => Inputs::Dense {
+                shape: shape.clone(),
+                values: idx
+                    .iter()
+                    .flat_map(|&i| values[i * row..(i + 1) * row].iter().copied())
+                    .collect(),
+            },
+            Inputs::Tokens { len, values } => Inputs::Tokens {
+                len: *len,
+                values: idx
+                    .iter()
+                    .flat_map(|&i| values[i * row..(i + 1) * row].iter().copied())
+                    .collect(),
+            },
+        };
+        Dataset {
+            inputs,
+            labels: idx.iter().map(|&i| self.labels[i]).collect(),
+            classes: self.classes,
+        }
+    }
+}
+
+/// What a run trains and tests on.
+#[derive(Debug, Clone)]
+pub struct FederatedData {
+    /// Dataset name.
+    pub name: String,
+    /// The pool clients' examples are drawn from.
+    pub train: Dataset,
+    /// The global test set, held by the server for reported accuracy and loss.
+    pub test: Dataset,
+    /// The data's own users (indices into `train`), where it has them.
+    pub users: Option<Vec<Vec<usize>>>,
+}
+
+/// Loads the dataset a config names; files are looked up under `data_dir`.
+pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError> {
+    match &config.dataset {
+        DatasetConfig::Synthetic {
+            alpha,
+            beta,
+            users,
+            dim,
+            classes,
+            test_fraction,
+        } => Ok(synthetic::generate(&synthetic::SyntheticSpec {
+            alpha: *alpha,
+            beta: *beta,
+            users: *users,
+            dim: *dim,
+            classes: *classes,
+            test_fraction: *test_fraction,
+            seed: config.seed,
+        })),
+        DatasetConfig::Fmnist => {
+            fmnist::load_with(&data_dir.join(fmnist::DIR), config.verify_checksums)
+        }
+        DatasetConfig::Cifar10 => {
+            cifar::load_cifar10(&data_dir.join(cifar::DIR10), config.verify_checksums)
+        }
+        DatasetConfig::Cifar100 => {
+            cifar::load_cifar100(&data_dir.join(cifar::DIR100), config.verify_checksums)
+        }
+        DatasetConfig::Shakespeare {
+            train_fraction,
+            min_samples,
+            max_clients,
+            max_samples_per_client,
+        } => shakespeare::load(
+            &data_dir.join(shakespeare::DIR),
+            &shakespeare::ShakespeareSpec {
+                train_fraction: *train_fraction,
+                min_samples: *min_samples,
+                max_clients: *max_clients,
+                max_samples_per_client: *max_samples_per_client,
+                seed: config.seed,
+            },
+        ),
+    }
+}
+
+/// Reads a whole file, naming it on failure.
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|source| DataError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Hex SHA-256 of a byte slice.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(bytes))
+}
+
+/// Hex MD5 of a byte slice (CIFAR publishes MD5s).
+pub(crate) fn md5_hex(bytes: &[u8]) -> String {
+    use md5::Digest;
+    hex(&md5::Md5::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,135 @@
+//! Typed errors of the library. Each names the key, file or value it is about.
+
+use std::path::PathBuf;
+
+/// A configuration that cannot be run.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The TOML text could not be parsed.
+    #[error("{source_name}: {message}")]
+    Parse {
+        /// The file (or `--set`) the text came from.
+        source_name: String,
+        /// The parser's message, which includes the key path.
+        message: String,
+    },
+    /// A key holds a value outside its allowed range.
+    #[error("config key `{key}`: {reason}")]
+    Invalid {
+        /// Dotted path of the offending key.
+        key: String,
+        /// What is wrong and what is allowed.
+        reason: String,
+    },
+    /// A `--set` override was malformed.
+    #[error("--set `{0}`: expected key=value with a dotted key")]
+    BadOverride(String),
+}
+
+impl ConfigError {
+    /// Shorthand for [`ConfigError::Invalid`].
+    pub fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A dataset file that is missing, truncated or corrupt.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// The file does not exist or cannot be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// The file exists but its contents are not what the format requires.
+    #[error("{path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What was expected and what was found.
+        reason: String,
+    },
+    /// The dataset needs files the user has to supply.
+    #[error("{dataset}: files not found under {dir}: {missing}. {hint}")]
+    Missing {
+        /// Dataset name.
+        dataset: String,
+        /// Directory searched.
+        dir: PathBuf,
+        /// Names of the missing files.
+        missing: String,
+        /// How to obtain them.
+        hint: String,
+    },
+}
+
+impl DataError {
+    /// Shorthand for [`DataError::Corrupt`].
+    pub fn corrupt(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Self::Corrupt {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A partition that cannot be built from the data it was given.
+#[derive(Debug, thiserror::Error)]
+#[error("partition `{kind}`: {reason}")]
+pub struct PartitionError {
+    /// The partition kind.
+    pub kind: &'static str,
+    /// Why it failed.
+    pub reason: String,
+}
+
+/// Any failure of a run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// See [`ConfigError`].
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// See [`DataError`].
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// See [`PartitionError`].
+    #[error(transparent)]
+    Partition(#[from] PartitionError),
+    /// Writing results failed.
+    #[error("{path}: {source}")]
+    Output {
+        /// The file being written.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A selector could not make its choice.
+    #[error("selector `{selector}` in round {round}: {reason}")]
+    Selection {
+        /// Selector name.
+        selector: String,
+        /// Round index.
+        round: usize,
+        /// Why.
+        reason: String,
+    },
+    /// The global model stopped being finite.
+    #[error(
+        "round {round}: the global model is no longer finite ({what}); lower the learning rate"
+    )]
+    Diverged {
+        /// Round index.
+        round: usize,
+        /// Which quantity was non-finite.
+        what: String,
+    },
+}
+
+/// Result alias of the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

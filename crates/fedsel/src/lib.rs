@@ -1,0 +1,15 @@
+//! fedsel: federated learning built around client selection.
+//!
+//! The round loop lives in [`engine`]; each selection strategy is one file
+//! under [`select`], each availability model one file under [`availability`].
+//! See `DESIGN.md` at the repository root for how the strategies plug in.
+
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod model;
+pub mod partition;
+pub mod rng;
+
+/// The crate version, recorded in every output.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,358 @@
+//! Models as pure functions of a flat parameter vector.
+//!
+//! Every architecture declares its parameters as a list of named tensors and
+//! computes logits from them. Parameters travel between server and clients
+//! as one `f32` vector (aggregation and update statistics work on it
+//! directly), and a client materialises them as fresh tensors for each round.
+//! Building fresh tensors from the flat vector instead of cloning a shared
+//! module also avoids a burn-autodiff deadlock seen with parallel clones
+//! (upstream issues 5573 and 2729).
+//!
+//! By convention the last two parameters of every architecture are the
+//! output layer's weight and bias, so strategies such as HiCS-FL can address
+//! the output layer's update.
+
+pub mod cnn_cifar;
+pub mod cnn_fmnist;
+pub mod logreg;
+pub mod lstm;
+pub mod mlp;
+
+use std::ops::Range;
+
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use rand::Rng as _;
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::config::ModelConfig;
+use crate::data::{Dataset, Inputs};
+use crate::error::ConfigError;
+use crate::rng::{Purpose, Rng, stream};
+
+/// How a parameter is initialised (PyTorch's defaults for each layer type).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// U(−b, b); PyTorch uses b = 1/√fan_in for linear and conv layers, 1/√hidden for LSTMs.
+    Uniform(f32),
+    /// N(0, σ²); PyTorch's embedding default is σ = 1.
+    Normal(f32),
+}
+
+/// One named parameter tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// Name, e.g. `fc1.weight`.
+    pub name: String,
+    /// Shape as the forward pass uses it.
+    pub shape: Vec<usize>,
+    /// Initialisation.
+    pub init: Init,
+}
+
+impl ParamSpec {
+    fn new(name: &str, shape: &[usize], init: Init) -> Self {
+        Self {
+            name: name.into(),
+            shape: shape.to_vec(),
+            init,
+        }
+    }
+
+    /// A linear layer `fan_in → fan_out`: weight `[fan_in, fan_out]` and bias.
+    pub(crate) fn linear(name: &str, fan_in: usize, fan_out: usize) -> [Self; 2] {
+        let b = Init::Uniform(1.0 / (fan_in as f32).sqrt());
+        [
+            Self::new(&format!("{name}.weight"), &[fan_in, fan_out], b),
+            Self::new(&format!("{name}.bias"), &[fan_out], b),
+        ]
+    }
+
+    /// A 2-D convolution: weight `[out, in, k, k]` and bias.
+    pub(crate) fn conv(name: &str, cin: usize, cout: usize, k: usize) -> [Self; 2] {
+        let b = Init::Uniform(1.0 / ((cin * k * k) as f32).sqrt());
+        [
+            Self::new(&format!("{name}.weight"), &[cout, cin, k, k], b),
+            Self::new(&format!("{name}.bias"), &[cout], b),
+        ]
+    }
+
+    /// Number of scalars.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A mini-batch of inputs on a device.
+pub enum Batch {
+    /// `[batch, features]`, reshaped by the model as it needs.
+    Dense(Tensor<2>),
+    /// `[batch, seq_len]` token ids.
+    Tokens(Tensor<2, Int>),
+}
+
+/// Randomness and rate for dropout during training.
+pub struct Dropout<'a> {
+    /// Probability of zeroing a unit.
+    pub p: f64,
+    /// The client's training stream.
+    pub rng: &'a mut Rng,
+}
+
+impl Dropout<'_> {
+    /// Applies inverted dropout to `x`, drawing the mask from the client's stream
+    /// so that results do not depend on thread scheduling.
+    pub fn apply(&mut self, x: Tensor<2>) -> Tensor<2> {
+        if self.p <= 0.0 {
+            return x;
+        }
+        let dims = x.dims();
+        let keep = 1.0 / (1.0 - self.p) as f32;
+        let mask: Vec<f32> = (0..dims[0] * dims[1])
+            .map(|_| {
+                if self.rng.random::<f64>() < self.p {
+                    0.0
+                } else {
+                    keep
+                }
+            })
+            .collect();
+        let mask =
+            Tensor::<2>::from_data(TensorData::new(mask, dims), &x.device().without_autodiff());
+        x * mask
+    }
+}
+
+/// A network architecture: its parameters and its forward pass.
+pub trait Architecture: Send + Sync {
+    /// Short name as used in configs.
+    fn name(&self) -> &'static str;
+    /// The parameters, output weight and bias last.
+    fn params(&self) -> Vec<ParamSpec>;
+    /// Logits `[batch, classes]`; `dropout` is `Some` only while training.
+    fn forward(&self, p: &[Tensor<1>], x: Batch, dropout: Option<&mut Dropout<'_>>) -> Tensor<2>;
+}
+
+/// Where each parameter lives in the flat vector.
+#[derive(Debug, Clone)]
+pub struct ParamLayout {
+    /// The parameters in order.
+    pub specs: Vec<ParamSpec>,
+    /// Start offset of each parameter.
+    pub offsets: Vec<usize>,
+    /// Total number of scalars.
+    pub total: usize,
+}
+
+impl ParamLayout {
+    /// The layout of an architecture.
+    pub fn of(arch: &dyn Architecture) -> Self {
+        let specs = arch.params();
+        let mut offsets = Vec::with_capacity(specs.len());
+        let mut total = 0;
+        for s in &specs {
+            offsets.push(total);
+            total += s.numel();
+        }
+        Self {
+            specs,
+            offsets,
+            total,
+        }
+    }
+
+    /// Range of parameter `i` in the flat vector.
+    pub fn range(&self, i: usize) -> Range<usize> {
+        self.offsets[i]..self.offsets[i] + self.specs[i].numel()
+    }
+
+    /// Range of the output layer's bias (the last parameter).
+    pub fn output_bias(&self) -> Range<usize> {
+        self.range(self.specs.len() - 1)
+    }
+
+    /// Range of the output layer's weight (the second-to-last parameter).
+    pub fn output_weight(&self) -> Range<usize> {
+        self.range(self.specs.len() - 2)
+    }
+
+    /// Initial parameters drawn from the run's `Init` stream.
+    pub fn init(&self, seed: u64) -> Vec<f32> {
+        let mut rng = stream(seed, Purpose::Init, 0, 0);
+        let mut out = Vec::with_capacity(self.total);
+        for s in &self.specs {
+            match s.init {
+                Init::Uniform(b) => out.extend((0..s.numel()).map(|_| rng.random_range(-b..=b))),
+                Init::Normal(sd) => out.extend((0..s.numel()).map(|_| {
+                    let z: f32 = StandardNormal.sample(&mut rng);
+                    z * sd
+                })),
+            }
+        }
+        out
+    }
+
+    /// One 1-D tensor per parameter, copied from the flat vector.
+    pub fn to_tensors(&self, flat: &[f32], device: &Device) -> Vec<Tensor<1>> {
+        (0..self.specs.len())
+            .map(|i| {
+                let r = self.range(i);
+                let n = r.len();
+                Tensor::<1>::from_data(TensorData::new(flat[r].to_vec(), [n]), device)
+            })
+            .collect()
+    }
+
+    /// Copies tensors back into a flat vector.
+    pub fn to_flat(&self, tensors: Vec<Tensor<1>>) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.total);
+        for t in tensors {
+            out.extend(
+                t.into_data()
+                    .try_into_vec::<f32>()
+                    .expect("parameters are f32"),
+            );
+        }
+        out
+    }
+}
+
+/// Builds the architecture a config names, shaped for the dataset.
+pub fn build(cfg: &ModelConfig, data: &Dataset) -> Result<Box<dyn Architecture>, ConfigError> {
+    let classes = data.classes;
+    let mismatch = |what: &str| {
+        ConfigError::invalid(
+            "model.kind",
+            format!(
+                "`{}` needs {what}; this dataset does not provide it",
+                cfg.kind
+            ),
+        )
+    };
+    match (&data.inputs, cfg.kind.as_str()) {
+        (Inputs::Dense { shape, .. }, "logreg") => Ok(Box::new(logreg::LogReg {
+            inputs: shape.iter().product(),
+            classes,
+        })),
+        (Inputs::Dense { shape, .. }, "mlp") => Ok(Box::new(mlp::Mlp {
+            inputs: shape.iter().product(),
+            classes,
+            dropout: cfg.dropout,
+        })),
+        (Inputs::Dense { shape, .. }, "cnn_fmnist") if shape[..] == [1, 28, 28] => {
+            Ok(Box::new(cnn_fmnist::CnnFmnist { classes }))
+        }
+        (_, "cnn_fmnist") => Err(mismatch("1×28×28 images")),
+        (Inputs::Dense { shape, .. }, "cnn_cifar") if shape[..] == [3, 32, 32] => {
+            Ok(Box::new(cnn_cifar::CnnCifar { classes }))
+        }
+        (_, "cnn_cifar") => Err(mismatch("3×32×32 images")),
+        (Inputs::Tokens { .. }, "char_lstm") => Ok(Box::new(lstm::CharLstm {
+            vocab: classes,
+            embed: 8,
+            hidden: 256,
+        })),
+        (_, "char_lstm") => Err(mismatch("token sequences")),
+        (Inputs::Tokens { .. }, _) => Err(mismatch("real-valued inputs")),
+        (_, other) => Err(ConfigError::invalid(
+            "model.kind",
+            format!("unknown model `{other}`"),
+        )),
+    }
+}
+
+/// Gathers examples `idx` of `data` into a batch on `device`.
+pub fn batch(data: &Dataset, idx: &[usize], device: &Device) -> (Batch, Tensor<1, Int>) {
+    let b = idx.len();
+    let labels: Vec<i32> = idx.iter().map(|&i| data.labels[i] as i32).collect();
+    let y = Tensor::<1, Int>::from_data(TensorData::new(labels, [b]), device);
+    let x = match &data.inputs {
+        Inputs::Dense { values, .. } => {
+            let row = data.inputs.row_len();
+            let mut buf = Vec::with_capacity(b * row);
+            for &i in idx {
+                buf.extend_from_slice(&values[i * row..(i + 1) * row]);
+            }
+            Batch::Dense(Tensor::<2>::from_data(
+                TensorData::new(buf, [b, row]),
+                device,
+            ))
+        }
+        Inputs::Tokens { len, values } => {
+            let mut buf = Vec::with_capacity(b * len);
+            for &i in idx {
+                buf.extend(values[i * len..(i + 1) * len].iter().map(|&t| t as i32));
+            }
+            Batch::Tokens(Tensor::<2, Int>::from_data(
+                TensorData::new(buf, [b, *len]),
+                device,
+            ))
+        }
+    };
+    (x, y)
+}
+
+/// Mean cross-entropy of `logits` against `labels`.
+pub fn cross_entropy(logits: Tensor<2>, labels: Tensor<1, Int>) -> Tensor<1> {
+    let b = labels.dims()[0];
+    let logp = log_softmax(logits, 1);
+    logp.gather(1, labels.reshape([b, 1])).mean().neg()
+}
+
+/// Sum of cross-entropy and number of correct predictions.
+pub fn loss_and_correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> (f64, usize) {
+    let b = labels.dims()[0];
+    let pred = logits.clone().argmax(1).reshape([b]);
+    let correct = pred.equal(labels.clone()).int().sum().into_scalar::<i64>() as usize;
+    let loss = cross_entropy(logits, labels).into_scalar::<f32>() as f64 * b as f64;
+    (loss, correct)
+}
+
+pub(crate) fn dense(x: Batch) -> Tensor<2> {
+    match x {
+        Batch::Dense(t) => t,
+        Batch::Tokens(_) => unreachable!("model::build rejects token inputs for dense models"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_round_trip_and_output_layer_ranges() {
+        let arch = mlp::Mlp {
+            inputs: 784,
+            classes: 10,
+            dropout: 0.5,
+        };
+        let layout = ParamLayout::of(&arch);
+        assert_eq!(layout.total, 784 * 64 + 64 + 64 * 30 + 30 + 30 * 10 + 10);
+        assert_eq!(layout.output_bias(), layout.total - 10..layout.total);
+        assert_eq!(layout.output_weight().len(), 300);
+        let flat = layout.init(3);
+        assert_eq!(flat, layout.init(3));
+        let b = 1.0 / 784f32.sqrt();
+        assert!(flat[..784 * 64].iter().all(|x| x.abs() <= b));
+        let device = Device::flex();
+        let back = layout.to_flat(layout.to_tensors(&flat, &device));
+        assert_eq!(back, flat);
+    }
+
+    #[test]
+    fn cross_entropy_matches_hand_computation() {
+        let device = Device::flex();
+        let logits = Tensor::<2>::from_data(
+            TensorData::new(vec![2.0f32, 0.0, 1.0, 3.0], [2, 2]),
+            &device,
+        );
+        let y = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32, 0], [2]), &device);
+        // Row 1: −ln(e²/(e² + 1)); row 2: −ln(e/(e + e³)).
+        let expected = ((1.0 + (-2f64).exp()).ln() + (1.0 + 2f64.exp()).ln()) / 2.0;
+        let got = cross_entropy(logits.clone(), y.clone()).into_scalar::<f32>() as f64;
+        assert!((got - expected).abs() < 1e-5, "{got} vs {expected}");
+        let (sum, correct) = loss_and_correct(logits, y);
+        assert!((sum - 2.0 * expected).abs() < 1e-5);
+        assert_eq!(correct, 1);
+    }
+}
