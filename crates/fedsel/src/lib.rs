@@ -4,12 +4,20 @@
 //! under [`select`], each availability model one file under [`availability`].
 //! See `DESIGN.md` at the repository root for how the strategies plug in.
 
+pub mod aggregate;
+pub mod availability;
+pub mod bench;
 pub mod config;
 pub mod data;
+pub mod engine;
 pub mod error;
+pub mod ledger;
 pub mod model;
+pub mod output;
 pub mod partition;
 pub mod rng;
+pub mod select;
+pub mod train;
 
 /// The crate version, recorded in every output.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

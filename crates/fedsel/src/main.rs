@@ -1,1 +1,250 @@
-fn main() {}
+//! The `fedsel` command line.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use fedsel::config::Config;
+use fedsel::data::{cifar, fmnist, locate, shakespeare};
+use fedsel::engine::{self, Experiment, Observer, RoundRecord};
+use fedsel::output::RunWriter;
+
+const SCHEMA: &str = "\
+CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
+  name, seed, rounds, targets = [acc, ...], data_dir, device = \"flex\"|\"cuda\", verify_checksums
+  [dataset]       kind = synthetic (alpha, beta, users, dim, classes, test_fraction)
+                       | fmnist | cifar10 | cifar100
+                       | shakespeare (train_fraction, min_samples, max_clients, max_samples_per_client)
+  [partition]     clients, holdout_fraction
+  [partition.scheme] kind = natural | iid | shards (shards_per_client) | dirichlet_qp (alpha)
+                       | class_dirichlet (alphas = [..]) | labels (labels_per_client)
+                       | lognormal_dirichlet (sigma, alpha)
+  [model]         kind = logreg | mlp | cnn_fmnist | cnn_cifar | char_lstm, dropout
+  [train]         optimizer = sgd|adam, lr, momentum, weight_decay, beta1, beta2, eps,
+                  work = { steps = N } | { epochs = N }, batch_size, prox_mu, persistent_state,
+                  schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
+  [server]        aggregation = mean|data_size|selector, optimizer = replace|sgd|adam, lr, beta1, beta2, tau
+  [selection]     strategy = uniform|md, clients_per_round (0 = use fraction), fraction
+  [availability]  kind = always
+  [eval]          every, batch_size, max_test_samples
+Override any key with --set key=value, e.g. --set train.lr=0.05 --set partition.scheme.kind=iid";
+
+#[derive(Parser)]
+#[command(name = "fedsel", version, about = "Federated learning with client selection", after_help = SCHEMA)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one experiment (the built-in default when no CONFIG is given).
+    #[command(after_help = SCHEMA)]
+    Run {
+        /// TOML config file.
+        config: Option<PathBuf>,
+        /// Output directory [default: runs/<name>-s<seed>].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override a config key: --set train.lr=0.1 (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Seed (same as --set seed=N).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Dataset directory (beats the config's data_dir and FEDSEL_DATA).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// List the datasets and whether their files were found.
+    Datasets {
+        /// Dataset directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Measure per-step times of every model and ms per round of the FedCor FMNIST workload.
+    Bench {
+        /// Rounds of the FedCor workload to time.
+        #[arg(long, default_value_t = 50)]
+        rounds: usize,
+        /// Dataset directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+}
+
+/// Prints progress: a bar on a terminal, a plain line every tenth of the run otherwise.
+struct Progress<'a> {
+    writer: RunWriter,
+    bar: Option<ProgressBar>,
+    rounds: usize,
+    best: f64,
+    _cfg: &'a Config,
+}
+
+impl Observer for Progress<'_> {
+    fn on_round(&mut self, r: &RoundRecord) -> fedsel::error::Result<()> {
+        self.writer.on_round(r)?;
+        if let Some(a) = r.test_acc {
+            self.best = self.best.max(a);
+        }
+        let msg = format!(
+            "acc {} best {:.4} loss {}",
+            r.test_acc.map_or("-".into(), |a| format!("{a:.4}")),
+            self.best,
+            r.test_loss.map_or("-".into(), |l| format!("{l:.4}"))
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(r.round as u64 + 1);
+                bar.set_message(msg);
+            }
+            None => {
+                let every = (self.rounds / 10).max(1);
+                if (r.round + 1) % every == 0 || r.round + 1 == self.rounds {
+                    println!("round {:>5}/{} {msg} ({:.1}s)", r.round + 1, self.rounds, r.elapsed_s);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run(config_path: Option<PathBuf>, out: Option<PathBuf>, mut set: Vec<String>, seed: Option<u64>, data_dir: Option<PathBuf>) -> Result<()> {
+    if let Some(s) = seed {
+        set.push(format!("seed={s}"));
+    }
+    let config = Config::load(config_path.as_deref(), &set)?;
+    let dir = locate::data_dir(data_dir, config.data_dir.clone());
+    let out = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-s{}", config.name, config.seed)));
+    let t0 = Instant::now();
+    let exp = Experiment::prepare(config.clone(), &dir).with_context(|| format!("preparing `{}`", config.name))?;
+    println!(
+        "fedsel {}: {} on {} ({} clients, {} train / {} test examples, {} parameters), {} rounds -> {}",
+        fedsel::VERSION,
+        config.selection.strategy,
+        exp.data.name,
+        exp.clients.len(),
+        exp.sizes().iter().sum::<usize>(),
+        exp.test_idx.len(),
+        exp.layout.total,
+        config.rounds,
+        out.display()
+    );
+    let writer = RunWriter::create(&out, &exp.config)?;
+    let bar = std::io::stdout().is_terminal().then(|| {
+        let b = ProgressBar::new(config.rounds as u64);
+        b.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise}<{eta}] {msg}").expect("valid template"));
+        b
+    });
+    let mut progress = Progress { writer, bar, rounds: config.rounds, best: 0.0, _cfg: &config };
+    let result = engine::run(&exp, &mut progress);
+    if let Some(b) = &progress.bar {
+        b.finish_and_clear();
+    }
+    let summary = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let done = std::fs::read_to_string(out.join("metrics.csv")).map_or(0, |m| m.lines().count().saturating_sub(1));
+            progress.writer.fail(&e, done)?;
+            return Err(e).context(format!("run failed after {done} rounds; finished rounds are in {}", out.display()));
+        }
+    };
+    progress.writer.finish(&summary)?;
+    println!(
+        "done in {:.1}s (training {:.1}s): final acc {:.4}, best acc {:.4} (round {}), final loss {:.4}, best loss {:.4}",
+        t0.elapsed().as_secs_f64(),
+        summary.wall_s,
+        summary.final_acc,
+        summary.best_acc,
+        summary.best_acc_round + 1,
+        summary.final_loss,
+        summary.best_loss
+    );
+    for (t, r) in &summary.rounds_to_target {
+        println!("  rounds to {:.0}%: {}", t * 100.0, r.map_or("not reached".into(), |r| r.to_string()));
+    }
+    println!(
+        "  cost: {} broadcasts, {} uploads, {} trainings, {} evaluations; outputs in {}",
+        summary.cost.broadcasts,
+        summary.cost.uploads,
+        summary.cost.trainings,
+        summary.cost.evaluations,
+        out.display()
+    );
+    Ok(())
+}
+
+fn datasets(data_dir: Option<PathBuf>) {
+    let dir = locate::data_dir(data_dir, None);
+    println!("data directory: {} (flag > config data_dir > ${} > {})", dir.display(), locate::ENV_VAR, locate::default_dir().display());
+    let rows: [(&str, bool, String); 5] = [
+        ("synthetic", true, "built in".into()),
+        ("fmnist", fmnist::available(&dir.join(fmnist::DIR)), dir.join(fmnist::DIR).display().to_string()),
+        ("cifar10", cifar::available10(&dir.join(cifar::DIR10)), dir.join(cifar::DIR10).display().to_string()),
+        ("cifar100", cifar::available100(&dir.join(cifar::DIR100)), dir.join(cifar::DIR100).display().to_string()),
+        ("shakespeare", shakespeare::available(&dir.join(shakespeare::DIR)), dir.join(shakespeare::DIR).join(shakespeare::FILE).display().to_string()),
+    ];
+    for (name, found, where_) in rows {
+        println!("{name:<12} {:<9} {where_}", if found { "found" } else { "missing" });
+    }
+}
+
+fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
+    use fedsel::bench::{random_dataset, step_time};
+    use fedsel::model::{cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, logreg::LogReg, lstm::CharLstm, mlp::Mlp};
+    let device = burn::tensor::Device::flex();
+    let threads = rayon::current_num_threads();
+    println!("fedsel {} bench, flex backend, {threads} rayon threads", fedsel::VERSION);
+    let cases: Vec<(&str, Box<dyn fedsel::model::Architecture>, fedsel::data::Dataset, usize)> = vec![
+        ("logreg 60->10", Box::new(LogReg { inputs: 60, classes: 10 }), random_dataset(&[60], None, 640, 10), 10),
+        ("mlp 784-64-30-10", Box::new(Mlp { inputs: 784, classes: 10, dropout: 0.5 }), random_dataset(&[1, 28, 28], None, 640, 10), 64),
+        ("cnn_fmnist", Box::new(CnnFmnist { classes: 10 }), random_dataset(&[1, 28, 28], None, 640, 10), 64),
+        ("cnn_cifar", Box::new(CnnCifar { classes: 10 }), random_dataset(&[3, 32, 32], None, 500, 10), 50),
+        ("char_lstm", Box::new(CharLstm { vocab: 80, embed: 8, hidden: 256 }), random_dataset(&[], Some(80), 100, 80), 10),
+    ];
+    for (name, arch, data, batch) in &cases {
+        let t = step_time(arch.as_ref(), data, *batch, 5, 5, &device);
+        println!("step  {name:<18} batch {batch:>3}: {:>8.3} ms", t.as_secs_f64() * 1e3);
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
+    let dir = locate::data_dir(data_dir, None);
+    if !fmnist::available(&dir.join(fmnist::DIR)) {
+        println!("round fedcor fmnist 2spc: skipped, Fashion-MNIST not found under {}", dir.display());
+        return Ok(());
+    }
+    let config = Config::load(Some(&path), &[format!("rounds={rounds}")])?;
+    let exp = Experiment::prepare(config, &dir)?;
+    struct Nothing;
+    impl Observer for Nothing {
+        fn on_round(&mut self, _: &RoundRecord) -> fedsel::error::Result<()> {
+            Ok(())
+        }
+    }
+    let s = engine::run(&exp, &mut Nothing)?;
+    println!(
+        "round fedcor fmnist 2spc (5 clients x 20 steps x 64 + 10k test eval): {:.1} ms/round over {rounds} rounds",
+        s.wall_s * 1e3 / rounds as f64
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        None => run(None, None, Vec::new(), None, None),
+        Some(Command::Run { config, out, set, seed, data_dir }) => run(config, out, set, seed, data_dir),
+        Some(Command::Datasets { data_dir }) => {
+            datasets(data_dir);
+            Ok(())
+        }
+        Some(Command::Bench { rounds, data_dir }) => bench(rounds, data_dir),
+    }
+}

@@ -1,0 +1,364 @@
+//! The round loop, in one place.
+//!
+//! Each round runs, top to bottom:
+//! availability → (gradients of all, if asked) → selection (with any loss
+//! reports it asks for) → broadcast → local training of the selected, in
+//! parallel → aggregation → server step → evaluation → feedback to the
+//! selector → metrics.
+//!
+//! Every random draw comes from a stream keyed by (seed, purpose, round,
+//! client) and parallel results are combined in selection order, so a run is
+//! bit-identical whatever the thread count.
+
+use std::path::Path;
+use std::time::Instant;
+
+use burn::tensor::Device;
+use rayon::prelude::*;
+
+use crate::aggregate::{self, Server};
+use crate::availability;
+use crate::config::{AggregationRule, Config};
+use crate::data::{self, FederatedData};
+use crate::error::{ConfigError, Error, Result};
+use crate::ledger::Ledger;
+use crate::model::{self, Architecture, ParamLayout};
+use crate::partition::{self, ClientData};
+use crate::rng::{Purpose, stream};
+use crate::select::{self, ClientQuery, Feedback, RoundContext, Setup, UpdateKind};
+use crate::train::{self, Evaluation, OptimizerState, Trainer};
+
+/// A prepared run: data, clients, model.
+pub struct Experiment {
+    /// The resolved configuration.
+    pub config: Config,
+    /// The dataset.
+    pub data: FederatedData,
+    /// The clients' train / held-out index lists.
+    pub clients: Vec<ClientData>,
+    /// The network.
+    pub arch: Box<dyn Architecture>,
+    /// Its parameter layout.
+    pub layout: ParamLayout,
+    /// Compute device.
+    pub device: Device,
+    /// Global test examples evaluated each round.
+    pub test_idx: Vec<usize>,
+}
+
+/// One finished round, as written to `metrics.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundRecord {
+    /// Round index (0-based).
+    pub round: usize,
+    /// Test accuracy, when evaluated this round.
+    pub test_acc: Option<f64>,
+    /// Test loss, when evaluated this round.
+    pub test_loss: Option<f64>,
+    /// Mean training loss of the selected clients.
+    pub train_loss: f64,
+    /// Entries selected (duplicates counted).
+    pub n_selected: usize,
+    /// Clients available.
+    pub n_available: usize,
+    /// Budget K_t.
+    pub budget: usize,
+    /// Local learning rate used.
+    pub lr: f64,
+    /// Costs of this round.
+    pub cost: Ledger,
+    /// Seconds since the run started.
+    pub elapsed_s: f64,
+    /// The selection (duplicates kept).
+    pub selected: Vec<usize>,
+}
+
+/// Receives each round as it finishes (writers, progress bars).
+pub trait Observer {
+    /// Called once per round, in order.
+    fn on_round(&mut self, record: &RoundRecord) -> Result<()>;
+}
+
+fn device_for(name: &str) -> Result<Device> {
+    match name {
+        "flex" => Ok(Device::flex()),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Device::cuda(0)),
+        other => Err(ConfigError::invalid("device", format!("`{other}` is not available in this build (the cuda device needs `--features cuda`)")).into()),
+    }
+}
+
+impl Experiment {
+    /// Loads the data a config names from `data_dir` and prepares the run.
+    pub fn prepare(config: Config, data_dir: &Path) -> Result<Self> {
+        let data = data::load(&config, data_dir)?;
+        Self::from_data(config, data)
+    }
+
+    /// Prepares a run on data already in memory.
+    pub fn from_data(config: Config, data: FederatedData) -> Result<Self> {
+        config.validate()?;
+        let clients = partition::build(&config.partition, &data, config.seed)?;
+        let arch = model::build(&config.model, &data.train)?;
+        let layout = ParamLayout::of(arch.as_ref());
+        let device = device_for(&config.device)?;
+        let n_test = data.test.len();
+        let test_idx = if config.eval.max_test_samples > 0 && config.eval.max_test_samples < n_test {
+            let mut rng = stream(config.seed, Purpose::Dataset, 1, 0);
+            let mut idx = rand::seq::index::sample(&mut rng, n_test, config.eval.max_test_samples).into_vec();
+            idx.sort_unstable();
+            idx
+        } else {
+            (0..n_test).collect()
+        };
+        Ok(Self { config, data, clients, arch, layout, device, test_idx })
+    }
+
+    /// Training-set size of each client.
+    pub fn sizes(&self) -> Vec<usize> {
+        self.clients.iter().map(|c| c.train.len()).collect()
+    }
+
+    fn trainer(&self) -> Trainer<'_> {
+        Trainer {
+            arch: self.arch.as_ref(),
+            layout: &self.layout,
+            data: &self.data.train,
+            cfg: &self.config.train,
+            dropout: self.config.model.dropout,
+            device: &self.device,
+        }
+    }
+
+    /// Loss of `params` on each client's held-out part, in parallel.
+    pub fn holdout_losses(&self, params: &[f32], clients: &[usize]) -> Vec<Evaluation> {
+        let bs = self.config.eval.batch_size;
+        clients
+            .par_iter()
+            .map(|&k| {
+                let p = self.layout.to_tensors(params, &self.device);
+                let c = &self.clients[k];
+                // A client with no held-out example reports its training loss instead.
+                let idx = if c.holdout.is_empty() { &c.train } else { &c.holdout };
+                train::evaluate(self.arch.as_ref(), &p, &self.data.train, idx, bs, &self.device)
+            })
+            .collect()
+    }
+
+    /// Loss and accuracy of `params` on the global test set.
+    pub fn test(&self, params: &[f32]) -> Evaluation {
+        let p = self.layout.to_tensors(params, &self.device);
+        train::evaluate(self.arch.as_ref(), &p, &self.data.test, &self.test_idx, self.config.eval.batch_size, &self.device)
+    }
+}
+
+/// The engine's answer to a selector's report requests; books every cost.
+struct Query<'a> {
+    exp: &'a Experiment,
+    global: &'a [f32],
+    ledger: &'a mut Ledger,
+}
+
+impl ClientQuery for Query<'_> {
+    fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
+        let evals = self.exp.holdout_losses(self.global, clients);
+        let n = clients.len() as u64;
+        self.ledger.broadcasts += n;
+        self.ledger.evaluations += n;
+        self.ledger.scalar_reports += n;
+        self.ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
+        Ok(evals.into_iter().map(|e| e.loss).collect())
+    }
+}
+
+/// Outcome of a whole run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RunSummary {
+    /// Strategy name.
+    pub strategy: String,
+    /// Seed.
+    pub seed: u64,
+    /// Rounds run.
+    pub rounds: usize,
+    /// Test accuracy after the last round.
+    pub final_acc: f64,
+    /// Test loss after the last round.
+    pub final_loss: f64,
+    /// Best test accuracy seen.
+    pub best_acc: f64,
+    /// Round (0-based) of the best accuracy.
+    pub best_acc_round: usize,
+    /// Lowest test loss seen.
+    pub best_loss: f64,
+    /// For each configured target: rounds needed to first reach it (round index + 1), if reached.
+    pub rounds_to_target: Vec<(f64, Option<usize>)>,
+    /// Wall-clock seconds.
+    pub wall_s: f64,
+    /// Cost totals.
+    pub cost: Ledger,
+    /// fedsel version.
+    pub version: String,
+}
+
+/// Runs every round of `exp`, reporting each to `observer`.
+pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> {
+    let cfg = &exp.config;
+    let seed = cfg.seed;
+    let n = exp.clients.len();
+    let sizes = exp.sizes();
+    let total: f64 = sizes.iter().sum::<usize>() as f64;
+    let per_round = cfg.selection.per_round(n);
+    let mut selector = select::build(&cfg.selection);
+    let needs = selector.needs();
+    selector.setup(&Setup {
+        sizes: sizes.clone(),
+        weights: sizes.iter().map(|&s| s as f64 / total).collect(),
+        per_round,
+        rounds: cfg.rounds,
+        num_params: exp.layout.total,
+        oracle_label_histograms: needs
+            .oracle_label_histograms
+            .then(|| exp.clients.iter().map(|c| exp.data.train.histogram(Some(&c.train))).collect()),
+    });
+    let mut avail = availability::build(&cfg.availability, n, per_round);
+    let mut server = Server::new(&cfg.server);
+    let trainer = exp.trainer();
+    let mut global = exp.layout.init(seed);
+    let mut states: Vec<Option<OptimizerState>> = vec![None; n];
+    let mut totals = Ledger::default();
+    let started = Instant::now();
+    let mut summary = RunSummary {
+        strategy: selector.name().into(),
+        seed,
+        rounds: 0,
+        final_acc: f64::NAN,
+        final_loss: f64::NAN,
+        best_acc: f64::NEG_INFINITY,
+        best_acc_round: 0,
+        best_loss: f64::INFINITY,
+        rounds_to_target: cfg.targets.iter().map(|&t| (t, None)).collect(),
+        wall_s: 0.0,
+        cost: Ledger::default(),
+        version: crate::VERSION.into(),
+    };
+
+    for t in 0..cfg.rounds {
+        let mut cost = Ledger::default();
+        let lr = cfg.train.schedule.rate(cfg.train.lr, t);
+        let round_avail = avail.round(t);
+        let available = &round_avail.active;
+
+        let gradients = needs.gradients_of_all.then(|| {
+            let g: Vec<Vec<f32>> = available
+                .par_iter()
+                .map(|&k| trainer.gradient(&global, &exp.clients[k].train, &mut stream(seed, Purpose::Training, t as u64, (n + k) as u64)))
+                .collect();
+            let a = available.len() as u64;
+            cost.broadcasts += a;
+            cost.gradients += a;
+            cost.uploads += a;
+            g
+        });
+
+        let ctx = RoundContext { round: t, available, budget: round_avail.budget, gradients: gradients.as_deref() };
+        let mut query = Query { exp, global: &global, ledger: &mut cost };
+        let selection = selector.select(&ctx, &mut query, &mut stream(seed, Purpose::Selection, t as u64, 0))?;
+        if let Some(&k) = selection.clients.iter().find(|k| available.binary_search(k).is_err()) {
+            return Err(Error::Selection { selector: selector.name().into(), round: t, reason: format!("chose client {k}, which is not available") });
+        }
+        if cfg.server.aggregation == AggregationRule::Selector
+            && selection.weights.as_ref().map(Vec::len) != Some(selection.clients.len())
+        {
+            return Err(Error::Selection { selector: selector.name().into(), round: t, reason: "the `selector` aggregation rule needs one weight per selected client".into() });
+        }
+
+        // Broadcast and train: each distinct client trains once; duplicates share its update.
+        let mut distinct = selection.clients.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let taken: Vec<Option<OptimizerState>> = distinct.iter().map(|&k| states[k].take()).collect();
+        let updates: Vec<train::LocalUpdate> = distinct
+            .par_iter()
+            .zip(taken)
+            .map(|(&k, state)| {
+                let mut rng = stream(seed, Purpose::Training, t as u64, k as u64);
+                trainer.train(&global, &exp.clients[k].train, lr, &mut rng, state)
+            })
+            .collect();
+        let d = distinct.len() as u64;
+        cost.broadcasts += d;
+        cost.uploads += d;
+        cost.trainings += d;
+        cost.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
+
+        let entry_of = |k: usize| distinct.binary_search(&k).expect("selected clients are in `distinct`");
+        let locals: Vec<&[f32]> = selection.clients.iter().map(|&k| updates[entry_of(k)].params.as_slice()).collect();
+        let w = aggregate::weights(cfg.server.aggregation, &selection.clients, &sizes, selection.weights.as_deref());
+        let delta = aggregate::delta(&global, &locals, &w);
+        let old_global = (needs.updates != UpdateKind::None).then(|| global.clone());
+        server.step(&mut global, &delta);
+        if global.iter().any(|x| !x.is_finite()) {
+            return Err(Error::Diverged { round: t, what: "parameters after aggregation".into() });
+        }
+
+        let evaluate = (t + 1) % cfg.eval.every == 0 || t + 1 == cfg.rounds;
+        let eval = evaluate.then(|| exp.test(&global));
+
+        let train_losses: Vec<f64> = selection.clients.iter().map(|&k| updates[entry_of(k)].mean_loss).collect();
+        let parts: Option<Vec<Vec<f32>>> = old_global.map(|old| {
+            selection
+                .clients
+                .iter()
+                .map(|&k| {
+                    let x = &updates[entry_of(k)].params;
+                    let diff = |r: std::ops::Range<usize>| x[r.clone()].iter().zip(&old[r]).map(|(a, b)| a - b).collect::<Vec<f32>>();
+                    match needs.updates {
+                        UpdateKind::OutputLayer => [diff(exp.layout.output_bias()), diff(exp.layout.output_weight())].concat(),
+                        _ => diff(0..old.len()),
+                    }
+                })
+                .collect()
+        });
+        selector.observe(&Feedback { round: t, selected: &selection.clients, train_losses: &train_losses, updates: parts.as_deref() });
+        for (k, u) in distinct.iter().zip(updates) {
+            states[*k] = u.state;
+        }
+
+        totals.add(&cost);
+        let record = RoundRecord {
+            round: t,
+            test_acc: eval.map(|e| e.accuracy),
+            test_loss: eval.map(|e| e.loss),
+            train_loss: train_losses.iter().sum::<f64>() / train_losses.len().max(1) as f64,
+            n_selected: selection.clients.len(),
+            n_available: available.len(),
+            budget: round_avail.budget,
+            lr,
+            cost,
+            elapsed_s: started.elapsed().as_secs_f64(),
+            selected: selection.clients,
+        };
+        if let Some(e) = eval {
+            if !e.loss.is_finite() {
+                return Err(Error::Diverged { round: t, what: "test loss".into() });
+            }
+            summary.final_acc = e.accuracy;
+            summary.final_loss = e.loss;
+            if e.accuracy > summary.best_acc {
+                summary.best_acc = e.accuracy;
+                summary.best_acc_round = t;
+            }
+            summary.best_loss = summary.best_loss.min(e.loss);
+            for (target, reached) in &mut summary.rounds_to_target {
+                if reached.is_none() && e.accuracy >= *target {
+                    *reached = Some(t + 1);
+                }
+            }
+        }
+        summary.rounds = t + 1;
+        summary.wall_s = record.elapsed_s;
+        summary.cost = totals;
+        observer.on_round(&record)?;
+    }
+    Ok(summary)
+}

@@ -1,0 +1,73 @@
+//! The per-run cost ledger: what a real deployment would pay for a strategy.
+//!
+//! Every message and client computation the engine performs on a strategy's
+//! behalf is booked here, so that "extra communication" and "extra
+//! computation" columns compare strategies on what they really cost.
+
+use serde::Serialize;
+
+/// Counts of messages and client computations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Ledger {
+    /// Global models sent to clients (for training, evaluation or gradients).
+    pub broadcasts: u64,
+    /// Models or updates sent back by clients.
+    pub uploads: u64,
+    /// Local training runs that fed the global model.
+    pub trainings: u64,
+    /// Local training runs whose result was discarded (probes).
+    pub probe_trainings: u64,
+    /// Mini-batch steps of all local training.
+    pub train_steps: u64,
+    /// Client evaluations of the global model on their held-out data.
+    pub evaluations: u64,
+    /// Examples those evaluations passed over.
+    pub eval_examples: u64,
+    /// Scalar reports (losses) sent by clients.
+    pub scalar_reports: u64,
+    /// One-step gradient computations.
+    pub gradients: u64,
+}
+
+impl Ledger {
+    /// Column names, in the order of [`Ledger::values`].
+    pub const COLUMNS: [&'static str; 9] = [
+        "broadcasts",
+        "uploads",
+        "trainings",
+        "probe_trainings",
+        "train_steps",
+        "evaluations",
+        "eval_examples",
+        "scalar_reports",
+        "gradients",
+    ];
+
+    /// The counts, in the order of [`Ledger::COLUMNS`].
+    pub fn values(&self) -> [u64; 9] {
+        [
+            self.broadcasts,
+            self.uploads,
+            self.trainings,
+            self.probe_trainings,
+            self.train_steps,
+            self.evaluations,
+            self.eval_examples,
+            self.scalar_reports,
+            self.gradients,
+        ]
+    }
+
+    /// Adds another ledger's counts to this one.
+    pub fn add(&mut self, other: &Ledger) {
+        self.broadcasts += other.broadcasts;
+        self.uploads += other.uploads;
+        self.trainings += other.trainings;
+        self.probe_trainings += other.probe_trainings;
+        self.train_steps += other.train_steps;
+        self.evaluations += other.evaluations;
+        self.eval_examples += other.eval_examples;
+        self.scalar_reports += other.scalar_reports;
+        self.gradients += other.gradients;
+    }
+}

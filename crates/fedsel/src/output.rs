@@ -1,0 +1,111 @@
+//! Run outputs: `config.resolved.toml`, `metrics.csv`, `selections.csv`, `summary.json`.
+//!
+//! Rows are flushed as each round ends, so a run that crashes or is killed
+//! leaves every finished round readable. `summary.json` is written at the end,
+//! or with `"status": "failed"` and the error when a run fails.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::engine::{Observer, RoundRecord, RunSummary};
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+
+/// Writes a run's files into one directory.
+pub struct RunWriter {
+    dir: PathBuf,
+    metrics: csv::Writer<File>,
+    selections: csv::Writer<File>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Output { path: path.to_path_buf(), source }
+}
+
+fn csv_err(path: &Path) -> impl FnOnce(csv::Error) -> Error + '_ {
+    move |e| Error::Output { path: path.to_path_buf(), source: std::io::Error::other(e) }
+}
+
+/// The columns of `metrics.csv`.
+pub fn metric_columns() -> Vec<&'static str> {
+    let mut c = vec!["round", "test_acc", "test_loss", "train_loss", "n_selected", "n_available", "budget", "lr"];
+    c.extend(Ledger::COLUMNS);
+    c.push("elapsed_s");
+    c
+}
+
+impl RunWriter {
+    /// Creates `dir` and writes the resolved config and the CSV headers.
+    pub fn create(dir: &Path, config: &Config) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let cfg_path = dir.join("config.resolved.toml");
+        std::fs::write(&cfg_path, config.to_resolved_toml()).map_err(io(&cfg_path))?;
+        let mpath = dir.join("metrics.csv");
+        let mut metrics = csv::Writer::from_path(&mpath).map_err(csv_err(&mpath))?;
+        metrics.write_record(metric_columns()).map_err(csv_err(&mpath))?;
+        metrics.flush().map_err(io(&mpath))?;
+        let spath = dir.join("selections.csv");
+        let mut selections = csv::Writer::from_path(&spath).map_err(csv_err(&spath))?;
+        selections.write_record(["round", "client"]).map_err(csv_err(&spath))?;
+        selections.flush().map_err(io(&spath))?;
+        Ok(Self { dir: dir.to_path_buf(), metrics, selections })
+    }
+
+    /// Writes `summary.json` for a finished run.
+    pub fn finish(&self, summary: &RunSummary) -> Result<()> {
+        let mut v = serde_json::to_value(summary).expect("summary serializes");
+        v["status"] = "finished".into();
+        self.write_summary(&v)
+    }
+
+    /// Writes `summary.json` for a failed run, with the error.
+    pub fn fail(&self, error: &Error, rounds_done: usize) -> Result<()> {
+        let v = serde_json::json!({
+            "status": "failed",
+            "error": error.to_string(),
+            "rounds_completed": rounds_done,
+            "version": crate::VERSION,
+        });
+        self.write_summary(&v)
+    }
+
+    fn write_summary(&self, v: &serde_json::Value) -> Result<()> {
+        let path = self.dir.join("summary.json");
+        let tmp = self.dir.join("summary.json.tmp");
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(serde_json::to_string_pretty(v).expect("json").as_bytes()).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))
+    }
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.6}")).unwrap_or_default()
+}
+
+impl Observer for RunWriter {
+    fn on_round(&mut self, r: &RoundRecord) -> Result<()> {
+        let mut row = vec![
+            r.round.to_string(),
+            opt(r.test_acc),
+            opt(r.test_loss),
+            format!("{:.6}", r.train_loss),
+            r.n_selected.to_string(),
+            r.n_available.to_string(),
+            r.budget.to_string(),
+            format!("{:e}", r.lr),
+        ];
+        row.extend(r.cost.values().iter().map(u64::to_string));
+        row.push(format!("{:.3}", r.elapsed_s));
+        let mpath = self.dir.join("metrics.csv");
+        self.metrics.write_record(&row).map_err(csv_err(&mpath))?;
+        self.metrics.flush().map_err(io(&mpath))?;
+        let spath = self.dir.join("selections.csv");
+        for k in &r.selected {
+            self.selections.write_record([r.round.to_string(), k.to_string()]).map_err(csv_err(&spath))?;
+        }
+        self.selections.flush().map_err(io(&spath))
+    }
+}

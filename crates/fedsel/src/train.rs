@@ -1,0 +1,218 @@
+//! Local training and evaluation on one client.
+//!
+//! A client receives the flat global parameters, materialises them as fresh
+//! tensors, runs its optimizer for the configured steps or epochs, and
+//! returns its new flat parameters. Everything random (batch order, dropout)
+//! comes from the client's own stream, so the result is the same whichever
+//! thread runs it.
+
+use burn::tensor::{Device, Tensor};
+use rand::seq::SliceRandom;
+
+use crate::config::{LocalOptimizer, LocalWork, TrainConfig};
+use crate::data::Dataset;
+use crate::model::{self, Architecture, Dropout, ParamLayout};
+use crate::rng::Rng;
+
+/// Optimizer state carried between a client's rounds when `persistent_state` is on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimizerState {
+    /// Steps taken so far (Adam's bias correction).
+    pub step: u64,
+    /// SGD momentum buffer or Adam's first moment, flat.
+    pub m: Vec<f32>,
+    /// Adam's second moment, flat (empty for SGD).
+    pub v: Vec<f32>,
+}
+
+/// What a client sends back after training.
+#[derive(Debug, Clone)]
+pub struct LocalUpdate {
+    /// The client's new parameters.
+    pub params: Vec<f32>,
+    /// Mean training loss over the steps taken.
+    pub mean_loss: f64,
+    /// Mini-batch steps taken.
+    pub steps: usize,
+    /// Optimizer state to keep, when persistent state is on.
+    pub state: Option<OptimizerState>,
+}
+
+/// Everything local training needs besides the client.
+#[derive(Clone, Copy)]
+pub struct Trainer<'a> {
+    /// The network.
+    pub arch: &'a dyn Architecture,
+    /// Its parameter layout.
+    pub layout: &'a ParamLayout,
+    /// The training pool.
+    pub data: &'a Dataset,
+    /// Optimizer settings.
+    pub cfg: &'a TrainConfig,
+    /// Dropout probability.
+    pub dropout: f64,
+    /// Compute device (without autodiff).
+    pub device: &'a Device,
+}
+
+/// The mini-batches of one round: shuffled passes over `idx`, cut to size.
+fn batches(idx: &[usize], work: LocalWork, batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
+    let mut order = idx.to_vec();
+    let mut out = Vec::new();
+    match work {
+        LocalWork::Epochs(e) => {
+            for _ in 0..e {
+                order.shuffle(rng);
+                out.extend(order.chunks(batch).map(<[usize]>::to_vec));
+            }
+        }
+        LocalWork::Steps(s) => {
+            let mut at = order.len();
+            while out.len() < s {
+                if at >= order.len() {
+                    order.shuffle(rng);
+                    at = 0;
+                }
+                let end = (at + batch).min(order.len());
+                out.push(order[at..end].to_vec());
+                at = end;
+            }
+        }
+    }
+    out
+}
+
+impl Trainer<'_> {
+    /// Trains from `global` on examples `idx` with learning rate `lr`.
+    pub fn train(&self, global: &[f32], idx: &[usize], lr: f64, rng: &mut Rng, state: Option<OptimizerState>) -> LocalUpdate {
+        let cfg = self.cfg;
+        let layout = self.layout;
+        let dev = self.device;
+        let start = layout.to_tensors(global, dev);
+        let mut params = start.clone();
+        let n = params.len();
+        let (mut step, mut m, mut v) = match state {
+            Some(s) => (s.step, layout.to_tensors(&s.m, dev), if s.v.is_empty() { Vec::new() } else { layout.to_tensors(&s.v, dev) }),
+            None => (0, Vec::new(), Vec::new()),
+        };
+        let plan = batches(idx, cfg.work, cfg.batch_size, rng);
+        let mut loss_sum = Tensor::<1>::zeros([1], dev);
+        for b in &plan {
+            let ad: Vec<Tensor<1>> = params.iter().map(|p| p.clone().autodiff().require_grad()).collect();
+            let (x, y) = model::batch(self.data, b, dev);
+            let mut drop = Dropout { p: self.dropout, rng };
+            let logits = self.arch.forward(&ad, x, Some(&mut drop));
+            let loss = model::cross_entropy(logits, y);
+            loss_sum = loss_sum + loss.clone().inner();
+            let grads = loss.backward();
+            step += 1;
+            for i in 0..n {
+                let mut g = ad[i].grad(&grads).expect("every parameter takes part in the forward pass");
+                let p = params[i].clone();
+                if cfg.weight_decay > 0.0 {
+                    g = g + p.clone() * cfg.weight_decay;
+                }
+                if cfg.prox_mu > 0.0 {
+                    g = g + (p.clone() - start[i].clone()) * cfg.prox_mu;
+                }
+                params[i] = match cfg.optimizer {
+                    LocalOptimizer::Sgd if cfg.momentum > 0.0 => {
+                        let buf = if m.len() == n { m[i].clone() * cfg.momentum + g } else { g };
+                        if m.len() == n { m[i] = buf.clone() } else { m.push(buf.clone()) }
+                        p - buf * lr
+                    }
+                    LocalOptimizer::Sgd => p - g * lr,
+                    LocalOptimizer::Adam => {
+                        let (b1, b2) = (cfg.beta1, cfg.beta2);
+                        if m.len() < n {
+                            m.push(g.zeros_like());
+                            v.push(g.zeros_like());
+                        }
+                        m[i] = m[i].clone() * b1 + g.clone() * (1.0 - b1);
+                        v[i] = v[i].clone() * b2 + g.clone() * g * (1.0 - b2);
+                        let c1 = 1.0 - b1.powi(step as i32);
+                        let c2 = 1.0 - b2.powi(step as i32);
+                        let denom = (v[i].clone() / c2).sqrt() + cfg.eps;
+                        p - (m[i].clone() / c1) / denom * lr
+                    }
+                };
+            }
+        }
+        let steps = plan.len();
+        let mean_loss = loss_sum.into_scalar::<f32>() as f64 / steps.max(1) as f64;
+        let state = cfg.persistent_state.then(|| OptimizerState {
+            step,
+            m: if m.is_empty() { Vec::new() } else { layout.to_flat(m) },
+            v: if v.is_empty() { Vec::new() } else { layout.to_flat(v) },
+        });
+        LocalUpdate {
+            params: layout.to_flat(params),
+            mean_loss,
+            steps,
+            state,
+        }
+    }
+
+    /// The gradient of the mean loss on one shuffled mini-batch at `global`
+    /// (the "one-step gradient" DivFL and Pow-d variants ask every client for).
+    pub fn gradient(&self, global: &[f32], idx: &[usize], rng: &mut Rng) -> Vec<f32> {
+        let dev = self.device;
+        let mut order = idx.to_vec();
+        order.shuffle(rng);
+        order.truncate(self.cfg.batch_size);
+        let ad: Vec<Tensor<1>> = self.layout.to_tensors(global, dev).into_iter().map(|p| p.autodiff().require_grad()).collect();
+        let (x, y) = model::batch(self.data, &order, dev);
+        let loss = model::cross_entropy(self.arch.forward(&ad, x, None), y);
+        let grads = loss.backward();
+        self.layout.to_flat(ad.iter().map(|p| p.grad(&grads).expect("every parameter takes part")).collect())
+    }
+}
+
+/// Loss and accuracy of a model on some examples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Evaluation {
+    /// Mean cross-entropy.
+    pub loss: f64,
+    /// Fraction correct.
+    pub accuracy: f64,
+    /// Examples evaluated.
+    pub examples: usize,
+}
+
+/// Evaluates parameters (already on the device) on examples `idx` of `data`.
+pub fn evaluate(arch: &dyn Architecture, params: &[Tensor<1>], data: &Dataset, idx: &[usize], batch_size: usize, device: &Device) -> Evaluation {
+    let mut loss = 0.0;
+    let mut correct = 0;
+    for chunk in idx.chunks(batch_size) {
+        let (x, y) = model::batch(data, chunk, device);
+        let (l, c) = model::loss_and_correct(arch.forward(params, x, None), y);
+        loss += l;
+        correct += c;
+    }
+    let n = idx.len().max(1) as f64;
+    Evaluation {
+        loss: loss / n,
+        accuracy: correct as f64 / n,
+        examples: idx.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{Purpose, stream};
+
+    #[test]
+    fn steps_and_epochs_give_the_right_batches() {
+        let idx: Vec<usize> = (0..25).collect();
+        let mut rng = stream(1, Purpose::Training, 0, 0);
+        let e = batches(&idx, LocalWork::Epochs(2), 10, &mut rng);
+        assert_eq!(e.iter().map(Vec::len).collect::<Vec<_>>(), vec![10, 10, 5, 10, 10, 5]);
+        let mut seen: Vec<usize> = e[..3].concat();
+        seen.sort();
+        assert_eq!(seen, idx, "one epoch visits every example once");
+        let s = batches(&idx, LocalWork::Steps(7), 10, &mut rng);
+        assert_eq!(s.len(), 7);
+        assert!(s.iter().all(|b| !b.is_empty() && b.len() <= 10));
+    }
+}
