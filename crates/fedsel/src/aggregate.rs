@@ -11,7 +11,12 @@ use crate::config::{AggregationRule, ServerConfig, ServerOptimizer};
 /// Aggregation weight of each selected entry (duplicates are separate entries).
 ///
 /// `selector_weights` must be given for [`AggregationRule::Selector`].
-pub fn weights(rule: AggregationRule, selected: &[usize], sizes: &[usize], selector_weights: Option<&[f64]>) -> Vec<f64> {
+pub fn weights(
+    rule: AggregationRule,
+    selected: &[usize],
+    sizes: &[usize],
+    selector_weights: Option<&[f64]>,
+) -> Vec<f64> {
     let m = selected.len() as f64;
     match rule {
         AggregationRule::Mean => vec![1.0 / m; selected.len()],
@@ -47,7 +52,11 @@ pub struct Server {
 impl Server {
     /// A server with empty optimizer state.
     pub fn new(cfg: &ServerConfig) -> Self {
-        Self { cfg: cfg.clone(), m: Vec::new(), v: Vec::new() }
+        Self {
+            cfg: cfg.clone(),
+            m: Vec::new(),
+            v: Vec::new(),
+        }
     }
 
     /// Applies Δ to the global parameters.
@@ -68,7 +77,12 @@ impl Server {
                     self.v = vec![0.0; global.len()];
                 }
                 let (b1, b2, lr, tau) = (c.beta1 as f32, c.beta2 as f32, c.lr as f32, c.tau as f32);
-                for (((w, &d), m), v) in global.iter_mut().zip(delta).zip(&mut self.m).zip(&mut self.v) {
+                for (((w, &d), m), v) in global
+                    .iter_mut()
+                    .zip(delta)
+                    .zip(&mut self.m)
+                    .zip(&mut self.v)
+                {
                     *m = b1 * *m + (1.0 - b1) * d;
                     *v = b2 * *v + (1.0 - b2) * d * d;
                     *w += lr * *m / (v.sqrt() + tau);
@@ -85,9 +99,18 @@ mod tests {
     #[test]
     fn weights_match_hand_computed_cases() {
         let sizes = [10, 30, 60];
-        assert_eq!(weights(AggregationRule::Mean, &[0, 2, 2, 1], &sizes, None), vec![0.25; 4]);
-        assert_eq!(weights(AggregationRule::DataSize, &[0, 1], &sizes, None), vec![0.25, 0.75]);
-        assert_eq!(weights(AggregationRule::Selector, &[2], &sizes, Some(&[3.0])), vec![3.0]);
+        assert_eq!(
+            weights(AggregationRule::Mean, &[0, 2, 2, 1], &sizes, None),
+            vec![0.25; 4]
+        );
+        assert_eq!(
+            weights(AggregationRule::DataSize, &[0, 1], &sizes, None),
+            vec![0.25, 0.75]
+        );
+        assert_eq!(
+            weights(AggregationRule::Selector, &[2], &sizes, Some(&[3.0])),
+            vec![3.0]
+        );
     }
 
     #[test]
@@ -100,16 +123,30 @@ mod tests {
         let d = delta(&global, &[&a, &b, &b], &w);
         let mut g = global;
         Server::new(&ServerConfig::default()).step(&mut g, &d);
-        assert!((g[0] - 3.0).abs() < 1e-6 && (g[1] + 1.0).abs() < 1e-6, "{g:?}");
+        assert!(
+            (g[0] - 3.0).abs() < 1e-6 && (g[1] + 1.0).abs() < 1e-6,
+            "{g:?}"
+        );
     }
 
     #[test]
     fn server_sgd_and_adam_match_hand_computation() {
-        let cfg = ServerConfig { optimizer: ServerOptimizer::Sgd, lr: 0.5, ..ServerConfig::default() };
+        let cfg = ServerConfig {
+            optimizer: ServerOptimizer::Sgd,
+            lr: 0.5,
+            ..ServerConfig::default()
+        };
         let mut g = [1.0f32];
         Server::new(&cfg).step(&mut g, &[2.0]);
         assert_eq!(g, [2.0]);
-        let cfg = ServerConfig { optimizer: ServerOptimizer::Adam, lr: 0.1, beta1: 0.9, beta2: 0.99, tau: 1e-3, ..ServerConfig::default() };
+        let cfg = ServerConfig {
+            optimizer: ServerOptimizer::Adam,
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            tau: 1e-3,
+            ..ServerConfig::default()
+        };
         let mut s = Server::new(&cfg);
         let mut g = [0.0f32];
         s.step(&mut g, &[1.0]);

@@ -437,17 +437,12 @@ impl SelectionConfig {
 }
 
 /// Availability model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AvailabilityConfig {
     /// Every client, every round.
+    #[default]
     Always,
-}
-
-impl Default for AvailabilityConfig {
-    fn default() -> Self {
-        Self::Always
-    }
 }
 
 /// Evaluation of the global model on the global test set.
@@ -610,7 +605,7 @@ impl Config {
                     check_pos(*a, &format!("partition.scheme.alphas[{i}]"))?;
                 }
                 check(
-                    p.clients % alphas.len() == 0,
+                    p.clients.is_multiple_of(alphas.len()),
                     "partition.clients",
                     format!(
                         "{} clients do not split evenly into {} α groups",

@@ -84,7 +84,13 @@ fn device_for(name: &str) -> Result<Device> {
         "flex" => Ok(Device::flex()),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Device::cuda(0)),
-        other => Err(ConfigError::invalid("device", format!("`{other}` is not available in this build (the cuda device needs `--features cuda`)")).into()),
+        other => Err(ConfigError::invalid(
+            "device",
+            format!(
+                "`{other}` is not available in this build (the cuda device needs `--features cuda`)"
+            ),
+        )
+        .into()),
     }
 }
 
@@ -103,15 +109,25 @@ impl Experiment {
         let layout = ParamLayout::of(arch.as_ref());
         let device = device_for(&config.device)?;
         let n_test = data.test.len();
-        let test_idx = if config.eval.max_test_samples > 0 && config.eval.max_test_samples < n_test {
+        let test_idx = if config.eval.max_test_samples > 0 && config.eval.max_test_samples < n_test
+        {
             let mut rng = stream(config.seed, Purpose::Dataset, 1, 0);
-            let mut idx = rand::seq::index::sample(&mut rng, n_test, config.eval.max_test_samples).into_vec();
+            let mut idx =
+                rand::seq::index::sample(&mut rng, n_test, config.eval.max_test_samples).into_vec();
             idx.sort_unstable();
             idx
         } else {
             (0..n_test).collect()
         };
-        Ok(Self { config, data, clients, arch, layout, device, test_idx })
+        Ok(Self {
+            config,
+            data,
+            clients,
+            arch,
+            layout,
+            device,
+            test_idx,
+        })
     }
 
     /// Training-set size of each client.
@@ -139,8 +155,19 @@ impl Experiment {
                 let p = self.layout.to_tensors(params, &self.device);
                 let c = &self.clients[k];
                 // A client with no held-out example reports its training loss instead.
-                let idx = if c.holdout.is_empty() { &c.train } else { &c.holdout };
-                train::evaluate(self.arch.as_ref(), &p, &self.data.train, idx, bs, &self.device)
+                let idx = if c.holdout.is_empty() {
+                    &c.train
+                } else {
+                    &c.holdout
+                };
+                train::evaluate(
+                    self.arch.as_ref(),
+                    &p,
+                    &self.data.train,
+                    idx,
+                    bs,
+                    &self.device,
+                )
             })
             .collect()
     }
@@ -148,7 +175,14 @@ impl Experiment {
     /// Loss and accuracy of `params` on the global test set.
     pub fn test(&self, params: &[f32]) -> Evaluation {
         let p = self.layout.to_tensors(params, &self.device);
-        train::evaluate(self.arch.as_ref(), &p, &self.data.test, &self.test_idx, self.config.eval.batch_size, &self.device)
+        train::evaluate(
+            self.arch.as_ref(),
+            &p,
+            &self.data.test,
+            &self.test_idx,
+            self.config.eval.batch_size,
+            &self.device,
+        )
     }
 }
 
@@ -200,15 +234,23 @@ pub struct RunSummary {
     pub version: String,
 }
 
-/// Runs every round of `exp`, reporting each to `observer`.
+/// Runs every round of `exp` with the configured selector, reporting each to `observer`.
 pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> {
+    run_with(exp, select::build(&exp.config.selection), observer)
+}
+
+/// Runs every round of `exp` with a given selector (for strategies built outside the config).
+pub fn run_with(
+    exp: &Experiment,
+    mut selector: Box<dyn select::Selector>,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary> {
     let cfg = &exp.config;
     let seed = cfg.seed;
     let n = exp.clients.len();
     let sizes = exp.sizes();
     let total: f64 = sizes.iter().sum::<usize>() as f64;
     let per_round = cfg.selection.per_round(n);
-    let mut selector = select::build(&cfg.selection);
     let needs = selector.needs();
     selector.setup(&Setup {
         sizes: sizes.clone(),
@@ -216,9 +258,12 @@ pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> 
         per_round,
         rounds: cfg.rounds,
         num_params: exp.layout.total,
-        oracle_label_histograms: needs
-            .oracle_label_histograms
-            .then(|| exp.clients.iter().map(|c| exp.data.train.histogram(Some(&c.train))).collect()),
+        oracle_label_histograms: needs.oracle_label_histograms.then(|| {
+            exp.clients
+                .iter()
+                .map(|c| exp.data.train.histogram(Some(&c.train)))
+                .collect()
+        }),
     });
     let mut avail = availability::build(&cfg.availability, n, per_round);
     let mut server = Server::new(&cfg.server);
@@ -251,7 +296,13 @@ pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> 
         let gradients = needs.gradients_of_all.then(|| {
             let g: Vec<Vec<f32>> = available
                 .par_iter()
-                .map(|&k| trainer.gradient(&global, &exp.clients[k].train, &mut stream(seed, Purpose::Training, t as u64, (n + k) as u64)))
+                .map(|&k| {
+                    trainer.gradient(
+                        &global,
+                        &exp.clients[k].train,
+                        &mut stream(seed, Purpose::Training, t as u64, (n + k) as u64),
+                    )
+                })
                 .collect();
             let a = available.len() as u64;
             cost.broadcasts += a;
@@ -260,23 +311,50 @@ pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> 
             g
         });
 
-        let ctx = RoundContext { round: t, available, budget: round_avail.budget, gradients: gradients.as_deref() };
-        let mut query = Query { exp, global: &global, ledger: &mut cost };
-        let selection = selector.select(&ctx, &mut query, &mut stream(seed, Purpose::Selection, t as u64, 0))?;
-        if let Some(&k) = selection.clients.iter().find(|k| available.binary_search(k).is_err()) {
-            return Err(Error::Selection { selector: selector.name().into(), round: t, reason: format!("chose client {k}, which is not available") });
+        let ctx = RoundContext {
+            round: t,
+            available,
+            budget: round_avail.budget,
+            gradients: gradients.as_deref(),
+        };
+        let mut query = Query {
+            exp,
+            global: &global,
+            ledger: &mut cost,
+        };
+        let selection = selector.select(
+            &ctx,
+            &mut query,
+            &mut stream(seed, Purpose::Selection, t as u64, 0),
+        )?;
+        if let Some(&k) = selection
+            .clients
+            .iter()
+            .find(|k| available.binary_search(k).is_err())
+        {
+            return Err(Error::Selection {
+                selector: selector.name().into(),
+                round: t,
+                reason: format!("chose client {k}, which is not available"),
+            });
         }
         if cfg.server.aggregation == AggregationRule::Selector
             && selection.weights.as_ref().map(Vec::len) != Some(selection.clients.len())
         {
-            return Err(Error::Selection { selector: selector.name().into(), round: t, reason: "the `selector` aggregation rule needs one weight per selected client".into() });
+            return Err(Error::Selection {
+                selector: selector.name().into(),
+                round: t,
+                reason: "the `selector` aggregation rule needs one weight per selected client"
+                    .into(),
+            });
         }
 
         // Broadcast and train: each distinct client trains once; duplicates share its update.
         let mut distinct = selection.clients.clone();
         distinct.sort_unstable();
         distinct.dedup();
-        let taken: Vec<Option<OptimizerState>> = distinct.iter().map(|&k| states[k].take()).collect();
+        let taken: Vec<Option<OptimizerState>> =
+            distinct.iter().map(|&k| states[k].take()).collect();
         let updates: Vec<train::LocalUpdate> = distinct
             .par_iter()
             .zip(taken)
@@ -291,35 +369,70 @@ pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> 
         cost.trainings += d;
         cost.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
 
-        let entry_of = |k: usize| distinct.binary_search(&k).expect("selected clients are in `distinct`");
-        let locals: Vec<&[f32]> = selection.clients.iter().map(|&k| updates[entry_of(k)].params.as_slice()).collect();
-        let w = aggregate::weights(cfg.server.aggregation, &selection.clients, &sizes, selection.weights.as_deref());
+        let entry_of = |k: usize| {
+            distinct
+                .binary_search(&k)
+                .expect("selected clients are in `distinct`")
+        };
+        let locals: Vec<&[f32]> = selection
+            .clients
+            .iter()
+            .map(|&k| updates[entry_of(k)].params.as_slice())
+            .collect();
+        let w = aggregate::weights(
+            cfg.server.aggregation,
+            &selection.clients,
+            &sizes,
+            selection.weights.as_deref(),
+        );
         let delta = aggregate::delta(&global, &locals, &w);
         let old_global = (needs.updates != UpdateKind::None).then(|| global.clone());
         server.step(&mut global, &delta);
         if global.iter().any(|x| !x.is_finite()) {
-            return Err(Error::Diverged { round: t, what: "parameters after aggregation".into() });
+            return Err(Error::Diverged {
+                round: t,
+                what: "parameters after aggregation".into(),
+            });
         }
 
-        let evaluate = (t + 1) % cfg.eval.every == 0 || t + 1 == cfg.rounds;
+        let evaluate = (t + 1).is_multiple_of(cfg.eval.every) || t + 1 == cfg.rounds;
         let eval = evaluate.then(|| exp.test(&global));
 
-        let train_losses: Vec<f64> = selection.clients.iter().map(|&k| updates[entry_of(k)].mean_loss).collect();
+        let train_losses: Vec<f64> = selection
+            .clients
+            .iter()
+            .map(|&k| updates[entry_of(k)].mean_loss)
+            .collect();
         let parts: Option<Vec<Vec<f32>>> = old_global.map(|old| {
             selection
                 .clients
                 .iter()
                 .map(|&k| {
                     let x = &updates[entry_of(k)].params;
-                    let diff = |r: std::ops::Range<usize>| x[r.clone()].iter().zip(&old[r]).map(|(a, b)| a - b).collect::<Vec<f32>>();
+                    let diff = |r: std::ops::Range<usize>| {
+                        x[r.clone()]
+                            .iter()
+                            .zip(&old[r])
+                            .map(|(a, b)| a - b)
+                            .collect::<Vec<f32>>()
+                    };
                     match needs.updates {
-                        UpdateKind::OutputLayer => [diff(exp.layout.output_bias()), diff(exp.layout.output_weight())].concat(),
+                        UpdateKind::OutputLayer => [
+                            diff(exp.layout.output_bias()),
+                            diff(exp.layout.output_weight()),
+                        ]
+                        .concat(),
                         _ => diff(0..old.len()),
                     }
                 })
                 .collect()
         });
-        selector.observe(&Feedback { round: t, selected: &selection.clients, train_losses: &train_losses, updates: parts.as_deref() });
+        selector.observe(&Feedback {
+            round: t,
+            selected: &selection.clients,
+            train_losses: &train_losses,
+            updates: parts.as_deref(),
+        });
         for (k, u) in distinct.iter().zip(updates) {
             states[*k] = u.state;
         }
@@ -340,7 +453,10 @@ pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> 
         };
         if let Some(e) = eval {
             if !e.loss.is_finite() {
-                return Err(Error::Diverged { round: t, what: "test loss".into() });
+                return Err(Error::Diverged {
+                    round: t,
+                    what: "test loss".into(),
+                });
             }
             summary.final_acc = e.accuracy;
             summary.final_loss = e.loss;

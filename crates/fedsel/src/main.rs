@@ -105,8 +105,13 @@ impl Observer for Progress<'_> {
             }
             None => {
                 let every = (self.rounds / 10).max(1);
-                if (r.round + 1) % every == 0 || r.round + 1 == self.rounds {
-                    println!("round {:>5}/{} {msg} ({:.1}s)", r.round + 1, self.rounds, r.elapsed_s);
+                if (r.round + 1).is_multiple_of(every) || r.round + 1 == self.rounds {
+                    println!(
+                        "round {:>5}/{} {msg} ({:.1}s)",
+                        r.round + 1,
+                        self.rounds,
+                        r.elapsed_s
+                    );
                 }
             }
         }
@@ -114,15 +119,23 @@ impl Observer for Progress<'_> {
     }
 }
 
-fn run(config_path: Option<PathBuf>, out: Option<PathBuf>, mut set: Vec<String>, seed: Option<u64>, data_dir: Option<PathBuf>) -> Result<()> {
+fn run(
+    config_path: Option<PathBuf>,
+    out: Option<PathBuf>,
+    mut set: Vec<String>,
+    seed: Option<u64>,
+    data_dir: Option<PathBuf>,
+) -> Result<()> {
     if let Some(s) = seed {
         set.push(format!("seed={s}"));
     }
     let config = Config::load(config_path.as_deref(), &set)?;
     let dir = locate::data_dir(data_dir, config.data_dir.clone());
-    let out = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-s{}", config.name, config.seed)));
+    let out = out
+        .unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-s{}", config.name, config.seed)));
     let t0 = Instant::now();
-    let exp = Experiment::prepare(config.clone(), &dir).with_context(|| format!("preparing `{}`", config.name))?;
+    let exp = Experiment::prepare(config.clone(), &dir)
+        .with_context(|| format!("preparing `{}`", config.name))?;
     println!(
         "fedsel {}: {} on {} ({} clients, {} train / {} test examples, {} parameters), {} rounds -> {}",
         fedsel::VERSION,
@@ -138,10 +151,19 @@ fn run(config_path: Option<PathBuf>, out: Option<PathBuf>, mut set: Vec<String>,
     let writer = RunWriter::create(&out, &exp.config)?;
     let bar = std::io::stdout().is_terminal().then(|| {
         let b = ProgressBar::new(config.rounds as u64);
-        b.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise}<{eta}] {msg}").expect("valid template"));
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise}<{eta}] {msg}")
+                .expect("valid template"),
+        );
         b
     });
-    let mut progress = Progress { writer, bar, rounds: config.rounds, best: 0.0, _cfg: &config };
+    let mut progress = Progress {
+        writer,
+        bar,
+        rounds: config.rounds,
+        best: 0.0,
+        _cfg: &config,
+    };
     let result = engine::run(&exp, &mut progress);
     if let Some(b) = &progress.bar {
         b.finish_and_clear();
@@ -149,9 +171,13 @@ fn run(config_path: Option<PathBuf>, out: Option<PathBuf>, mut set: Vec<String>,
     let summary = match result {
         Ok(s) => s,
         Err(e) => {
-            let done = std::fs::read_to_string(out.join("metrics.csv")).map_or(0, |m| m.lines().count().saturating_sub(1));
+            let done = std::fs::read_to_string(out.join("metrics.csv"))
+                .map_or(0, |m| m.lines().count().saturating_sub(1));
             progress.writer.fail(&e, done)?;
-            return Err(e).context(format!("run failed after {done} rounds; finished rounds are in {}", out.display()));
+            return Err(e).context(format!(
+                "run failed after {done} rounds; finished rounds are in {}",
+                out.display()
+            ));
         }
     };
     progress.writer.finish(&summary)?;
@@ -166,7 +192,11 @@ fn run(config_path: Option<PathBuf>, out: Option<PathBuf>, mut set: Vec<String>,
         summary.best_loss
     );
     for (t, r) in &summary.rounds_to_target {
-        println!("  rounds to {:.0}%: {}", t * 100.0, r.map_or("not reached".into(), |r| r.to_string()));
+        println!(
+            "  rounds to {:.0}%: {}",
+            t * 100.0,
+            r.map_or("not reached".into(), |r| r.to_string())
+        );
     }
     println!(
         "  cost: {} broadcasts, {} uploads, {} trainings, {} evaluations; outputs in {}",
@@ -181,40 +211,120 @@ fn run(config_path: Option<PathBuf>, out: Option<PathBuf>, mut set: Vec<String>,
 
 fn datasets(data_dir: Option<PathBuf>) {
     let dir = locate::data_dir(data_dir, None);
-    println!("data directory: {} (flag > config data_dir > ${} > {})", dir.display(), locate::ENV_VAR, locate::default_dir().display());
+    println!(
+        "data directory: {} (flag > config data_dir > ${} > {})",
+        dir.display(),
+        locate::ENV_VAR,
+        locate::default_dir().display()
+    );
     let rows: [(&str, bool, String); 5] = [
         ("synthetic", true, "built in".into()),
-        ("fmnist", fmnist::available(&dir.join(fmnist::DIR)), dir.join(fmnist::DIR).display().to_string()),
-        ("cifar10", cifar::available10(&dir.join(cifar::DIR10)), dir.join(cifar::DIR10).display().to_string()),
-        ("cifar100", cifar::available100(&dir.join(cifar::DIR100)), dir.join(cifar::DIR100).display().to_string()),
-        ("shakespeare", shakespeare::available(&dir.join(shakespeare::DIR)), dir.join(shakespeare::DIR).join(shakespeare::FILE).display().to_string()),
+        (
+            "fmnist",
+            fmnist::available(&dir.join(fmnist::DIR)),
+            dir.join(fmnist::DIR).display().to_string(),
+        ),
+        (
+            "cifar10",
+            cifar::available10(&dir.join(cifar::DIR10)),
+            dir.join(cifar::DIR10).display().to_string(),
+        ),
+        (
+            "cifar100",
+            cifar::available100(&dir.join(cifar::DIR100)),
+            dir.join(cifar::DIR100).display().to_string(),
+        ),
+        (
+            "shakespeare",
+            shakespeare::available(&dir.join(shakespeare::DIR)),
+            dir.join(shakespeare::DIR)
+                .join(shakespeare::FILE)
+                .display()
+                .to_string(),
+        ),
     ];
     for (name, found, where_) in rows {
-        println!("{name:<12} {:<9} {where_}", if found { "found" } else { "missing" });
+        println!(
+            "{name:<12} {:<9} {where_}",
+            if found { "found" } else { "missing" }
+        );
     }
 }
 
 fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
     use fedsel::bench::{random_dataset, step_time};
-    use fedsel::model::{cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, logreg::LogReg, lstm::CharLstm, mlp::Mlp};
+    use fedsel::model::{
+        cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, logreg::LogReg, lstm::CharLstm, mlp::Mlp,
+    };
     let device = burn::tensor::Device::flex();
     let threads = rayon::current_num_threads();
-    println!("fedsel {} bench, flex backend, {threads} rayon threads", fedsel::VERSION);
-    let cases: Vec<(&str, Box<dyn fedsel::model::Architecture>, fedsel::data::Dataset, usize)> = vec![
-        ("logreg 60->10", Box::new(LogReg { inputs: 60, classes: 10 }), random_dataset(&[60], None, 640, 10), 10),
-        ("mlp 784-64-30-10", Box::new(Mlp { inputs: 784, classes: 10, dropout: 0.5 }), random_dataset(&[1, 28, 28], None, 640, 10), 64),
-        ("cnn_fmnist", Box::new(CnnFmnist { classes: 10 }), random_dataset(&[1, 28, 28], None, 640, 10), 64),
-        ("cnn_cifar", Box::new(CnnCifar { classes: 10 }), random_dataset(&[3, 32, 32], None, 500, 10), 50),
-        ("char_lstm", Box::new(CharLstm { vocab: 80, embed: 8, hidden: 256 }), random_dataset(&[], Some(80), 100, 80), 10),
+    println!(
+        "fedsel {} bench, flex backend, {threads} rayon threads",
+        fedsel::VERSION
+    );
+    let cases: Vec<(
+        &str,
+        Box<dyn fedsel::model::Architecture>,
+        fedsel::data::Dataset,
+        usize,
+    )> = vec![
+        (
+            "logreg 60->10",
+            Box::new(LogReg {
+                inputs: 60,
+                classes: 10,
+            }),
+            random_dataset(&[60], None, 640, 10),
+            10,
+        ),
+        (
+            "mlp 784-64-30-10",
+            Box::new(Mlp {
+                inputs: 784,
+                classes: 10,
+                dropout: 0.5,
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_fmnist",
+            Box::new(CnnFmnist { classes: 10 }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_cifar",
+            Box::new(CnnCifar { classes: 10 }),
+            random_dataset(&[3, 32, 32], None, 500, 10),
+            50,
+        ),
+        (
+            "char_lstm",
+            Box::new(CharLstm {
+                vocab: 80,
+                embed: 8,
+                hidden: 256,
+            }),
+            random_dataset(&[], Some(80), 100, 80),
+            10,
+        ),
     ];
     for (name, arch, data, batch) in &cases {
         let t = step_time(arch.as_ref(), data, *batch, 5, 5, &device);
-        println!("step  {name:<18} batch {batch:>3}: {:>8.3} ms", t.as_secs_f64() * 1e3);
+        println!(
+            "step  {name:<18} batch {batch:>3}: {:>8.3} ms",
+            t.as_secs_f64() * 1e3
+        );
     }
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
     let dir = locate::data_dir(data_dir, None);
     if !fmnist::available(&dir.join(fmnist::DIR)) {
-        println!("round fedcor fmnist 2spc: skipped, Fashion-MNIST not found under {}", dir.display());
+        println!(
+            "round fedcor fmnist 2spc: skipped, Fashion-MNIST not found under {}",
+            dir.display()
+        );
         return Ok(());
     }
     let config = Config::load(Some(&path), &[format!("rounds={rounds}")])?;
@@ -235,12 +345,20 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
         None => run(None, None, Vec::new(), None, None),
-        Some(Command::Run { config, out, set, seed, data_dir }) => run(config, out, set, seed, data_dir),
+        Some(Command::Run {
+            config,
+            out,
+            set,
+            seed,
+            data_dir,
+        }) => run(config, out, set, seed, data_dir),
         Some(Command::Datasets { data_dir }) => {
             datasets(data_dir);
             Ok(())

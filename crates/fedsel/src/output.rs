@@ -21,16 +21,31 @@ pub struct RunWriter {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Output { path: path.to_path_buf(), source }
+    move |source| Error::Output {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn csv_err(path: &Path) -> impl FnOnce(csv::Error) -> Error + '_ {
-    move |e| Error::Output { path: path.to_path_buf(), source: std::io::Error::other(e) }
+    move |e| Error::Output {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    }
 }
 
 /// The columns of `metrics.csv`.
 pub fn metric_columns() -> Vec<&'static str> {
-    let mut c = vec!["round", "test_acc", "test_loss", "train_loss", "n_selected", "n_available", "budget", "lr"];
+    let mut c = vec![
+        "round",
+        "test_acc",
+        "test_loss",
+        "train_loss",
+        "n_selected",
+        "n_available",
+        "budget",
+        "lr",
+    ];
     c.extend(Ledger::COLUMNS);
     c.push("elapsed_s");
     c
@@ -44,13 +59,21 @@ impl RunWriter {
         std::fs::write(&cfg_path, config.to_resolved_toml()).map_err(io(&cfg_path))?;
         let mpath = dir.join("metrics.csv");
         let mut metrics = csv::Writer::from_path(&mpath).map_err(csv_err(&mpath))?;
-        metrics.write_record(metric_columns()).map_err(csv_err(&mpath))?;
+        metrics
+            .write_record(metric_columns())
+            .map_err(csv_err(&mpath))?;
         metrics.flush().map_err(io(&mpath))?;
         let spath = dir.join("selections.csv");
         let mut selections = csv::Writer::from_path(&spath).map_err(csv_err(&spath))?;
-        selections.write_record(["round", "client"]).map_err(csv_err(&spath))?;
+        selections
+            .write_record(["round", "client"])
+            .map_err(csv_err(&spath))?;
         selections.flush().map_err(io(&spath))?;
-        Ok(Self { dir: dir.to_path_buf(), metrics, selections })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            metrics,
+            selections,
+        })
     }
 
     /// Writes `summary.json` for a finished run.
@@ -75,7 +98,8 @@ impl RunWriter {
         let path = self.dir.join("summary.json");
         let tmp = self.dir.join("summary.json.tmp");
         let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(serde_json::to_string_pretty(v).expect("json").as_bytes()).map_err(io(&tmp))?;
+        f.write_all(serde_json::to_string_pretty(v).expect("json").as_bytes())
+            .map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))
     }
@@ -104,7 +128,9 @@ impl Observer for RunWriter {
         self.metrics.flush().map_err(io(&mpath))?;
         let spath = self.dir.join("selections.csv");
         for k in &r.selected {
-            self.selections.write_record([r.round.to_string(), k.to_string()]).map_err(csv_err(&spath))?;
+            self.selections
+                .write_record([r.round.to_string(), k.to_string()])
+                .map_err(csv_err(&spath))?;
         }
         self.selections.flush().map_err(io(&spath))
     }

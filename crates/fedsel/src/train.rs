@@ -84,7 +84,14 @@ fn batches(idx: &[usize], work: LocalWork, batch: usize, rng: &mut Rng) -> Vec<V
 
 impl Trainer<'_> {
     /// Trains from `global` on examples `idx` with learning rate `lr`.
-    pub fn train(&self, global: &[f32], idx: &[usize], lr: f64, rng: &mut Rng, state: Option<OptimizerState>) -> LocalUpdate {
+    pub fn train(
+        &self,
+        global: &[f32],
+        idx: &[usize],
+        lr: f64,
+        rng: &mut Rng,
+        state: Option<OptimizerState>,
+    ) -> LocalUpdate {
         let cfg = self.cfg;
         let layout = self.layout;
         let dev = self.device;
@@ -92,22 +99,38 @@ impl Trainer<'_> {
         let mut params = start.clone();
         let n = params.len();
         let (mut step, mut m, mut v) = match state {
-            Some(s) => (s.step, layout.to_tensors(&s.m, dev), if s.v.is_empty() { Vec::new() } else { layout.to_tensors(&s.v, dev) }),
+            Some(s) => (
+                s.step,
+                layout.to_tensors(&s.m, dev),
+                if s.v.is_empty() {
+                    Vec::new()
+                } else {
+                    layout.to_tensors(&s.v, dev)
+                },
+            ),
             None => (0, Vec::new(), Vec::new()),
         };
         let plan = batches(idx, cfg.work, cfg.batch_size, rng);
         let mut loss_sum = Tensor::<1>::zeros([1], dev);
         for b in &plan {
-            let ad: Vec<Tensor<1>> = params.iter().map(|p| p.clone().autodiff().require_grad()).collect();
+            let ad: Vec<Tensor<1>> = params
+                .iter()
+                .map(|p| p.clone().autodiff().require_grad())
+                .collect();
             let (x, y) = model::batch(self.data, b, dev);
-            let mut drop = Dropout { p: self.dropout, rng };
+            let mut drop = Dropout {
+                p: self.dropout,
+                rng,
+            };
             let logits = self.arch.forward(&ad, x, Some(&mut drop));
             let loss = model::cross_entropy(logits, y);
             loss_sum = loss_sum + loss.clone().inner();
             let grads = loss.backward();
             step += 1;
             for i in 0..n {
-                let mut g = ad[i].grad(&grads).expect("every parameter takes part in the forward pass");
+                let mut g = ad[i]
+                    .grad(&grads)
+                    .expect("every parameter takes part in the forward pass");
                 let p = params[i].clone();
                 if cfg.weight_decay > 0.0 {
                     g = g + p.clone() * cfg.weight_decay;
@@ -117,8 +140,16 @@ impl Trainer<'_> {
                 }
                 params[i] = match cfg.optimizer {
                     LocalOptimizer::Sgd if cfg.momentum > 0.0 => {
-                        let buf = if m.len() == n { m[i].clone() * cfg.momentum + g } else { g };
-                        if m.len() == n { m[i] = buf.clone() } else { m.push(buf.clone()) }
+                        let buf = if m.len() == n {
+                            m[i].clone() * cfg.momentum + g
+                        } else {
+                            g
+                        };
+                        if m.len() == n {
+                            m[i] = buf.clone()
+                        } else {
+                            m.push(buf.clone())
+                        }
                         p - buf * lr
                     }
                     LocalOptimizer::Sgd => p - g * lr,
@@ -142,8 +173,16 @@ impl Trainer<'_> {
         let mean_loss = loss_sum.into_scalar::<f32>() as f64 / steps.max(1) as f64;
         let state = cfg.persistent_state.then(|| OptimizerState {
             step,
-            m: if m.is_empty() { Vec::new() } else { layout.to_flat(m) },
-            v: if v.is_empty() { Vec::new() } else { layout.to_flat(v) },
+            m: if m.is_empty() {
+                Vec::new()
+            } else {
+                layout.to_flat(m)
+            },
+            v: if v.is_empty() {
+                Vec::new()
+            } else {
+                layout.to_flat(v)
+            },
         });
         LocalUpdate {
             params: layout.to_flat(params),
@@ -160,11 +199,20 @@ impl Trainer<'_> {
         let mut order = idx.to_vec();
         order.shuffle(rng);
         order.truncate(self.cfg.batch_size);
-        let ad: Vec<Tensor<1>> = self.layout.to_tensors(global, dev).into_iter().map(|p| p.autodiff().require_grad()).collect();
+        let ad: Vec<Tensor<1>> = self
+            .layout
+            .to_tensors(global, dev)
+            .into_iter()
+            .map(|p| p.autodiff().require_grad())
+            .collect();
         let (x, y) = model::batch(self.data, &order, dev);
         let loss = model::cross_entropy(self.arch.forward(&ad, x, None), y);
         let grads = loss.backward();
-        self.layout.to_flat(ad.iter().map(|p| p.grad(&grads).expect("every parameter takes part")).collect())
+        self.layout.to_flat(
+            ad.iter()
+                .map(|p| p.grad(&grads).expect("every parameter takes part"))
+                .collect(),
+        )
     }
 }
 
@@ -180,7 +228,14 @@ pub struct Evaluation {
 }
 
 /// Evaluates parameters (already on the device) on examples `idx` of `data`.
-pub fn evaluate(arch: &dyn Architecture, params: &[Tensor<1>], data: &Dataset, idx: &[usize], batch_size: usize, device: &Device) -> Evaluation {
+pub fn evaluate(
+    arch: &dyn Architecture,
+    params: &[Tensor<1>],
+    data: &Dataset,
+    idx: &[usize],
+    batch_size: usize,
+    device: &Device,
+) -> Evaluation {
     let mut loss = 0.0;
     let mut correct = 0;
     for chunk in idx.chunks(batch_size) {
@@ -207,7 +262,10 @@ mod tests {
         let idx: Vec<usize> = (0..25).collect();
         let mut rng = stream(1, Purpose::Training, 0, 0);
         let e = batches(&idx, LocalWork::Epochs(2), 10, &mut rng);
-        assert_eq!(e.iter().map(Vec::len).collect::<Vec<_>>(), vec![10, 10, 5, 10, 10, 5]);
+        assert_eq!(
+            e.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![10, 10, 5, 10, 10, 5]
+        );
         let mut seen: Vec<usize> = e[..3].concat();
         seen.sort();
         assert_eq!(seen, idx, "one epoch visits every example once");

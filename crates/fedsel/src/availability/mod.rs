@@ -29,6 +29,9 @@ pub trait Availability: Send {
 /// Builds the model a config names, for `clients` clients and `per_round` selections.
 pub fn build(cfg: &AvailabilityConfig, clients: usize, per_round: usize) -> Box<dyn Availability> {
     match cfg {
-        AvailabilityConfig::Always => Box::new(always::Always { clients, budget: per_round }),
+        AvailabilityConfig::Always => Box::new(always::Always {
+            clients,
+            budget: per_round,
+        }),
     }
 }

@@ -65,7 +65,7 @@ pub fn available(dir: &Path) -> bool {
 }
 
 /// Speaker line: `indent` + NAME (letters and spaces, starting with a letter) + ". " + text.
-fn speaker<'a>(line: &'a str, indent: usize) -> Option<(&'a str, &'a str)> {
+fn speaker(line: &str, indent: usize) -> Option<(&str, &str)> {
     let rest = line.strip_prefix(&"  "[..indent])?;
     if indent == 2 && rest.starts_with(' ') {
         return None;
@@ -357,7 +357,7 @@ by William Shakespeare
         // 300 chars give 220 windows: 176 train, test starts at 176 + 79 = 255 > 220, so none.
         assert_eq!(d.train.len(), 176);
         assert_eq!(d.test.len(), 0);
-        assert_eq!(d.train.labels[0], VOCAB.find('a').unwrap() as u32 + 0);
+        assert_eq!(d.train.labels[0], VOCAB.find('a').unwrap() as u32);
         assert_eq!(d.train.labels[0], encode("a")[0] as u32);
     }
 }

@@ -45,14 +45,12 @@ impl Architecture for Mlp {
         let layer = |i: usize, fan_in: usize, fan_out: usize, x: Tensor<2>| {
             x.matmul(p[i].clone().reshape([fan_in, fan_out])) + p[i + 1].clone().unsqueeze::<2>()
         };
-        let mut h = layer(0, self.inputs, H1, dense(x));
-        if let Some(d) = dropout.as_deref_mut() {
-            h = d.apply(h);
-        }
-        let mut h = layer(2, H1, H2, relu(h));
-        if let Some(d) = dropout.as_deref_mut() {
-            h = d.apply(h);
-        }
+        let mut drop = |h: Tensor<2>| match dropout.as_mut() {
+            Some(d) => d.apply(h),
+            None => h,
+        };
+        let h = drop(layer(0, self.inputs, H1, dense(x)));
+        let h = drop(layer(2, H1, H2, relu(h)));
         layer(4, H2, self.classes, relu(h))
     }
 }

@@ -24,14 +24,24 @@ impl Selector for MdSampling {
         self.weights = setup.weights.clone();
     }
 
-    fn select(&mut self, ctx: &RoundContext<'_>, _: &mut dyn ClientQuery, rng: &mut Rng) -> Result<Selection, Error> {
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        _: &mut dyn ClientQuery,
+        rng: &mut Rng,
+    ) -> Result<Selection, Error> {
         let w: Vec<f64> = ctx.available.iter().map(|&k| self.weights[k]).collect();
         let dist = WeightedIndex::new(&w).map_err(|e| Error::Selection {
             selector: "md".into(),
             round: ctx.round,
             reason: format!("no positive weight among available clients: {e}"),
         })?;
-        let clients = (0..ctx.budget).map(|_| ctx.available[dist.sample(rng)]).collect();
-        Ok(Selection { clients, weights: None })
+        let clients = (0..ctx.budget)
+            .map(|_| ctx.available[dist.sample(rng)])
+            .collect();
+        Ok(Selection {
+            clients,
+            weights: None,
+        })
     }
 }

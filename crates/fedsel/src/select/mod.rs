@@ -117,7 +117,12 @@ pub trait Selector: Send {
     }
 
     /// Chooses the clients of a round, among `ctx.available` only.
-    fn select(&mut self, ctx: &RoundContext<'_>, query: &mut dyn ClientQuery, rng: &mut Rng) -> Result<Selection, Error>;
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        query: &mut dyn ClientQuery,
+        rng: &mut Rng,
+    ) -> Result<Selection, Error>;
 
     /// Learns from the round's outcome.
     fn observe(&mut self, feedback: &Feedback<'_>) {

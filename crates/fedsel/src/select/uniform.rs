@@ -15,9 +15,20 @@ impl Selector for Uniform {
         "uniform"
     }
 
-    fn select(&mut self, ctx: &RoundContext<'_>, _: &mut dyn ClientQuery, rng: &mut Rng) -> Result<Selection, Error> {
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        _: &mut dyn ClientQuery,
+        rng: &mut Rng,
+    ) -> Result<Selection, Error> {
         let m = ctx.budget.min(ctx.available.len());
-        let clients = sample(rng, ctx.available.len(), m).into_iter().map(|i| ctx.available[i]).collect();
-        Ok(Selection { clients, weights: None })
+        let clients = sample(rng, ctx.available.len(), m)
+            .into_iter()
+            .map(|i| ctx.available[i])
+            .collect();
+        Ok(Selection {
+            clients,
+            weights: None,
+        })
     }
 }

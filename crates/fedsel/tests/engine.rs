@@ -1,0 +1,262 @@
+//! End-to-end properties of the round loop.
+
+mod common;
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::Collect;
+use fedsel::config::Config;
+use fedsel::data::{self, locate};
+use fedsel::engine::{self, Experiment, RoundRecord};
+use fedsel::error::Error;
+use fedsel::ledger::Ledger;
+use fedsel::output::RunWriter;
+use fedsel::rng::Rng;
+use fedsel::select::{
+    ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind,
+};
+
+fn synthetic(overrides: &[&str]) -> Experiment {
+    let set: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let config = Config::load(None, &set).unwrap();
+    let dir = locate::data_dir(None, None);
+    Experiment::prepare(config, &dir).unwrap()
+}
+
+fn run_in_pool(threads: usize, exp: &Experiment) -> Vec<RoundRecord> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let mut c = Collect::default();
+        engine::run(exp, &mut c).unwrap();
+        c.0
+    })
+}
+
+/// Everything but timing must be bit-identical.
+fn strip_time(mut rows: Vec<RoundRecord>) -> Vec<RoundRecord> {
+    rows.iter_mut().for_each(|r| r.elapsed_s = 0.0);
+    rows
+}
+
+#[test]
+fn default_experiment_converges_on_synthetic() {
+    let exp = synthetic(&[]);
+    assert_eq!(exp.clients.len(), 30);
+    let rows = run_in_pool(2, &exp);
+    assert_eq!(rows.len(), 200);
+    let first = rows[0].test_acc.unwrap();
+    let last = rows.last().unwrap().test_acc.unwrap();
+    assert!(
+        last > 0.7 && last > first + 0.3,
+        "accuracy {first} -> {last}"
+    );
+    assert!(rows.last().unwrap().test_loss.unwrap() < rows[0].test_loss.unwrap());
+    assert!(
+        rows.iter()
+            .all(|r| r.n_selected == 6 && r.n_available == 30)
+    );
+}
+
+#[test]
+fn results_are_identical_across_thread_counts() {
+    for strategy in ["uniform", "md"] {
+        let exp = synthetic(&[
+            "rounds=30",
+            &format!("selection.strategy=\"{strategy}\""),
+            "train.momentum=0.9",
+            "model.kind=\"mlp\"",
+            "model.dropout=0.3",
+        ]);
+        let one = strip_time(run_in_pool(1, &exp));
+        let two = strip_time(run_in_pool(2, &exp));
+        assert_eq!(one, two, "{strategy}");
+    }
+}
+
+#[test]
+fn seeds_change_the_run_and_fixed_seeds_repeat_it() {
+    let a = strip_time(run_in_pool(2, &synthetic(&["rounds=5"])));
+    let b = strip_time(run_in_pool(2, &synthetic(&["rounds=5"])));
+    let c = strip_time(run_in_pool(2, &synthetic(&["rounds=5", "seed=2"])));
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+/// Trains many parallel clients for many rounds; a burn-autodiff deadlock
+/// (upstream issues 5573, 2729) would hang here, so it runs under a timeout.
+#[test]
+fn parallel_training_does_not_deadlock() {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let exp = synthetic(&[
+            "rounds=60",
+            "selection.fraction=1.0",
+            "model.kind=\"mlp\"",
+            "train.work.steps=3",
+        ]);
+        let rows = run_in_pool(2, &exp);
+        tx.send(rows.len()).unwrap();
+    });
+    let done = rx
+        .recv_timeout(Duration::from_secs(300))
+        .expect("60 rounds of 30 parallel clients did not finish in 300 s: deadlock?");
+    assert_eq!(done, 60);
+}
+
+/// A selector that asks for every report the engine offers and records what it got.
+struct Probe {
+    setup_ok: bool,
+    losses_seen: usize,
+    updates_seen: usize,
+}
+
+impl Selector for Probe {
+    fn name(&self) -> &'static str {
+        "probe"
+    }
+    fn needs(&self) -> Needs {
+        Needs {
+            updates: UpdateKind::OutputLayer,
+            gradients_of_all: true,
+            oracle_label_histograms: true,
+        }
+    }
+    fn setup(&mut self, s: &Setup) {
+        let h = s.oracle_label_histograms.as_ref().unwrap();
+        self.setup_ok = h
+            .iter()
+            .zip(&s.sizes)
+            .all(|(h, &n)| h.iter().sum::<usize>() == n);
+    }
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        q: &mut dyn ClientQuery,
+        _: &mut Rng,
+    ) -> Result<Selection, Error> {
+        assert_eq!(ctx.gradients.unwrap().len(), ctx.available.len());
+        let cand = &ctx.available[..4];
+        let losses = q.holdout_losses(cand)?;
+        assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0));
+        self.losses_seen += losses.len();
+        // Pick the two highest-loss candidates, like Pow-d.
+        let mut order: Vec<usize> = (0..4).collect();
+        order.sort_by(|&a, &b| losses[b].total_cmp(&losses[a]));
+        Ok(Selection {
+            clients: vec![cand[order[0]], cand[order[1]]],
+            weights: None,
+        })
+    }
+    fn observe(&mut self, f: &Feedback<'_>) {
+        let u = f.updates.unwrap();
+        assert_eq!(u.len(), 2);
+        assert!(u.iter().all(|v| v.len() == 10 + 60 * 10));
+        self.updates_seen += u.len();
+    }
+}
+
+#[test]
+fn reports_a_selector_asks_for_are_provided_and_booked() {
+    let exp = synthetic(&["rounds=3"]);
+    let mut c = Collect::default();
+    let probe = Probe {
+        setup_ok: false,
+        losses_seen: 0,
+        updates_seen: 0,
+    };
+    let summary = engine::run_with(&exp, Box::new(probe), &mut c).unwrap();
+    let per_round = Ledger {
+        // 30 gradient requests + 4 loss requests + 2 trainings.
+        broadcasts: 30 + 4 + 2,
+        uploads: 30 + 2,
+        trainings: 2,
+        evaluations: 4,
+        scalar_reports: 4,
+        gradients: 30,
+        ..c.0[0].cost
+    };
+    assert_eq!(c.0[0].cost, per_round);
+    assert_eq!(summary.cost.evaluations, 12);
+    assert_eq!(summary.cost.gradients, 90);
+}
+
+#[test]
+fn a_failed_run_leaves_finished_rounds_readable() {
+    let exp = synthetic(&["rounds=50", "train.lr=1e37", "train.work.epochs=3"]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(dir.path(), &exp.config).unwrap();
+    let err = engine::run(&exp, &mut w).unwrap_err();
+    assert!(matches!(err, Error::Diverged { .. }), "{err}");
+    let Error::Diverged { round, .. } = err else {
+        unreachable!()
+    };
+    w.fail(&err, round).unwrap();
+    let metrics = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    assert_eq!(
+        metrics.lines().count(),
+        1 + round,
+        "header plus every finished round"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["status"], "failed");
+    let resolved = std::fs::read_to_string(dir.path().join("config.resolved.toml")).unwrap();
+    assert!(resolved.contains(fedsel::VERSION));
+}
+
+#[test]
+fn fmnist_loader_checks_real_files_and_reports_corruption() {
+    let Some(shared) = common::shared_data() else {
+        return;
+    };
+    let d = data::fmnist::load(&shared.join("fashion-mnist")).unwrap();
+    assert_eq!((d.train.len(), d.test.len()), (60_000, 10_000));
+    assert!(d.train.histogram(None).iter().all(|&c| c == 6000));
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "train-images-idx3-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ] {
+        std::fs::copy(shared.join("fashion-mnist").join(f), dir.path().join(f)).unwrap();
+    }
+    // A truncated labels file (raw, 5000 labels instead of 60000).
+    let mut bad = vec![0, 0, 8, 1, 0, 0, 0xea, 0x60];
+    bad.extend(std::iter::repeat_n(1u8, 5000));
+    std::fs::write(dir.path().join("train-labels-idx1-ubyte"), &bad).unwrap();
+    let err = data::fmnist::load(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("train-labels-idx1-ubyte") && err.contains("truncated"),
+        "{err}"
+    );
+    // A wrong magic number.
+    bad[3] = 3;
+    std::fs::write(dir.path().join("train-labels-idx1-ubyte"), &bad).unwrap();
+    let err = data::fmnist::load(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("magic number is 2051"), "{err}");
+    // A missing file is named.
+    std::fs::remove_file(dir.path().join("train-labels-idx1-ubyte")).unwrap();
+    let err = data::fmnist::load(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("train-labels-idx1-ubyte"), "{err}");
+}
+
+#[test]
+fn shakespeare_builds_leaf_roles_from_the_gutenberg_text() {
+    let Some(shared) = common::shared_data() else {
+        return;
+    };
+    let text = std::fs::read_to_string(shared.join("shakespeare/pg100.txt")).unwrap();
+    let roles = data::shakespeare::parse_roles(&text);
+    // LEAF's preprocessing of this file gives 1,129 users (../shared/data/README.md).
+    assert_eq!(roles.len(), 1129);
+    assert!(
+        roles
+            .iter()
+            .any(|r| r.id == "THE_TRAGEDY_OF_HAMLET__PRINCE_OF_DENMARK_HAM")
+    );
+}
