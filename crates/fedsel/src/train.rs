@@ -255,7 +255,142 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::Inputs;
+    use crate::model::logreg::LogReg;
     use crate::rng::{Purpose, stream};
+
+    /// 200 points in 4-D labelled by the sign of their first coordinate.
+    fn separable() -> Dataset {
+        use rand::Rng as _;
+        let mut rng = stream(9, Purpose::Dataset, 0, 0);
+        let values: Vec<f32> = (0..800).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let labels = values.chunks(4).map(|x| u32::from(x[0] > 0.0)).collect();
+        Dataset {
+            inputs: Inputs::Dense {
+                shape: vec![4],
+                values,
+            },
+            labels,
+            classes: 2,
+        }
+    }
+
+    fn run(cfg: &TrainConfig, state: Option<OptimizerState>) -> (f64, LocalUpdate, Vec<f32>) {
+        let data = separable();
+        let arch = LogReg {
+            inputs: 4,
+            classes: 2,
+        };
+        let layout = ParamLayout::of(&arch);
+        let device = Device::flex();
+        let t = Trainer {
+            arch: &arch,
+            layout: &layout,
+            data: &data,
+            cfg,
+            dropout: 0.0,
+            device: &device,
+        };
+        let idx: Vec<usize> = (0..200).collect();
+        let start = layout.init(1);
+        let before = evaluate(
+            &arch,
+            &layout.to_tensors(&start, &device),
+            &data,
+            &idx,
+            100,
+            &device,
+        )
+        .loss;
+        let u = t.train(
+            &start,
+            &idx,
+            cfg.lr,
+            &mut stream(1, Purpose::Training, 0, 0),
+            state,
+        );
+        let after = evaluate(
+            &arch,
+            &layout.to_tensors(&u.params, &device),
+            &data,
+            &idx,
+            100,
+            &device,
+        )
+        .loss;
+        assert!(after < before, "loss {before} -> {after}");
+        (after, u, start)
+    }
+
+    #[test]
+    fn sgd_momentum_and_adam_reduce_the_loss() {
+        let sgd = TrainConfig {
+            lr: 0.1,
+            momentum: 0.9,
+            work: LocalWork::Epochs(3),
+            batch_size: 20,
+            ..TrainConfig::default()
+        };
+        let adam = TrainConfig {
+            optimizer: LocalOptimizer::Adam,
+            lr: 0.05,
+            ..sgd.clone()
+        };
+        let (l_sgd, ..) = run(&sgd, None);
+        let (l_adam, ..) = run(&adam, None);
+        assert!(l_sgd < 0.4 && l_adam < 0.4, "{l_sgd} {l_adam}");
+    }
+
+    #[test]
+    fn proximal_term_keeps_the_update_near_the_start() {
+        let base = TrainConfig {
+            lr: 0.1,
+            work: LocalWork::Epochs(2),
+            batch_size: 20,
+            ..TrainConfig::default()
+        };
+        let dist = |u: &LocalUpdate, s: &[f32]| {
+            u.params
+                .iter()
+                .zip(s)
+                .map(|(a, b)| (a - b).powi(2))
+                .sum::<f32>()
+        };
+        let (_, free, start) = run(&base, None);
+        let (_, prox, _) = run(
+            &TrainConfig {
+                prox_mu: 5.0,
+                ..base
+            },
+            None,
+        );
+        assert!(dist(&prox, &start) < 0.5 * dist(&free, &start));
+    }
+
+    #[test]
+    fn persistent_state_carries_over() {
+        let cfg = TrainConfig {
+            optimizer: LocalOptimizer::Adam,
+            lr: 0.05,
+            work: LocalWork::Steps(4),
+            batch_size: 20,
+            persistent_state: true,
+            ..TrainConfig::default()
+        };
+        let (_, first, _) = run(&cfg, None);
+        let state = first.state.clone().unwrap();
+        assert_eq!(state.step, 4);
+        assert_eq!(state.m.len(), 10);
+        let (_, second, _) = run(&cfg, Some(state));
+        assert_eq!(second.state.as_ref().unwrap().step, 8);
+        // Restored moments change the trajectory.
+        assert_ne!(second.params, first.params);
+        let off = TrainConfig {
+            persistent_state: false,
+            ..cfg
+        };
+        assert!(run(&off, None).1.state.is_none());
+    }
 
     #[test]
     fn steps_and_epochs_give_the_right_batches() {

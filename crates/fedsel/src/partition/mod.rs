@@ -166,6 +166,34 @@ mod tests {
     }
 
     #[test]
+    fn natural_partition_keeps_the_users_and_needs_them() {
+        use crate::data::synthetic::{SyntheticSpec, generate};
+        let data = generate(&SyntheticSpec {
+            alpha: 0.5,
+            beta: 0.5,
+            users: 12,
+            dim: 5,
+            classes: 3,
+            test_fraction: 0.1,
+            seed: 2,
+        });
+        let cfg = PartitionConfig::default();
+        let clients = build(&cfg, &data, 1).unwrap();
+        let users = data.users.clone().unwrap();
+        for (c, u) in clients.iter().zip(&users) {
+            let mut mine: Vec<usize> = c.train.iter().chain(&c.holdout).copied().collect();
+            mine.sort();
+            assert_eq!(&mine, u);
+        }
+        let no_users = FederatedData {
+            users: None,
+            ..data
+        };
+        let err = build(&cfg, &no_users, 1).unwrap_err().to_string();
+        assert!(err.contains("natural"), "{err}");
+    }
+
+    #[test]
     fn dirichlet_sums_to_one_even_for_tiny_alpha() {
         let mut rng = stream(1, Purpose::Partition, 0, 0);
         for a in [0.001, 0.1, 1.0, 100.0] {
