@@ -15,8 +15,10 @@ pub mod ledger;
 pub mod model;
 pub mod output;
 pub mod partition;
+pub mod report;
 pub mod rng;
 pub mod select;
+pub mod sweep;
 pub mod train;
 
 /// The crate version, recorded in every output.

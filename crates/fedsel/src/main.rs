@@ -60,6 +60,25 @@ enum Command {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
+    /// Run every cell of a sweep (skipping finished ones), then write its report.
+    Sweep {
+        /// Sweep file.
+        sweep: PathBuf,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Cells run at once [default: the number of cores]; each gets cores / jobs threads.
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Dataset directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Write report.md and the table CSVs for a sweep directory.
+    Report {
+        /// The sweep's output directory.
+        dir: PathBuf,
+    },
     /// List the datasets and whether their files were found.
     Datasets {
         /// Dataset directory.
@@ -205,6 +224,76 @@ fn run(
         summary.cost.trainings,
         summary.cost.evaluations,
         out.display()
+    );
+    Ok(())
+}
+
+struct SweepBar(Option<ProgressBar>);
+
+impl fedsel::sweep::SweepProgress for SweepBar {
+    fn cell_done(&self, label: &str, done: usize, total: usize, ok: bool) {
+        match &self.0 {
+            Some(b) => {
+                b.set_position(done as u64);
+                b.set_message(label.to_string());
+            }
+            None => println!(
+                "[{done}/{total}] {label} {}",
+                if ok { "finished" } else { "FAILED" }
+            ),
+        }
+    }
+}
+
+fn sweep(
+    path: PathBuf,
+    out: PathBuf,
+    jobs: Option<usize>,
+    data_dir: Option<PathBuf>,
+) -> Result<()> {
+    let sweep = fedsel::sweep::Sweep::load(&path)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = jobs.unwrap_or(cores).max(1);
+    let threads = (cores / jobs).max(1);
+    let dir = locate::data_dir(data_dir, None);
+    let total = sweep.cells()?.len();
+    println!(
+        "sweep `{}`: {total} cells, {jobs} at a time with {threads} thread(s) each -> {}",
+        sweep.name,
+        out.display()
+    );
+    let bar = std::io::stdout().is_terminal().then(|| {
+        let b = ProgressBar::new(total as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} cells [{elapsed_precise}<{eta}] {msg}",
+            )
+            .expect("valid template"),
+        );
+        b
+    });
+    let t0 = Instant::now();
+    let outcome = fedsel::sweep::run(&sweep, &out, &dir, jobs, threads, &SweepBar(bar.clone()))?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    println!(
+        "{} cells: {} already finished, {} run now, {} failed ({:.1}s)",
+        outcome.total,
+        outcome.skipped,
+        outcome.ran,
+        outcome.failed.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    for (label, err) in &outcome.failed {
+        println!("  {label}: {err}");
+    }
+    fedsel::report::write(&out)?;
+    println!("report: {}", out.join("report.md").display());
+    anyhow::ensure!(
+        outcome.failed.is_empty(),
+        "{} cells failed",
+        outcome.failed.len()
     );
     Ok(())
 }
@@ -359,6 +448,16 @@ fn main() -> Result<()> {
             seed,
             data_dir,
         }) => run(config, out, set, seed, data_dir),
+        Some(Command::Sweep {
+            sweep: path,
+            out,
+            jobs,
+            data_dir,
+        }) => sweep(path, out, jobs, data_dir),
+        Some(Command::Report { dir }) => {
+            print!("{}", fedsel::report::write(&dir)?);
+            Ok(())
+        }
         Some(Command::Datasets { data_dir }) => {
             datasets(data_dir);
             Ok(())

@@ -170,8 +170,8 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
     })
 }
 
-/// Hex SHA-256 of a byte slice.
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+/// Hex SHA-256 of a byte slice (checksums, config hashes).
+pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex(&sha2::Sha256::digest(bytes))
 }

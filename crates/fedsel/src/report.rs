@@ -1,0 +1,407 @@
+//! `fedsel report DIR`: paper-style tables from a sweep's finished cells.
+//!
+//! Writes `report.md` and one CSV per table:
+//! - `rounds_to_target.csv`: mean ± std over seeds of the rounds to each target
+//!   accuracy, "N/A" when any seed misses (FedCor Table 1);
+//! - `best_final.csv`: best and final test accuracy and loss, with the relative
+//!   change of final accuracy and loss against the baseline strategy (FedGS
+//!   Table 2, F3AST Tables 2–3);
+//! - `speedup.csv`: rounds to the first target with speedup over the baseline,
+//!   plus extra communication and computation per round from the cost ledger
+//!   (HiCS-FL Table 1);
+//! - `selection_stats.csv`: per-client selection counts and their variance
+//!   (FedGS fairness, Fig. 4).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+
+#[derive(Debug, Clone, Deserialize)]
+struct IndexCell {
+    dir: String,
+    strategy: String,
+    seed: u64,
+    setting: String,
+    targets: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Index {
+    name: String,
+    baseline: Option<String>,
+    cells: Vec<IndexCell>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Summary {
+    final_acc: f64,
+    final_loss: f64,
+    best_acc: f64,
+    best_loss: f64,
+    rounds: usize,
+    rounds_to_target: Vec<(f64, Option<usize>)>,
+    cost: Ledger,
+}
+
+/// Strategy (with its first-appearance rank) → its runs over seeds.
+type ByStrategy = BTreeMap<(usize, String), Vec<Run>>;
+
+/// One finished cell with what the tables need.
+struct Run {
+    summary: Summary,
+    /// Selection count of each client.
+    counts: Vec<usize>,
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Output {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| Error::Output {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })
+}
+
+fn counts(path: &Path, clients: usize) -> Result<Vec<usize>> {
+    let mut c = vec![0; clients];
+    let mut r = csv::Reader::from_path(path).map_err(|e| Error::Output {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    for row in r.records() {
+        let row = row.map_err(|e| Error::Output {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+        let k: usize = row[1].parse().map_err(|e| Error::Output {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+        if k >= c.len() {
+            c.resize(k + 1, 0);
+        }
+        c[k] += 1;
+    }
+    Ok(c)
+}
+
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let m = xs.iter().sum::<f64>() / n;
+    let v = if xs.len() > 1 {
+        xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (m, v.sqrt())
+}
+
+fn pm(xs: &[f64], digits: usize) -> String {
+    let (m, s) = mean_std(xs);
+    format!("{m:.digits$} ± {s:.digits$}")
+}
+
+/// A table: header and rows, written both as CSV and markdown.
+struct Table {
+    title: String,
+    file: &'static str,
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn markdown(&self) -> String {
+        let mut s = format!(
+            "## {}\n\n| {} |\n|{}\n",
+            self.title,
+            self.header.join(" | "),
+            "---|".repeat(self.header.len())
+        );
+        for r in &self.rows {
+            let _ = writeln!(s, "| {} |", r.join(" | "));
+        }
+        s.push('\n');
+        s
+    }
+
+    fn write_csv(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(self.file);
+        let err = |e: csv::Error| Error::Output {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        };
+        let mut w = csv::Writer::from_path(&path).map_err(err)?;
+        w.write_record(&self.header).map_err(err)?;
+        for r in &self.rows {
+            w.write_record(r).map_err(err)?;
+        }
+        w.flush().map_err(|source| Error::Output {
+            path: path.clone(),
+            source,
+        })
+    }
+}
+
+/// Writes `report.md` and the table CSVs for the sweep in `dir`; returns the report text.
+pub fn write(dir: &Path) -> Result<String> {
+    let index: Index = read_json(&dir.join("sweep.json"))?;
+    // setting → strategy → runs (seeds), in first-appearance order.
+    let mut groups: BTreeMap<(usize, String), ByStrategy> = BTreeMap::new();
+    let mut setting_order: Vec<String> = Vec::new();
+    let mut strategy_order: Vec<String> = Vec::new();
+    let mut missing = 0;
+    let targets = index
+        .cells
+        .first()
+        .map(|c| c.targets.clone())
+        .unwrap_or_default();
+    for cell in &index.cells {
+        let cdir = dir.join("cells").join(&cell.dir);
+        if !crate::sweep::is_finished(&cdir) {
+            missing += 1;
+            continue;
+        }
+        let summary: Summary = read_json(&cdir.join("summary.json"))?;
+        let counts = counts(&cdir.join("selections.csv"), 0)?;
+        let si = setting_order
+            .iter()
+            .position(|s| s == &cell.setting)
+            .unwrap_or_else(|| {
+                setting_order.push(cell.setting.clone());
+                setting_order.len() - 1
+            });
+        let ti = strategy_order
+            .iter()
+            .position(|s| s == &cell.strategy)
+            .unwrap_or_else(|| {
+                strategy_order.push(cell.strategy.clone());
+                strategy_order.len() - 1
+            });
+        let _ = cell.seed;
+        groups
+            .entry((si, cell.setting.clone()))
+            .or_default()
+            .entry((ti, cell.strategy.clone()))
+            .or_default()
+            .push(Run { summary, counts });
+    }
+    let baseline = index
+        .baseline
+        .clone()
+        .or_else(|| strategy_order.first().cloned());
+
+    let mut rtt = Table {
+        title: "Rounds to target accuracy (mean ± std over seeds; N/A if any seed misses)".into(),
+        file: "rounds_to_target.csv",
+        header: ["setting", "strategy", "seeds"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(targets.iter().map(|t| format!("{:.0}%", t * 100.0)))
+            .collect(),
+        rows: Vec::new(),
+    };
+    let mut bf = Table {
+        title: format!(
+            "Best and final test accuracy and loss (Δ vs {})",
+            baseline.as_deref().unwrap_or("-")
+        ),
+        file: "best_final.csv",
+        header: [
+            "setting",
+            "strategy",
+            "best_acc",
+            "final_acc",
+            "best_loss",
+            "final_loss",
+            "final_acc_change_%",
+            "final_loss_change_%",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: Vec::new(),
+    };
+    let mut sp = Table {
+        title: format!(
+            "Rounds to the first target with speedup vs {}, and extra cost per round",
+            baseline.as_deref().unwrap_or("-")
+        ),
+        file: "speedup.csv",
+        header: [
+            "setting",
+            "strategy",
+            "rounds_to_first_target",
+            "speedup",
+            "extra_comm_per_round",
+            "extra_comp_per_round",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: Vec::new(),
+    };
+    let mut sel = Table {
+        title: "Selection counts per client (mean over seeds)".into(),
+        file: "selection_stats.csv",
+        header: [
+            "setting",
+            "strategy",
+            "count_variance",
+            "min_count",
+            "max_count",
+            "never_selected",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: Vec::new(),
+    };
+    for ((_, setting), strategies) in &groups {
+        let mean_rounds = |runs: &[Run]| -> Option<f64> {
+            let r: Option<Vec<f64>> = runs
+                .iter()
+                .map(|r| {
+                    r.summary
+                        .rounds_to_target
+                        .first()
+                        .and_then(|t| t.1)
+                        .map(|x| x as f64)
+                })
+                .collect();
+            r.map(|v| mean_std(&v).0)
+        };
+        let base_runs = strategies
+            .iter()
+            .find(|((_, s), _)| Some(s) == baseline.as_ref())
+            .map(|(_, r)| r);
+        let base_final = base_runs.map(|r| {
+            let acc: Vec<f64> = r.iter().map(|x| x.summary.final_acc).collect();
+            let loss: Vec<f64> = r.iter().map(|x| x.summary.final_loss).collect();
+            (mean_std(&acc).0, mean_std(&loss).0)
+        });
+        let base_rounds = base_runs.and_then(|r| mean_rounds(r));
+        for ((_, strategy), runs) in strategies {
+            let f =
+                |g: fn(&Summary) -> f64| runs.iter().map(|r| g(&r.summary)).collect::<Vec<f64>>();
+            let mut row = vec![setting.clone(), strategy.clone(), runs.len().to_string()];
+            for ti in 0..targets.len() {
+                let r: Option<Vec<f64>> = runs
+                    .iter()
+                    .map(|r| {
+                        r.summary
+                            .rounds_to_target
+                            .get(ti)
+                            .and_then(|t| t.1)
+                            .map(|x| x as f64)
+                    })
+                    .collect();
+                row.push(r.map_or("N/A".into(), |v| pm(&v, 1)));
+            }
+            rtt.rows.push(row);
+            let (fa, fl) = (
+                mean_std(&f(|s| s.final_acc)).0,
+                mean_std(&f(|s| s.final_loss)).0,
+            );
+            let change = |x: f64, b: Option<f64>| {
+                b.map_or("-".into(), |b| format!("{:+.2}", 100.0 * (x - b) / b))
+            };
+            bf.rows.push(vec![
+                setting.clone(),
+                strategy.clone(),
+                pm(&f(|s| s.best_acc), 4),
+                pm(&f(|s| s.final_acc), 4),
+                pm(&f(|s| s.best_loss), 4),
+                pm(&f(|s| s.final_loss), 4),
+                change(fa, base_final.map(|b| b.0)),
+                change(fl, base_final.map(|b| b.1)),
+            ]);
+            let rounds: f64 = runs.iter().map(|r| r.summary.rounds as f64).sum();
+            let extra_comm: f64 = runs
+                .iter()
+                .map(|r| {
+                    (r.summary.cost.broadcasts
+                        + r.summary.cost.uploads
+                        + r.summary.cost.scalar_reports) as f64
+                        - 2.0 * r.summary.cost.trainings as f64
+                })
+                .sum::<f64>()
+                / rounds;
+            let extra_comp: f64 = runs
+                .iter()
+                .map(|r| {
+                    (r.summary.cost.evaluations
+                        + r.summary.cost.gradients
+                        + r.summary.cost.probe_trainings) as f64
+                })
+                .sum::<f64>()
+                / rounds;
+            let mr = mean_rounds(runs);
+            sp.rows.push(vec![
+                setting.clone(),
+                strategy.clone(),
+                mr.map_or("N/A".into(), |m| format!("{m:.1}")),
+                match (mr, base_rounds) {
+                    (Some(m), Some(b)) => format!("{:.2}x", b / m),
+                    _ => "N/A".into(),
+                },
+                format!("{extra_comm:.2}"),
+                format!("{extra_comp:.2}"),
+            ]);
+            let n = runs.iter().map(|r| r.counts.len()).max().unwrap_or(0);
+            let stats: Vec<(f64, f64, f64, f64)> = runs
+                .iter()
+                .map(|r| {
+                    let c: Vec<f64> = (0..n)
+                        .map(|k| r.counts.get(k).copied().unwrap_or(0) as f64)
+                        .collect();
+                    let (m, s) = mean_std(&c);
+                    let _ = m;
+                    let min = c.iter().cloned().fold(f64::INFINITY, f64::min);
+                    let max = c.iter().cloned().fold(0.0, f64::max);
+                    (
+                        s * s,
+                        min,
+                        max,
+                        c.iter().filter(|&&x| x == 0.0).count() as f64,
+                    )
+                })
+                .collect();
+            let avg = |g: fn(&(f64, f64, f64, f64)) -> f64| {
+                stats.iter().map(g).sum::<f64>() / stats.len() as f64
+            };
+            sel.rows.push(vec![
+                setting.clone(),
+                strategy.clone(),
+                format!("{:.2}", avg(|s| s.0)),
+                format!("{:.1}", avg(|s| s.1)),
+                format!("{:.1}", avg(|s| s.2)),
+                format!("{:.1}", avg(|s| s.3)),
+            ]);
+        }
+    }
+    let mut md = format!(
+        "# Report: {}\n\nfedsel {}; {} cells, {} finished{}.\nBaseline strategy: {}.\n\n",
+        index.name,
+        crate::VERSION,
+        index.cells.len(),
+        index.cells.len() - missing,
+        if missing > 0 {
+            format!(", **{missing} not finished (left out)**")
+        } else {
+            String::new()
+        },
+        baseline.as_deref().unwrap_or("-")
+    );
+    for t in [&rtt, &bf, &sp, &sel] {
+        t.write_csv(dir)?;
+        md.push_str(&t.markdown());
+    }
+    md.push_str("Extra communication per round counts broadcasts, uploads and scalar reports beyond the two messages of each training client; extra computation counts client evaluations, one-step gradients and discarded probe trainings.\n");
+    let path = dir.join("report.md");
+    std::fs::write(&path, &md).map_err(|source| Error::Output { path, source })?;
+    Ok(md)
+}

@@ -1,0 +1,62 @@
+//! Sweeps: every cell runs once, a rerun finishes only what is missing, and the report has every table.
+
+use fedsel::sweep::{self, Sweep, SweepProgress};
+
+struct Silent;
+impl SweepProgress for Silent {
+    fn cell_done(&self, _: &str, _: usize, _: usize, _: bool) {}
+}
+
+#[test]
+fn sweep_reruns_only_unfinished_cells_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.toml");
+    std::fs::write(
+        &path,
+        "name = \"t\"\nbaseline = \"uniform\"\n[config]\nrounds = 15\ntargets = [0.3]\n[axes]\nstrategy = [\"uniform\", \"md\"]\nseed = [1, 2]\n",
+    )
+    .unwrap();
+    let s = Sweep::load(&path).unwrap();
+    let out = dir.path().join("out");
+    let data = fedsel::data::locate::data_dir(None, None);
+    let first = sweep::run(&s, &out, &data, 2, 1, &Silent).unwrap();
+    assert_eq!((first.total, first.skipped, first.ran), (4, 0, 4));
+    // Simulate a cell killed mid-run: its summary is missing, its metrics half-written.
+    let cells = s.cells().unwrap();
+    let victim = out.join("cells").join(&cells[1].dir_name);
+    let rows = |p: &std::path::Path| -> Vec<String> {
+        // Everything but the timing column.
+        std::fs::read_to_string(p.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+            .collect()
+    };
+    let metrics_before = rows(&victim);
+    std::fs::remove_file(victim.join("summary.json")).unwrap();
+    let second = sweep::run(&s, &out, &data, 2, 1, &Silent).unwrap();
+    assert_eq!((second.skipped, second.ran), (3, 1));
+    assert_eq!(
+        rows(&victim),
+        metrics_before,
+        "the rerun cell reproduces its rows"
+    );
+    let report = fedsel::report::write(&out).unwrap();
+    for needle in [
+        "Rounds to target",
+        "Best and final",
+        "speedup",
+        "Selection counts",
+        "| all | uniform | 2 |",
+    ] {
+        assert!(report.contains(needle), "{needle} missing from:\n{report}");
+    }
+    for csv in [
+        "rounds_to_target.csv",
+        "best_final.csv",
+        "speedup.csv",
+        "selection_stats.csv",
+    ] {
+        assert!(out.join(csv).is_file(), "{csv}");
+    }
+}
