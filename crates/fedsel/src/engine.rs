@@ -236,7 +236,7 @@ pub struct RunSummary {
 
 /// Runs every round of `exp` with the configured selector, reporting each to `observer`.
 pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> {
-    run_with(exp, select::build(&exp.config.selection), observer)
+    run_with(exp, select::build(&exp.config.selection)?, observer)
 }
 
 /// Runs every round of `exp` with a given selector (for strategies built outside the config).

@@ -12,7 +12,7 @@ pub mod md;
 pub mod uniform;
 
 use crate::config::SelectionConfig;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
 
 /// Which part of each selected client's update the selector wants back.
@@ -131,9 +131,13 @@ pub trait Selector: Send {
 }
 
 /// Builds the selector a config names.
-pub fn build(cfg: &SelectionConfig) -> Box<dyn Selector> {
+pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
     match cfg.strategy.as_str() {
-        "md" => Box::new(md::MdSampling::default()),
-        _ => Box::new(uniform::Uniform),
+        "uniform" => Ok(Box::new(uniform::Uniform)),
+        "md" => Ok(Box::new(md::MdSampling::default())),
+        other => Err(ConfigError::invalid(
+            "selection.strategy",
+            format!("unknown strategy `{other}`"),
+        )),
     }
 }
