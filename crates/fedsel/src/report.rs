@@ -25,7 +25,6 @@ use crate::ledger::Ledger;
 struct IndexCell {
     dir: String,
     strategy: String,
-    seed: u64,
     setting: String,
     targets: Vec<f64>,
 }
@@ -184,7 +183,6 @@ pub fn write(dir: &Path) -> Result<String> {
                 strategy_order.push(cell.strategy.clone());
                 strategy_order.len() - 1
             });
-        let _ = cell.seed;
         groups
             .entry((si, cell.setting.clone()))
             .or_default()
@@ -358,8 +356,7 @@ pub fn write(dir: &Path) -> Result<String> {
                     let c: Vec<f64> = (0..n)
                         .map(|k| r.counts.get(k).copied().unwrap_or(0) as f64)
                         .collect();
-                    let (m, s) = mean_std(&c);
-                    let _ = m;
+                    let s = mean_std(&c).1;
                     let min = c.iter().cloned().fold(f64::INFINITY, f64::min);
                     let max = c.iter().cloned().fold(0.0, f64::max);
                     (
