@@ -91,6 +91,19 @@ fn counts(path: &Path, clients: usize) -> Result<Vec<usize>> {
     Ok(c)
 }
 
+/// Rounds each run needed to reach target `ti`; `None` if any run missed it.
+fn rounds_to(runs: &[Run], ti: usize) -> Option<Vec<f64>> {
+    runs.iter()
+        .map(|r| {
+            r.summary
+                .rounds_to_target
+                .get(ti)
+                .and_then(|t| t.1)
+                .map(|x| x as f64)
+        })
+        .collect()
+}
+
 fn mean_std(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;
     let m = xs.iter().sum::<f64>() / n;
@@ -259,19 +272,7 @@ pub fn write(dir: &Path) -> Result<String> {
         rows: Vec::new(),
     };
     for ((_, setting), strategies) in &groups {
-        let mean_rounds = |runs: &[Run]| -> Option<f64> {
-            let r: Option<Vec<f64>> = runs
-                .iter()
-                .map(|r| {
-                    r.summary
-                        .rounds_to_target
-                        .first()
-                        .and_then(|t| t.1)
-                        .map(|x| x as f64)
-                })
-                .collect();
-            r.map(|v| mean_std(&v).0)
-        };
+        let mean_rounds = |runs: &[Run]| rounds_to(runs, 0).map(|v| mean_std(&v).0);
         let base_runs = strategies
             .iter()
             .find(|((_, s), _)| Some(s) == baseline.as_ref())
@@ -287,16 +288,7 @@ pub fn write(dir: &Path) -> Result<String> {
                 |g: fn(&Summary) -> f64| runs.iter().map(|r| g(&r.summary)).collect::<Vec<f64>>();
             let mut row = vec![setting.clone(), strategy.clone(), runs.len().to_string()];
             for ti in 0..targets.len() {
-                let r: Option<Vec<f64>> = runs
-                    .iter()
-                    .map(|r| {
-                        r.summary
-                            .rounds_to_target
-                            .get(ti)
-                            .and_then(|t| t.1)
-                            .map(|x| x as f64)
-                    })
-                    .collect();
+                let r = rounds_to(runs, ti);
                 row.push(r.map_or("N/A".into(), |v| pm(&v, 1)));
             }
             rtt.rows.push(row);
