@@ -13,7 +13,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use burn::tensor::Device;
+use burn::tensor::{Device, Int, Tensor};
 use rayon::prelude::*;
 
 use crate::aggregate::{self, Server};
@@ -44,6 +44,8 @@ pub struct Experiment {
     pub device: Device,
     /// Global test examples evaluated each round.
     pub test_idx: Vec<usize>,
+    /// Those examples, batched on the device once for the whole run.
+    test_batches: Vec<(model::Batch, Tensor<1, Int>)>,
 }
 
 /// One finished round, as written to `metrics.csv`.
@@ -119,6 +121,10 @@ impl Experiment {
         } else {
             (0..n_test).collect()
         };
+        let test_batches = test_idx
+            .chunks(config.eval.batch_size)
+            .map(|c| model::batch(&data.test, c, &device))
+            .collect();
         Ok(Self {
             config,
             data,
@@ -127,6 +133,7 @@ impl Experiment {
             layout,
             device,
             test_idx,
+            test_batches,
         })
     }
 
@@ -175,14 +182,7 @@ impl Experiment {
     /// Loss and accuracy of `params` on the global test set.
     pub fn test(&self, params: &[f32]) -> Evaluation {
         let p = self.layout.to_tensors(params, &self.device);
-        train::evaluate(
-            self.arch.as_ref(),
-            &p,
-            &self.data.test,
-            &self.test_idx,
-            self.config.eval.batch_size,
-            &self.device,
-        )
+        train::evaluate_batches(self.arch.as_ref(), &p, &self.test_batches)
     }
 }
 

@@ -6,7 +6,7 @@
 //! comes from the client's own stream, so the result is the same whichever
 //! thread runs it.
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 use rand::seq::SliceRandom;
 
 use crate::config::{LocalOptimizer, LocalWork, TrainConfig};
@@ -236,19 +236,34 @@ pub fn evaluate(
     batch_size: usize,
     device: &Device,
 ) -> Evaluation {
+    let batches: Vec<_> = idx
+        .chunks(batch_size)
+        .map(|chunk| model::batch(data, chunk, device))
+        .collect();
+    evaluate_batches(arch, params, &batches)
+}
+
+/// Evaluates parameters on batches already on the device (the server's test set is
+/// gathered once per run rather than every round).
+pub fn evaluate_batches(
+    arch: &dyn Architecture,
+    params: &[Tensor<1>],
+    batches: &[(model::Batch, Tensor<1, Int>)],
+) -> Evaluation {
     let mut loss = 0.0;
     let mut correct = 0;
-    for chunk in idx.chunks(batch_size) {
-        let (x, y) = model::batch(data, chunk, device);
-        let (l, c) = model::loss_and_correct(arch.forward(params, x, None), y);
+    let mut examples = 0;
+    for (x, y) in batches {
+        examples += y.dims()[0];
+        let (l, c) = model::loss_and_correct(arch.forward(params, x.clone(), None), y.clone());
         loss += l;
         correct += c;
     }
-    let n = idx.len().max(1) as f64;
+    let n = examples.max(1) as f64;
     Evaluation {
         loss: loss / n,
         accuracy: correct as f64 / n,
-        examples: idx.len(),
+        examples,
     }
 }
 

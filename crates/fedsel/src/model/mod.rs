@@ -84,6 +84,7 @@ impl ParamSpec {
 }
 
 /// A mini-batch of inputs on a device.
+#[derive(Clone)]
 pub enum Batch {
     /// `[batch, features]`, reshaped by the model as it needs.
     Dense(Tensor<2>),
