@@ -50,6 +50,20 @@ pub struct Server {
 }
 
 impl Server {
+    /// A server resuming with saved Adam moments (empty for the other optimizers).
+    pub fn with_moments(cfg: &ServerConfig, m: Vec<f32>, v: Vec<f32>) -> Self {
+        Self {
+            cfg: cfg.clone(),
+            m,
+            v,
+        }
+    }
+
+    /// The Adam moments (m, v); empty before the first Adam step and for other optimizers.
+    pub fn moments(&self) -> (&[f32], &[f32]) {
+        (&self.m, &self.v)
+    }
+
     /// A server with empty optimizer state.
     pub fn new(cfg: &ServerConfig) -> Self {
         Self {

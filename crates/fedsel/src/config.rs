@@ -30,6 +30,8 @@ pub struct Config {
     pub device: String,
     /// Check dataset files against their published checksums.
     pub verify_checksums: bool,
+    /// Write a resumable checkpoint every this many rounds (0 = never).
+    pub checkpoint_every: usize,
     /// Version of fedsel that resolved this config; informational.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fedsel_version: Option<String>,
@@ -61,6 +63,7 @@ impl Default for Config {
             data_dir: None,
             device: "flex".into(),
             verify_checksums: true,
+            checkpoint_every: 25,
             fedsel_version: None,
             dataset: DatasetConfig::default(),
             partition: PartitionConfig::default(),
@@ -682,6 +685,18 @@ impl Config {
             "must be at least 1",
         )?;
         Ok(())
+    }
+
+    /// Hex SHA-256 of the resolved config without its version stamp: two configs with
+    /// the same hash run the same experiment (sweep cells and checkpoints are keyed by it).
+    pub fn hash(&self) -> String {
+        let mut c = self.clone();
+        c.fedsel_version = None;
+        crate::data::sha256_hex(
+            toml::to_string(&c)
+                .expect("a Config always serializes")
+                .as_bytes(),
+        )
     }
 
     /// The config with every default written out and the version stamped, as TOML.

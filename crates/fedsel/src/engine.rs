@@ -18,6 +18,7 @@ use rayon::prelude::*;
 
 use crate::aggregate::{self, Server};
 use crate::availability;
+use crate::checkpoint::Checkpoint;
 use crate::config::{AggregationRule, Config};
 use crate::data::{self, FederatedData};
 use crate::error::{ConfigError, Error, Result};
@@ -79,6 +80,12 @@ pub struct RoundRecord {
 pub trait Observer {
     /// Called once per round, in order.
     fn on_round(&mut self, record: &RoundRecord) -> Result<()>;
+
+    /// Called every `checkpoint_every` rounds, after [`Observer::on_round`].
+    fn on_checkpoint(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let _ = checkpoint;
+        Ok(())
+    }
 }
 
 fn device_for(name: &str) -> Result<Device> {
@@ -206,7 +213,7 @@ impl ClientQuery for Query<'_> {
 }
 
 /// Outcome of a whole run.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunSummary {
     /// Strategy name.
     pub strategy: String,
@@ -214,16 +221,16 @@ pub struct RunSummary {
     pub seed: u64,
     /// Rounds run.
     pub rounds: usize,
-    /// Test accuracy after the last round.
-    pub final_acc: f64,
-    /// Test loss after the last round.
-    pub final_loss: f64,
+    /// Test accuracy at the last evaluation (the last round always is one).
+    pub final_acc: Option<f64>,
+    /// Test loss at the last evaluation.
+    pub final_loss: Option<f64>,
     /// Best test accuracy seen.
-    pub best_acc: f64,
+    pub best_acc: Option<f64>,
     /// Round (0-based) of the best accuracy.
     pub best_acc_round: usize,
     /// Lowest test loss seen.
-    pub best_loss: f64,
+    pub best_loss: Option<f64>,
     /// For each configured target: rounds needed to first reach it (round index + 1), if reached.
     pub rounds_to_target: Vec<(f64, Option<usize>)>,
     /// Wall-clock seconds.
@@ -236,16 +243,32 @@ pub struct RunSummary {
 
 /// Runs every round of `exp` with the configured selector, reporting each to `observer`.
 pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> {
-    run_with(exp, select::build(&exp.config.selection)?, observer)
+    run_with(exp, select::build(&exp.config.selection)?, observer, None)
 }
 
-/// Runs every round of `exp` with a given selector (for strategies built outside the config).
+/// Continues a run of `exp` from a checkpoint with the configured selector.
+pub fn resume(
+    exp: &Experiment,
+    observer: &mut dyn Observer,
+    from: Checkpoint,
+) -> Result<RunSummary> {
+    run_with(
+        exp,
+        select::build(&exp.config.selection)?,
+        observer,
+        Some(from),
+    )
+}
+
+/// Runs the rounds of `exp` with a given selector, from the start or from a checkpoint.
 pub fn run_with(
     exp: &Experiment,
     mut selector: Box<dyn select::Selector>,
     observer: &mut dyn Observer,
+    from: Option<Checkpoint>,
 ) -> Result<RunSummary> {
     let cfg = &exp.config;
+    let config_hash = cfg.hash();
     let seed = cfg.seed;
     let n = exp.clients.len();
     let sizes = exp.sizes();
@@ -266,28 +289,50 @@ pub fn run_with(
         }),
     });
     let mut avail = availability::build(&cfg.availability, n, per_round);
-    let mut server = Server::new(&cfg.server);
     let trainer = exp.trainer();
-    let mut global = exp.layout.init(seed);
-    let mut states: Vec<Option<OptimizerState>> = vec![None; n];
-    let mut totals = Ledger::default();
-    let started = Instant::now();
-    let mut summary = RunSummary {
-        strategy: selector.name().into(),
-        seed,
-        rounds: 0,
-        final_acc: f64::NAN,
-        final_loss: f64::NAN,
-        best_acc: f64::NEG_INFINITY,
-        best_acc_round: 0,
-        best_loss: f64::INFINITY,
-        rounds_to_target: cfg.targets.iter().map(|&t| (t, None)).collect(),
-        wall_s: 0.0,
-        cost: Ledger::default(),
-        version: crate::VERSION.into(),
+    let (start, mut global, mut server, mut states, mut summary) = match from {
+        Some(cp) => {
+            if cp.config_hash != config_hash {
+                return Err(ConfigError::invalid(
+                    "checkpoint",
+                    "was written by a run with a different config",
+                )
+                .into());
+            }
+            selector.load(&cp.selector)?;
+            (
+                cp.next_round,
+                cp.global,
+                Server::with_moments(&cfg.server, cp.server_m, cp.server_v),
+                cp.client_states,
+                cp.summary,
+            )
+        }
+        None => (
+            0,
+            exp.layout.init(seed),
+            Server::new(&cfg.server),
+            vec![None; n],
+            RunSummary {
+                strategy: selector.name().into(),
+                seed,
+                rounds: 0,
+                final_acc: None,
+                final_loss: None,
+                best_acc: None,
+                best_acc_round: 0,
+                best_loss: None,
+                rounds_to_target: cfg.targets.iter().map(|&t| (t, None)).collect(),
+                wall_s: 0.0,
+                cost: Ledger::default(),
+                version: crate::VERSION.into(),
+            },
+        ),
     };
+    // Time already spent before a resume counts towards elapsed_s.
+    let started = Instant::now() - std::time::Duration::from_secs_f64(summary.wall_s);
 
-    for t in 0..cfg.rounds {
+    for t in start..cfg.rounds {
         let mut cost = Ledger::default();
         let lr = cfg.train.schedule.rate(cfg.train.lr, t);
         let round_avail = avail.round(t);
@@ -437,7 +482,7 @@ pub fn run_with(
             states[*k] = u.state;
         }
 
-        totals.add(&cost);
+        summary.cost.add(&cost);
         let record = RoundRecord {
             round: t,
             test_acc: eval.map(|e| e.accuracy),
@@ -458,13 +503,13 @@ pub fn run_with(
                     what: "test loss".into(),
                 });
             }
-            summary.final_acc = e.accuracy;
-            summary.final_loss = e.loss;
-            if e.accuracy > summary.best_acc {
-                summary.best_acc = e.accuracy;
+            summary.final_acc = Some(e.accuracy);
+            summary.final_loss = Some(e.loss);
+            if summary.best_acc.is_none_or(|b| e.accuracy > b) {
+                summary.best_acc = Some(e.accuracy);
                 summary.best_acc_round = t;
             }
-            summary.best_loss = summary.best_loss.min(e.loss);
+            summary.best_loss = Some(summary.best_loss.map_or(e.loss, |b| b.min(e.loss)));
             for (target, reached) in &mut summary.rounds_to_target {
                 if reached.is_none() && e.accuracy >= *target {
                     *reached = Some(t + 1);
@@ -473,8 +518,23 @@ pub fn run_with(
         }
         summary.rounds = t + 1;
         summary.wall_s = record.elapsed_s;
-        summary.cost = totals;
         observer.on_round(&record)?;
+        if cfg.checkpoint_every > 0
+            && (t + 1).is_multiple_of(cfg.checkpoint_every)
+            && t + 1 < cfg.rounds
+        {
+            let (m, v) = server.moments();
+            observer.on_checkpoint(&Checkpoint {
+                next_round: t + 1,
+                config_hash: config_hash.clone(),
+                global: global.clone(),
+                server_m: m.to_vec(),
+                server_v: v.to_vec(),
+                client_states: states.clone(),
+                selector: selector.save(),
+                summary: summary.clone(),
+            })?;
+        }
     }
     Ok(summary)
 }

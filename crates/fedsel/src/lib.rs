@@ -7,6 +7,7 @@
 pub mod aggregate;
 pub mod availability;
 pub mod bench;
+pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod engine;

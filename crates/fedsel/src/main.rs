@@ -59,6 +59,9 @@ enum Command {
         /// Dataset directory (beats the config's data_dir and FEDSEL_DATA).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Continue the run in DIR from its last checkpoint.
+        #[arg(long, value_name = "DIR")]
+        resume: Option<PathBuf>,
     },
     /// Run every cell of a sweep (skipping finished ones), then write its report.
     Sweep {
@@ -97,15 +100,14 @@ enum Command {
 }
 
 /// Prints progress: a bar on a terminal, a plain line every tenth of the run otherwise.
-struct Progress<'a> {
+struct Progress {
     writer: RunWriter,
     bar: Option<ProgressBar>,
     rounds: usize,
     best: f64,
-    _cfg: &'a Config,
 }
 
-impl Observer for Progress<'_> {
+impl Observer for Progress {
     fn on_round(&mut self, r: &RoundRecord) -> fedsel::error::Result<()> {
         self.writer.on_round(r)?;
         if let Some(a) = r.test_acc {
@@ -136,23 +138,50 @@ impl Observer for Progress<'_> {
         }
         Ok(())
     }
+
+    fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
+        self.writer.on_checkpoint(cp)
+    }
 }
 
-fn run(
-    config_path: Option<PathBuf>,
+/// What `fedsel run` was asked to do.
+struct RunArgs {
+    config: Option<PathBuf>,
     out: Option<PathBuf>,
-    mut set: Vec<String>,
+    set: Vec<String>,
     seed: Option<u64>,
     data_dir: Option<PathBuf>,
-) -> Result<()> {
-    if let Some(s) = seed {
-        set.push(format!("seed={s}"));
-    }
-    let config = Config::load(config_path.as_deref(), &set)?;
-    let dir = locate::data_dir(data_dir, config.data_dir.clone());
-    let out = out
-        .unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-s{}", config.name, config.seed)));
+    resume: Option<PathBuf>,
+}
+
+fn run(args: RunArgs) -> Result<()> {
     let t0 = Instant::now();
+    let (config, out, checkpoint) = match &args.resume {
+        Some(dir) => {
+            anyhow::ensure!(
+                args.config.is_none()
+                    && args.set.is_empty()
+                    && args.seed.is_none()
+                    && args.out.is_none(),
+                "--resume takes the config and output directory of the run it continues; drop CONFIG, --set, --seed and --out"
+            );
+            let config = Config::load(Some(&dir.join("config.resolved.toml")), &[])?;
+            let cp = fedsel::checkpoint::load(dir)?;
+            (config, dir.clone(), Some(cp))
+        }
+        None => {
+            let mut set = args.set;
+            if let Some(s) = args.seed {
+                set.push(format!("seed={s}"));
+            }
+            let config = Config::load(args.config.as_deref(), &set)?;
+            let out = args.out.unwrap_or_else(|| {
+                PathBuf::from("runs").join(format!("{}-s{}", config.name, config.seed))
+            });
+            (config, out, None)
+        }
+    };
+    let dir = locate::data_dir(args.data_dir, config.data_dir.clone());
     let exp = Experiment::prepare(config.clone(), &dir)
         .with_context(|| format!("preparing `{}`", config.name))?;
     println!(
@@ -167,7 +196,17 @@ fn run(
         config.rounds,
         out.display()
     );
-    let writer = RunWriter::create(&out, &exp.config)?;
+    let writer = match &checkpoint {
+        Some(cp) => {
+            println!(
+                "resuming at round {} from {}",
+                cp.next_round + 1,
+                fedsel::checkpoint::dir(&out).display()
+            );
+            RunWriter::resume(&out, cp.next_round)?
+        }
+        None => RunWriter::create(&out, &exp.config)?,
+    };
     let bar = std::io::stdout().is_terminal().then(|| {
         let b = ProgressBar::new(config.rounds as u64);
         b.set_style(
@@ -181,9 +220,11 @@ fn run(
         bar,
         rounds: config.rounds,
         best: 0.0,
-        _cfg: &config,
     };
-    let result = engine::run(&exp, &mut progress);
+    let result = match checkpoint {
+        Some(cp) => engine::resume(&exp, &mut progress, cp),
+        None => engine::run(&exp, &mut progress),
+    };
     if let Some(b) = &progress.bar {
         b.finish_and_clear();
     }
@@ -200,15 +241,16 @@ fn run(
         }
     };
     progress.writer.finish(&summary)?;
+    let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.4}"));
     println!(
-        "done in {:.1}s (training {:.1}s): final acc {:.4}, best acc {:.4} (round {}), final loss {:.4}, best loss {:.4}",
+        "done in {:.1}s (training {:.1}s): final acc {}, best acc {} (round {}), final loss {}, best loss {}",
         t0.elapsed().as_secs_f64(),
         summary.wall_s,
-        summary.final_acc,
-        summary.best_acc,
+        f(summary.final_acc),
+        f(summary.best_acc),
         summary.best_acc_round + 1,
-        summary.final_loss,
-        summary.best_loss
+        f(summary.final_loss),
+        f(summary.best_loss)
     );
     for (t, r) in &summary.rounds_to_target {
         println!(
@@ -440,14 +482,29 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        None => run(None, None, Vec::new(), None, None),
+        None => run(RunArgs {
+            config: None,
+            out: None,
+            set: Vec::new(),
+            seed: None,
+            data_dir: None,
+            resume: None,
+        }),
         Some(Command::Run {
             config,
             out,
             set,
             seed,
             data_dir,
-        }) => run(config, out, set, seed, data_dir),
+            resume,
+        }) => run(RunArgs {
+            config,
+            out,
+            set,
+            seed,
+            data_dir,
+            resume,
+        }),
         Some(Command::Sweep {
             sweep: path,
             out,

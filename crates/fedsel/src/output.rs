@@ -76,6 +76,39 @@ impl RunWriter {
         })
     }
 
+    /// Reopens the files of an interrupted run whose checkpoint resumes at `next_round`:
+    /// rows of rounds at or after it (written after the checkpoint) are dropped, since
+    /// the resumed run writes them again.
+    pub fn resume(dir: &Path, next_round: usize) -> Result<Self> {
+        let open = |name: &str| -> Result<csv::Writer<File>> {
+            let path = dir.join(name);
+            let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+            let mut kept = String::with_capacity(text.len());
+            for (i, line) in text.lines().enumerate() {
+                let round = line.split(',').next().and_then(|r| r.parse::<usize>().ok());
+                if i == 0 || round.is_some_and(|r| r < next_round) {
+                    kept.push_str(line);
+                    kept.push('\n');
+                }
+            }
+            let tmp = dir.join(format!("{name}.tmp"));
+            std::fs::write(&tmp, kept).map_err(io(&tmp))?;
+            std::fs::rename(&tmp, &path).map_err(io(&path))?;
+            let f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(io(&path))?;
+            Ok(csv::WriterBuilder::new().has_headers(false).from_writer(f))
+        };
+        let metrics = open("metrics.csv")?;
+        let selections = open("selections.csv")?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            metrics,
+            selections,
+        })
+    }
+
     /// Writes `summary.json` for a finished run.
     pub fn finish(&self, summary: &RunSummary) -> Result<()> {
         let mut v = serde_json::to_value(summary).expect("summary serializes");
@@ -110,6 +143,10 @@ fn opt(x: Option<f64>) -> String {
 }
 
 impl Observer for RunWriter {
+    fn on_checkpoint(&mut self, checkpoint: &crate::checkpoint::Checkpoint) -> Result<()> {
+        crate::checkpoint::save(&self.dir, checkpoint)
+    }
+
     fn on_round(&mut self, r: &RoundRecord) -> Result<()> {
         let mut row = vec![
             r.round.to_string(),

@@ -222,15 +222,7 @@ impl Sweep {
                         .join("-")
                 };
                 config.name = format!("{}-{label}", self.name);
-                let dir_name = format!(
-                    "{}-{}",
-                    sanitize(&label),
-                    &crate::data::sha256_hex(
-                        toml::to_string(&config)
-                            .expect("config serializes")
-                            .as_bytes()
-                    )[..12]
-                );
+                let dir_name = format!("{}-{}", sanitize(&label), &config.hash()[..12]);
                 Ok(Cell {
                     label,
                     config,

@@ -168,7 +168,7 @@ fn reports_a_selector_asks_for_are_provided_and_booked() {
         losses_seen: 0,
         updates_seen: 0,
     };
-    let summary = engine::run_with(&exp, Box::new(probe), &mut c).unwrap();
+    let summary = engine::run_with(&exp, Box::new(probe), &mut c, None).unwrap();
     let per_round = Ledger {
         // 30 gradient requests + 4 loss requests + 2 trainings.
         broadcasts: 30 + 4 + 2,
@@ -259,4 +259,90 @@ fn shakespeare_builds_leaf_roles_from_the_gutenberg_text() {
             .iter()
             .any(|r| r.id == "THE_TRAGEDY_OF_HAMLET__PRINCE_OF_DENMARK_HAM")
     );
+}
+
+/// Writes like a run, then "crashes" (returns an error) after a given round.
+struct CrashAfter {
+    writer: RunWriter,
+    round: usize,
+}
+
+impl engine::Observer for CrashAfter {
+    fn on_round(&mut self, r: &RoundRecord) -> fedsel::error::Result<()> {
+        self.writer.on_round(r)?;
+        if r.round == self.round {
+            return Err(Error::Selection {
+                selector: "test".into(),
+                round: r.round,
+                reason: "simulated crash".into(),
+            });
+        }
+        Ok(())
+    }
+    fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
+        self.writer.on_checkpoint(cp)
+    }
+}
+
+fn metrics_without_time(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+        .collect()
+}
+
+#[test]
+fn a_resumed_run_equals_an_uninterrupted_one() {
+    // Every kind of carried state: client momentum kept between rounds, FedAdam moments,
+    // MD sampling, dropout, and an LR schedule.
+    let exp = synthetic(&[
+        "rounds=30",
+        "checkpoint_every=5",
+        "selection.strategy=\"md\"",
+        "model.kind=\"mlp\"",
+        "model.dropout=0.2",
+        "train.momentum=0.9",
+        "train.persistent_state=true",
+        "train.schedule={kind=\"step\", milestones=[12], gamma=0.5}",
+        "server.optimizer=\"adam\"",
+        "server.lr=0.02",
+    ]);
+    let whole = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
+    let full = engine::run(&exp, &mut w).unwrap();
+
+    let broken = tempfile::tempdir().unwrap();
+    let mut crash = CrashAfter {
+        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
+        round: 17,
+    };
+    assert!(engine::run(&exp, &mut crash).is_err());
+    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
+    assert_eq!(cp.next_round, 15, "the last checkpoint before the crash");
+    assert!(cp.client_states.iter().any(Option::is_some));
+    assert!(!cp.server_m.is_empty());
+    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
+    let resumed = engine::resume(&exp, &mut w, cp).unwrap();
+
+    assert_eq!(
+        metrics_without_time(whole.path()),
+        metrics_without_time(broken.path())
+    );
+    assert_eq!(
+        std::fs::read_to_string(whole.path().join("selections.csv")).unwrap(),
+        std::fs::read_to_string(broken.path().join("selections.csv")).unwrap()
+    );
+    assert_eq!(
+        (resumed.final_acc, resumed.best_loss, resumed.cost),
+        (full.final_acc, full.best_loss, full.cost)
+    );
+
+    // A checkpoint from another config is refused by name.
+    let other = synthetic(&["rounds=30", "checkpoint_every=5", "seed=9"]);
+    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
+    let err = engine::resume(&other, &mut Collect::default(), cp)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("checkpoint"), "{err}");
 }

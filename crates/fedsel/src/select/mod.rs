@@ -128,6 +128,18 @@ pub trait Selector: Send {
     fn observe(&mut self, feedback: &Feedback<'_>) {
         let _ = feedback;
     }
+
+    /// State to checkpoint: everything learned from rounds so far. What
+    /// [`Selector::setup`] derives need not be saved; it is called again on resume.
+    fn save(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
+    /// Restores what [`Selector::save`] returned, after [`Selector::setup`].
+    fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
+        let _ = state;
+        Ok(())
+    }
 }
 
 /// Builds the selector a config names.
