@@ -74,6 +74,8 @@ pub struct RoundRecord {
     pub elapsed_s: f64,
     /// The selection (duplicates kept).
     pub selected: Vec<usize>,
+    /// The clients that were available.
+    pub available: Vec<usize>,
 }
 
 /// Receives each round as it finishes (writers, progress bars).
@@ -495,6 +497,7 @@ pub fn run_with(
             cost,
             elapsed_s: started.elapsed().as_secs_f64(),
             selected: selection.clients,
+            available: round_avail.active,
         };
         if let Some(e) = eval {
             if !e.loss.is_finite() {

@@ -109,6 +109,14 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A figure could not be drawn.
+    #[error("{path}: {reason}")]
+    Plot {
+        /// The figure file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// A selector could not make its choice.
     #[error("selector `{selector}` in round {round}: {reason}")]
     Selection {

@@ -16,6 +16,7 @@ pub mod ledger;
 pub mod model;
 pub mod output;
 pub mod partition;
+pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod select;

@@ -81,6 +81,9 @@ enum Command {
     Report {
         /// The sweep's output directory.
         dir: PathBuf,
+        /// Smooth the figures' curves with a Savitzky–Golay filter of this (odd) window.
+        #[arg(long, value_name = "WINDOW")]
+        smooth: Option<usize>,
     },
     /// List the datasets and whether their files were found.
     Datasets {
@@ -330,7 +333,7 @@ fn sweep(
     for (label, err) in &outcome.failed {
         println!("  {label}: {err}");
     }
-    fedsel::report::write(&out)?;
+    fedsel::report::write(&out, None)?;
     println!("report: {}", out.join("report.md").display());
     anyhow::ensure!(
         outcome.failed.is_empty(),
@@ -511,8 +514,8 @@ fn main() -> Result<()> {
             jobs,
             data_dir,
         }) => sweep(path, out, jobs, data_dir),
-        Some(Command::Report { dir }) => {
-            print!("{}", fedsel::report::write(&dir)?);
+        Some(Command::Report { dir, smooth }) => {
+            print!("{}", fedsel::report::write(&dir, smooth)?);
             Ok(())
         }
         Some(Command::Datasets { data_dir }) => {

@@ -1,4 +1,5 @@
-//! Run outputs: `config.resolved.toml`, `metrics.csv`, `selections.csv`, `summary.json`.
+//! Run outputs: `config.resolved.toml`, `metrics.csv`, `selections.csv`,
+//! `availability.csv` (each round's available clients, space-separated), `summary.json`.
 //!
 //! Rows are flushed as each round ends, so a run that crashes or is killed
 //! leaves every finished round readable. `summary.json` is written at the end,
@@ -18,6 +19,7 @@ pub struct RunWriter {
     dir: PathBuf,
     metrics: csv::Writer<File>,
     selections: csv::Writer<File>,
+    availability: csv::Writer<File>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
@@ -57,22 +59,18 @@ impl RunWriter {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let cfg_path = dir.join("config.resolved.toml");
         std::fs::write(&cfg_path, config.to_resolved_toml()).map_err(io(&cfg_path))?;
-        let mpath = dir.join("metrics.csv");
-        let mut metrics = csv::Writer::from_path(&mpath).map_err(csv_err(&mpath))?;
-        metrics
-            .write_record(metric_columns())
-            .map_err(csv_err(&mpath))?;
-        metrics.flush().map_err(io(&mpath))?;
-        let spath = dir.join("selections.csv");
-        let mut selections = csv::Writer::from_path(&spath).map_err(csv_err(&spath))?;
-        selections
-            .write_record(["round", "client"])
-            .map_err(csv_err(&spath))?;
-        selections.flush().map_err(io(&spath))?;
+        let new = |name: &str, header: &[&str]| -> Result<csv::Writer<File>> {
+            let path = dir.join(name);
+            let mut w = csv::Writer::from_path(&path).map_err(csv_err(&path))?;
+            w.write_record(header).map_err(csv_err(&path))?;
+            w.flush().map_err(io(&path))?;
+            Ok(w)
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
-            metrics,
-            selections,
+            metrics: new("metrics.csv", &metric_columns())?,
+            selections: new("selections.csv", &["round", "client"])?,
+            availability: new("availability.csv", &["round", "available"])?,
         })
     }
 
@@ -100,12 +98,11 @@ impl RunWriter {
                 .map_err(io(&path))?;
             Ok(csv::WriterBuilder::new().has_headers(false).from_writer(f))
         };
-        let metrics = open("metrics.csv")?;
-        let selections = open("selections.csv")?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            metrics,
-            selections,
+            metrics: open("metrics.csv")?,
+            selections: open("selections.csv")?,
+            availability: open("availability.csv")?,
         })
     }
 
@@ -169,6 +166,12 @@ impl Observer for RunWriter {
                 .write_record([r.round.to_string(), k.to_string()])
                 .map_err(csv_err(&spath))?;
         }
-        self.selections.flush().map_err(io(&spath))
+        self.selections.flush().map_err(io(&spath))?;
+        let apath = self.dir.join("availability.csv");
+        let active: Vec<String> = r.available.iter().map(usize::to_string).collect();
+        self.availability
+            .write_record([r.round.to_string(), active.join(" ")])
+            .map_err(csv_err(&apath))?;
+        self.availability.flush().map_err(io(&apath))
     }
 }

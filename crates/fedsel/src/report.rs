@@ -38,6 +38,7 @@ struct Index {
 
 #[derive(Debug, Clone, Deserialize)]
 struct Summary {
+    seed: u64,
     final_acc: f64,
     final_loss: f64,
     best_acc: f64,
@@ -55,6 +56,180 @@ struct Run {
     summary: Summary,
     /// Selection count of each client.
     counts: Vec<usize>,
+    /// (round, test accuracy, test loss) of every evaluated round.
+    curve: Vec<(f64, f64, f64)>,
+    /// The cell directory (for its availability record).
+    dir: std::path::PathBuf,
+}
+
+fn bad(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Output {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+    }
+}
+
+/// The evaluated rounds of a run's `metrics.csv`.
+fn curve(path: &Path) -> Result<Vec<(f64, f64, f64)>> {
+    let mut r = csv::Reader::from_path(path).map_err(|e| bad(path, e))?;
+    let mut out = Vec::new();
+    for row in r.records() {
+        let row = row.map_err(|e| bad(path, e))?;
+        if let (Ok(t), Ok(a), Ok(l)) = (
+            row[0].parse::<f64>(),
+            row[1].parse::<f64>(),
+            row[2].parse::<f64>(),
+        ) {
+            out.push((t + 1.0, a, l));
+        }
+    }
+    Ok(out)
+}
+
+/// The available clients of the first `max_rounds` rounds of a run.
+fn availability(path: &Path, max_rounds: usize) -> Result<Vec<Vec<usize>>> {
+    let mut r = csv::Reader::from_path(path).map_err(|e| bad(path, e))?;
+    let mut out = Vec::new();
+    for row in r.records().take(max_rounds) {
+        let row = row.map_err(|e| bad(path, e))?;
+        out.push(
+            row[1]
+                .split_whitespace()
+                .map(|k| k.parse::<usize>().map_err(|e| bad(path, e)))
+                .collect::<Result<_>>()?,
+        );
+    }
+    Ok(out)
+}
+
+/// Mean and std over runs at each round present in all of them, optionally smoothed.
+fn band(
+    runs: &[Run],
+    pick: fn(&(f64, f64, f64)) -> f64,
+    smooth: Option<usize>,
+) -> Vec<(f64, f64, f64)> {
+    let len = runs.iter().map(|r| r.curve.len()).min().unwrap_or(0);
+    let mut pts: Vec<(f64, f64, f64)> = (0..len)
+        .map(|i| {
+            let v: Vec<f64> = runs.iter().map(|r| pick(&r.curve[i])).collect();
+            let (m, s) = mean_std(&v);
+            (runs[0].curve[i].0, m, s)
+        })
+        .collect();
+    if let Some(w) = smooth {
+        let m = crate::plot::savitzky_golay(&pts.iter().map(|p| p.1).collect::<Vec<_>>(), w);
+        let s = crate::plot::savitzky_golay(&pts.iter().map(|p| p.2).collect::<Vec<_>>(), w);
+        for ((p, m), s) in pts.iter_mut().zip(m).zip(s) {
+            p.1 = m;
+            p.2 = s.max(0.0);
+        }
+    }
+    pts
+}
+
+fn slug(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Draws every figure of one setting into `dir/plots`; returns the markdown that shows them.
+fn figures(
+    dir: &Path,
+    setting: &str,
+    strategies: &ByStrategy,
+    smooth: Option<usize>,
+) -> Result<String> {
+    use crate::plot::{Curve, Series};
+    let plots = dir.join("plots");
+    std::fs::create_dir_all(&plots).map_err(|source| Error::Output {
+        path: plots.clone(),
+        source,
+    })?;
+    let stem = |kind: &str| plots.join(format!("{}-{kind}", slug(setting)));
+    let smoothed = smooth.map_or(String::new(), |w| format!(", Savitzky-Golay window {w}"));
+    let curves = |pick: fn(&(f64, f64, f64)) -> f64| -> Vec<Curve> {
+        strategies
+            .iter()
+            .map(|((_, s), runs)| Curve {
+                label: format!("{s} (n={})", runs.len()),
+                points: band(runs, pick, smooth),
+            })
+            .collect()
+    };
+    crate::plot::curves(
+        &stem("accuracy"),
+        &format!("{setting}: test accuracy (mean ± std{smoothed})"),
+        "test accuracy",
+        &curves(|p| p.1),
+    )?;
+    crate::plot::curves(
+        &stem("loss"),
+        &format!("{setting}: test loss (mean ± std{smoothed})"),
+        "test loss",
+        &curves(|p| p.2),
+    )?;
+    let series: Vec<Series> = strategies
+        .iter()
+        .map(|((_, s), runs)| {
+            let n = runs.iter().map(|r| r.counts.len()).max().unwrap_or(0);
+            let rounds: f64 = runs.iter().map(|r| r.summary.rounds as f64).sum();
+            Series {
+                label: s.clone(),
+                values: (0..n)
+                    .map(|k| {
+                        runs.iter()
+                            .map(|r| r.counts.get(k).copied().unwrap_or(0) as f64)
+                            .sum::<f64>()
+                            / rounds
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    crate::plot::per_client(
+        &stem("selection"),
+        &format!("{setting}: selections per round, by client"),
+        "selection frequency",
+        &series,
+    )?;
+    let first = strategies
+        .values()
+        .next()
+        .and_then(|r| r.first())
+        .expect("a group has at least one run");
+    let shown = 200;
+    let avail = availability(&first.dir.join("availability.csv"), shown)?;
+    let clients = avail
+        .iter()
+        .flatten()
+        .max()
+        .map_or(0, |m| m + 1)
+        .max(first.counts.len());
+    crate::plot::raster(
+        &stem("availability"),
+        &format!(
+            "{setting}: available clients (first {} rounds, seed {})",
+            avail.len(),
+            first.summary.seed
+        ),
+        clients,
+        &avail,
+    )?;
+    let name = |kind: &str| format!("plots/{}-{kind}.png", slug(setting));
+    Ok(format!(
+        "### {setting}\n\n![accuracy]({})\n![loss]({})\n![selection frequency]({})\n![availability]({})\n\nSVG versions sit beside each PNG.\n\n",
+        name("accuracy"),
+        name("loss"),
+        name("selection"),
+        name("availability")
+    ))
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
@@ -162,7 +337,9 @@ impl Table {
 }
 
 /// Writes `report.md` and the table CSVs for the sweep in `dir`; returns the report text.
-pub fn write(dir: &Path) -> Result<String> {
+///
+/// `smooth` applies Savitzky–Golay smoothing of that window to the curves in the figures.
+pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
     let index: Index = read_json(&dir.join("sweep.json"))?;
     // setting → strategy → runs (seeds), in first-appearance order.
     let mut groups: BTreeMap<(usize, String), ByStrategy> = BTreeMap::new();
@@ -182,6 +359,7 @@ pub fn write(dir: &Path) -> Result<String> {
         }
         let summary: Summary = read_json(&cdir.join("summary.json"))?;
         let counts = counts(&cdir.join("selections.csv"), 0)?;
+        let curve = curve(&cdir.join("metrics.csv"))?;
         let si = setting_order
             .iter()
             .position(|s| s == &cell.setting)
@@ -201,7 +379,12 @@ pub fn write(dir: &Path) -> Result<String> {
             .or_default()
             .entry((ti, cell.strategy.clone()))
             .or_default()
-            .push(Run { summary, counts });
+            .push(Run {
+                summary,
+                counts,
+                curve,
+                dir: cdir.clone(),
+            });
     }
     let baseline = index
         .baseline
@@ -390,6 +573,15 @@ pub fn write(dir: &Path) -> Result<String> {
         md.push_str(&t.markdown());
     }
     md.push_str("Extra communication per round counts broadcasts, uploads and scalar reports beyond the two messages of each training client; extra computation counts client evaluations, one-step gradients and discarded probe trainings.\n");
+    md.push_str("\n## Figures\n\n");
+    match crate::plot::ensure_font() {
+        Ok(()) => {
+            for ((_, setting), strategies) in &groups {
+                md.push_str(&figures(dir, setting, strategies, smooth)?);
+            }
+        }
+        Err(why) => md.push_str(&format!("Figures skipped: {why}.\n")),
+    }
     let path = dir.join("report.md");
     std::fs::write(&path, &md).map_err(|source| Error::Output { path, source })?;
     Ok(md)

@@ -41,7 +41,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         metrics_before,
         "the rerun cell reproduces its rows"
     );
-    let report = fedsel::report::write(&out).unwrap();
+    let report = fedsel::report::write(&out, None).unwrap();
     for needle in [
         "Rounds to target",
         "Best and final",
