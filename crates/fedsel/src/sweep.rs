@@ -18,7 +18,13 @@
 //! partition = [{ kind = "iid" }]               # partition.scheme
 //! availability = [{ kind = "always" }]         # availability
 //! set = { "train.lr" = [0.01, 0.1] }           # any key
+//! [[axes.case]]                                # settings: keys that change together
+//! label = "2spc-m5"
+//! set = { "partition.scheme" = { kind = "shards", shards_per_client = 2 }, "selection.clients_per_round" = 5 }
 //! ```
+//!
+//! Case settings form the outermost axis; reports group cells by every axis
+//! except strategy and seed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -45,6 +51,16 @@ struct AxesFile {
     availability: Vec<toml::Value>,
     #[serde(default)]
     set: toml::Table,
+    #[serde(default)]
+    case: Vec<CaseFile>,
+}
+
+/// One `[[axes.case]]`: a named bundle of keys that change together (a paper's "setting").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaseFile {
+    label: String,
+    set: toml::Table,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -64,12 +80,33 @@ struct SweepFile {
 /// One axis: a config key and the values it takes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Axis {
-    /// Dotted config key.
-    pub key: String,
     /// Short name used in labels and reports.
     pub label: String,
     /// Values, in order.
-    pub values: Vec<toml::Value>,
+    pub values: Vec<AxisValue>,
+}
+
+/// One value of an axis: the keys it sets, and how it is named.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AxisValue {
+    /// Name in cell labels and reports.
+    pub label: String,
+    /// `key=value` overrides, in TOML syntax.
+    pub overrides: Vec<String>,
+}
+
+impl AxisValue {
+    fn single(axis: &str, key: &str, v: &toml::Value) -> Self {
+        let label = if axis == "seed" {
+            format!("s{v}")
+        } else {
+            value_label(v)
+        };
+        Self {
+            label,
+            overrides: vec![format!("{key}={v}")],
+        }
+    }
 }
 
 /// A parsed sweep.
@@ -90,6 +127,8 @@ pub struct Sweep {
 pub struct Cell {
     /// Human-readable label, e.g. `uniform-s1`.
     pub label: String,
+    /// (axis, value) names that make up the label.
+    pub parts: Vec<(String, String)>,
     /// The resolved config.
     pub config: Config,
     /// Directory name: label plus a hash of the resolved config.
@@ -147,6 +186,20 @@ impl Sweep {
         merge(&mut base, file.config);
         let mut axes = Vec::new();
         let a = file.axes;
+        if !a.case.is_empty() {
+            let values = a
+                .case
+                .into_iter()
+                .map(|c| AxisValue {
+                    label: c.label,
+                    overrides: c.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                })
+                .collect();
+            axes.push(Axis {
+                label: "setting".into(),
+                values,
+            });
+        }
         for (key, label, values) in [
             ("selection.strategy", "strategy", a.strategy),
             ("seed", "seed", a.seed),
@@ -154,8 +207,11 @@ impl Sweep {
             ("availability", "availability", a.availability),
         ] {
             if !values.is_empty() {
+                let values = values
+                    .iter()
+                    .map(|v| AxisValue::single(label, key, v))
+                    .collect();
                 axes.push(Axis {
-                    key: key.into(),
                     label: label.into(),
                     values,
                 });
@@ -171,11 +227,12 @@ impl Sweep {
                     ));
                 }
             };
-            axes.push(Axis {
-                label: key.rsplit('.').next().unwrap_or(&key).to_string(),
-                key,
-                values,
-            });
+            let label = key.rsplit('.').next().unwrap_or(&key).to_string();
+            let values = values
+                .iter()
+                .map(|v| AxisValue::single(&label, &key, v))
+                .collect();
+            axes.push(Axis { label, values });
         }
         let sweep = Self {
             name: file.name,
@@ -199,25 +256,26 @@ impl Sweep {
         combos
             .into_iter()
             .map(|combo| {
-                let overrides: Vec<String> = combo
+                let chosen: Vec<(&Axis, &AxisValue)> = combo
                     .iter()
                     .zip(&self.axes)
-                    .map(|(&i, a)| format!("{}={}", a.key, a.values[i]))
+                    .map(|(&i, a)| (a, &a.values[i]))
+                    .collect();
+                let overrides: Vec<String> = chosen
+                    .iter()
+                    .flat_map(|(_, v)| v.overrides.iter().cloned())
                     .collect();
                 let mut config = Config::from_toml_str(&self.base_text, &self.name, &overrides)?;
-                let label = if self.axes.is_empty() {
+                let parts: Vec<(String, String)> = chosen
+                    .iter()
+                    .map(|(a, v)| (a.label.clone(), v.label.clone()))
+                    .collect();
+                let label = if parts.is_empty() {
                     "run".to_string()
                 } else {
-                    combo
+                    parts
                         .iter()
-                        .zip(&self.axes)
-                        .map(|(&i, a)| {
-                            if a.label == "seed" {
-                                format!("s{}", a.values[i])
-                            } else {
-                                value_label(&a.values[i])
-                            }
-                        })
+                        .map(|p| p.1.as_str())
                         .collect::<Vec<_>>()
                         .join("-")
                 };
@@ -225,6 +283,7 @@ impl Sweep {
                 let dir_name = format!("{}-{}", sanitize(&label), &config.hash()[..12]);
                 Ok(Cell {
                     label,
+                    parts,
                     config,
                     dir_name,
                 })
@@ -349,11 +408,16 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
         .iter()
         .map(|c| {
             let setting: Vec<String> = c
-                .label
-                .split('-')
-                .zip(&sweep.axes)
-                .filter(|(_, a)| a.label != "strategy" && a.label != "seed")
-                .map(|(v, a)| format!("{}={v}", a.label))
+                .parts
+                .iter()
+                .filter(|(axis, _)| axis != "strategy" && axis != "seed")
+                .map(|(axis, v)| {
+                    if axis == "setting" {
+                        v.clone()
+                    } else {
+                        format!("{axis}={v}")
+                    }
+                })
                 .collect();
             serde_json::json!({
                 "dir": c.dir_name,
@@ -418,6 +482,36 @@ mod tests {
         assert_eq!(
             Sweep::load(&path).unwrap().cells().unwrap()[3].dir_name,
             cells[3].dir_name
+        );
+    }
+
+    #[test]
+    fn cases_set_several_keys_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(
+            &path,
+            "name = \"t\"\n[axes]\nseed = [1, 2]\n[[axes.case]]\nlabel = \"a-1\"\nset = { \"partition.clients\" = 10, targets = [0.5] }\n[[axes.case]]\nlabel = \"b\"\nset = { \"partition.scheme\" = { kind = \"iid\" }, \"selection.clients_per_round\" = 3 }\n",
+        )
+        .unwrap();
+        let cells = Sweep::load(&path).unwrap().cells().unwrap();
+        assert_eq!(
+            cells.iter().map(|c| c.label.as_str()).collect::<Vec<_>>(),
+            ["a-1-s1", "a-1-s2", "b-s1", "b-s2"]
+        );
+        assert_eq!(
+            (
+                cells[0].config.partition.clients,
+                cells[0].config.targets.clone()
+            ),
+            (10, vec![0.5])
+        );
+        assert_eq!(cells[3].config.selection.clients_per_round, 3);
+        assert_eq!(cells[3].config.seed, 2);
+        // A label with a dash stays one setting.
+        assert_eq!(
+            cells[0].parts[0],
+            ("setting".to_string(), "a-1".to_string())
         );
     }
 
