@@ -15,7 +15,7 @@ use fedsel::output::RunWriter;
 
 const SCHEMA: &str = "\
 CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
-  name, seed, rounds, targets = [acc, ...], data_dir, device = \"flex\"|\"cuda\", verify_checksums
+  name, seed, rounds, targets = [acc, ...], data_dir, device = \"flex\"|\"cuda\", verify_checksums, checkpoint_every
   [dataset]       kind = synthetic (alpha, beta, users, dim, classes, test_fraction)
                        | fmnist | cifar10 | cifar100
                        | shakespeare (train_fraction, min_samples, max_clients, max_samples_per_client)
@@ -76,6 +76,9 @@ enum Command {
         /// Dataset directory.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// List the cells (and whether each is already finished) without running anything.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Write report.md and the table CSVs for a sweep directory.
     Report {
@@ -295,8 +298,19 @@ fn sweep(
     out: PathBuf,
     jobs: Option<usize>,
     data_dir: Option<PathBuf>,
+    dry_run: bool,
 ) -> Result<()> {
     let sweep = fedsel::sweep::Sweep::load(&path)?;
+    if dry_run {
+        let cells = sweep.cells()?;
+        for c in &cells {
+            let done = fedsel::sweep::is_finished(&out.join("cells").join(&c.dir_name));
+            let state = if done { "finished" } else { "to run" };
+            println!("{:<40} {state:<10} {}", c.label, c.dir_name);
+        }
+        println!("{} cells", cells.len());
+        return Ok(());
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = jobs.unwrap_or(cores).max(1);
     let threads = (cores / jobs).max(1);
@@ -513,7 +527,8 @@ fn main() -> Result<()> {
             out,
             jobs,
             data_dir,
-        }) => sweep(path, out, jobs, data_dir),
+            dry_run,
+        }) => sweep(path, out, jobs, data_dir, dry_run),
         Some(Command::Report { dir, smooth }) => {
             print!("{}", fedsel::report::write(&dir, smooth)?);
             Ok(())

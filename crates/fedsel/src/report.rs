@@ -279,6 +279,10 @@ fn rounds_to(runs: &[Run], ti: usize) -> Option<Vec<f64>> {
         .collect()
 }
 
+fn pct(t: f64) -> String {
+    format!("{:.0}%", t * 100.0)
+}
+
 fn mean_std(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;
     let m = xs.iter().sum::<f64>() / n;
@@ -346,11 +350,20 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
     let mut setting_order: Vec<String> = Vec::new();
     let mut strategy_order: Vec<String> = Vec::new();
     let mut missing = 0;
+    // Settings may have their own targets (FedCor: 69 / 62 / 64 %): then the columns are
+    // numbered and each entry names its target.
     let targets = index
         .cells
         .first()
         .map(|c| c.targets.clone())
         .unwrap_or_default();
+    let shared_targets = index.cells.iter().all(|c| c.targets == targets);
+    let n_targets = index
+        .cells
+        .iter()
+        .map(|c| c.targets.len())
+        .max()
+        .unwrap_or(0);
     for cell in &index.cells {
         let cdir = dir.join("cells").join(&cell.dir);
         if !crate::sweep::is_finished(&cdir) {
@@ -397,7 +410,10 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         header: ["setting", "strategy", "seeds"]
             .iter()
             .map(|s| s.to_string())
-            .chain(targets.iter().map(|t| format!("{:.0}%", t * 100.0)))
+            .chain((0..n_targets).map(|i| match shared_targets {
+                true => pct(targets[i]),
+                false => format!("target {}", i + 1),
+            }))
             .collect(),
         rows: Vec::new(),
     };
@@ -470,9 +486,14 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             let f =
                 |g: fn(&Summary) -> f64| runs.iter().map(|r| g(&r.summary)).collect::<Vec<f64>>();
             let mut row = vec![setting.clone(), strategy.clone(), runs.len().to_string()];
-            for ti in 0..targets.len() {
-                let r = rounds_to(runs, ti);
-                row.push(r.map_or("N/A".into(), |v| pm(&v, 1)));
+            for ti in 0..n_targets {
+                let r = rounds_to(runs, ti).map_or("N/A".into(), |v| pm(&v, 1));
+                let target = runs[0].summary.rounds_to_target.get(ti).map(|t| t.0);
+                row.push(match (shared_targets, target) {
+                    (true, _) => r,
+                    (false, Some(t)) => format!("{r} ({})", pct(t)),
+                    (false, None) => "-".into(),
+                });
             }
             rtt.rows.push(row);
             let (fa, fl) = (

@@ -4,7 +4,8 @@
 //! Every cell of the grid is one run in its own directory, named by a label
 //! and a hash of its resolved config. A cell counts as finished only once its
 //! `summary.json` says so (written last, atomically), so a sweep killed at any
-//! moment and started again reruns only the cells that did not finish.
+//! moment and started again reruns only the cells that did not finish, each
+//! from its last checkpoint when it has one.
 //!
 //! ```toml
 //! name = "quickstart"
@@ -435,17 +436,32 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
         .map_err(|source| Error::Output { path, source })
 }
 
-/// Runs one cell from scratch into `dir`, discarding any half-written earlier attempt.
+/// Runs one cell into `dir`: continues it from its checkpoint when an earlier attempt left
+/// one for this exact config, and otherwise starts over, discarding any half-written files.
 fn run_cell(cell: &Cell, dir: &Path, data_dir: &Path) -> Result<()> {
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|source| Error::Output {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    }
     let exp = Experiment::prepare(cell.config.clone(), data_dir)?;
-    let mut writer = RunWriter::create(dir, &exp.config)?;
-    match engine::run(&exp, &mut writer) {
+    let checkpoint = crate::checkpoint::load(dir)
+        .ok()
+        .filter(|cp| cp.config_hash == cell.config.hash());
+    let (writer, result) = match checkpoint {
+        Some(cp) => {
+            let mut w = RunWriter::resume(dir, cp.next_round)?;
+            let r = engine::resume(&exp, &mut w, cp);
+            (w, r)
+        }
+        None => {
+            if dir.exists() {
+                std::fs::remove_dir_all(dir).map_err(|source| Error::Output {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+            }
+            let mut w = RunWriter::create(dir, &exp.config)?;
+            let r = engine::run(&exp, &mut w);
+            (w, r)
+        }
+    };
+    match result {
         Ok(summary) => writer.finish(&summary),
         Err(e) => {
             writer.fail(&e, 0)?;

@@ -13,7 +13,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     let path = dir.path().join("s.toml");
     std::fs::write(
         &path,
-        "name = \"t\"\nbaseline = \"uniform\"\n[config]\nrounds = 15\ntargets = [0.3]\n[axes]\nstrategy = [\"uniform\", \"md\"]\nseed = [1, 2]\n",
+        "name = \"t\"\nbaseline = \"uniform\"\n[config]\nrounds = 15\ncheckpoint_every = 5\ntargets = [0.3]\n[axes]\nstrategy = [\"uniform\", \"md\"]\nseed = [1, 2]\n",
     )
     .unwrap();
     let s = Sweep::load(&path).unwrap();
@@ -34,8 +34,23 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     };
     let metrics_before = rows(&victim);
     std::fs::remove_file(victim.join("summary.json")).unwrap();
+    // The rerun continues from the checkpoint after round 10: rows before it are kept as
+    // they are, which a marker in round 0's timing column shows.
+    assert_eq!(fedsel::checkpoint::load(&victim).unwrap().next_round, 10);
+    let m = std::fs::read_to_string(victim.join("metrics.csv")).unwrap();
+    let mut lines: Vec<String> = m.lines().map(String::from).collect();
+    lines[1] = format!("{},999.000", lines[1].rsplit_once(',').unwrap().0);
+    std::fs::write(victim.join("metrics.csv"), lines.join("\n") + "\n").unwrap();
     let second = sweep::run(&s, &out, &data, 2, 1, &Silent).unwrap();
     assert_eq!((second.skipped, second.ran), (3, 1));
+    assert!(
+        std::fs::read_to_string(victim.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .nth(1)
+            .unwrap()
+            .ends_with(",999.000")
+    );
     assert_eq!(
         rows(&victim),
         metrics_before,
