@@ -44,25 +44,7 @@ struct Cli {
 enum Command {
     /// Run one experiment (the built-in default when no CONFIG is given).
     #[command(after_help = SCHEMA)]
-    Run {
-        /// TOML config file.
-        config: Option<PathBuf>,
-        /// Output directory [default: runs/<name>-s<seed>].
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Override a config key: --set train.lr=0.1 (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        set: Vec<String>,
-        /// Seed (same as --set seed=N).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Dataset directory (beats the config's data_dir and FEDSEL_DATA).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Continue the run in DIR from its last checkpoint.
-        #[arg(long, value_name = "DIR")]
-        resume: Option<PathBuf>,
-    },
+    Run(RunArgs),
     /// Run every cell of a sweep (skipping finished ones), then write its report.
     Sweep {
         /// Sweep file.
@@ -151,12 +133,24 @@ impl Observer for Progress {
 }
 
 /// What `fedsel run` was asked to do.
+#[derive(clap::Args, Default)]
 struct RunArgs {
+    /// TOML config file.
     config: Option<PathBuf>,
+    /// Output directory [default: runs/<name>-s<seed>].
+    #[arg(long)]
     out: Option<PathBuf>,
+    /// Override a config key: --set train.lr=0.1 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Seed (same as --set seed=N).
+    #[arg(long)]
     seed: Option<u64>,
+    /// Dataset directory (beats the config's data_dir and FEDSEL_DATA).
+    #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Continue the run in DIR from its last checkpoint.
+    #[arg(long, value_name = "DIR")]
     resume: Option<PathBuf>,
 }
 
@@ -499,29 +493,8 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        None => run(RunArgs {
-            config: None,
-            out: None,
-            set: Vec::new(),
-            seed: None,
-            data_dir: None,
-            resume: None,
-        }),
-        Some(Command::Run {
-            config,
-            out,
-            set,
-            seed,
-            data_dir,
-            resume,
-        }) => run(RunArgs {
-            config,
-            out,
-            set,
-            seed,
-            data_dir,
-            resume,
-        }),
+        None => run(RunArgs::default()),
+        Some(Command::Run(args)) => run(args),
         Some(Command::Sweep {
             sweep: path,
             out,

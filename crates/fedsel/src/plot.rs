@@ -130,14 +130,7 @@ fn frame<'a, DB: DrawingBackend>(
     x: (f64, f64, &str),
     y: (f64, f64, &str),
     mesh: bool,
-) -> std::result::Result<
-    ChartContext<
-        'a,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
-    String,
-> {
+) -> std::result::Result<Chart<'a, DB>, String> {
     root.fill(&WHITE).map_err(e)?;
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 22))
@@ -163,6 +156,27 @@ fn frame<'a, DB: DrawingBackend>(
     }
     m.draw().map_err(e)?;
     Ok(chart)
+}
+
+type Chart<'a, DB> = ChartContext<
+    'a,
+    DB,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// The legend box every figure uses.
+fn legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Chart<'a, DB>,
+    at: SeriesLabelPosition,
+) -> std::result::Result<(), String> {
+    chart
+        .configure_series_labels()
+        .label_font(("sans-serif", 16))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(at)
+        .draw()
+        .map_err(e)
 }
 
 struct Curves<'a> {
@@ -226,14 +240,7 @@ impl Figure for Curves<'_> {
                     PathElement::new(vec![(x, y), (x + 22, y)], colour.stroke_width(3))
                 });
         }
-        chart
-            .configure_series_labels()
-            .label_font(("sans-serif", 16))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(legend_at)
-            .draw()
-            .map_err(e)
+        legend(&mut chart, legend_at)
     }
 }
 
@@ -295,14 +302,7 @@ impl Figure for PerClient<'_> {
                 .label(s.label.clone())
                 .legend(move |(x, y)| Circle::new((x + 10, y), 4, colour.filled()));
         }
-        chart
-            .configure_series_labels()
-            .label_font(("sans-serif", 16))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(e)
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
     }
 }
 
