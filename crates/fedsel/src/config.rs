@@ -410,12 +410,18 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
-    /// `uniform` or `md`.
+    /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor` or `fedgp`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
     /// Fraction of clients per round, used when `clients_per_round` is 0.
     pub fraction: f64,
+    /// Power-of-choice settings (`powd`, `cpowd`, `rpowd`).
+    pub powd: PowdConfig,
+    /// Active FL settings (`afl`).
+    pub afl: AflConfig,
+    /// FedCor / FedGP settings (`fedcor`, `fedgp`).
+    pub fedcor: FedCorConfig,
 }
 
 impl Default for SelectionConfig {
@@ -424,6 +430,94 @@ impl Default for SelectionConfig {
             strategy: "uniform".into(),
             clients_per_round: 0,
             fraction: 0.2,
+            powd: PowdConfig::default(),
+            afl: AflConfig::default(),
+            fedcor: FedCorConfig::default(),
+        }
+    }
+}
+
+/// Power-of-choice (Cho et al.).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PowdConfig {
+    /// Candidates drawn ∝ p_k without replacement; 0 means all available clients ("ideal").
+    pub d: usize,
+}
+
+impl Default for PowdConfig {
+    fn default() -> Self {
+        Self { d: 10 }
+    }
+}
+
+/// Active Federated Learning (Goetz et al. 2019), as FedCor ran it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AflConfig {
+    /// Fraction of clients with the lowest valuations dropped.
+    pub alpha1: f64,
+    /// Softmax temperature on the valuations.
+    pub alpha2: f64,
+    /// Fraction of the m picks made uniformly instead of by softmax.
+    pub alpha3: f64,
+}
+
+impl Default for AflConfig {
+    fn default() -> Self {
+        Self {
+            alpha1: 0.75,
+            alpha2: 0.01,
+            alpha3: 0.1,
+        }
+    }
+}
+
+/// FedCor (seed 000) and its FedGP variant (seed 001).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FedCorConfig {
+    /// Embedding dimension d.
+    pub dim: usize,
+    /// Observation noise σ_n.
+    pub noise: f64,
+    /// Warm-up rounds R_w: rounds 0..=R_w select uniformly and train the GP every round.
+    pub warmup: usize,
+    /// GP-training interval Δt.
+    pub interval: usize,
+    /// Annealing coefficient β.
+    pub beta: f64,
+    /// Discount base θ; samples are weighted θ^(age in rounds), i.e. γ = θ^Δt per interval.
+    pub theta: f64,
+    /// Past samples kept during warm-up (M in Eq. 17, warm-up phase).
+    pub history_warmup: usize,
+    /// Past GP-training samples kept after warm-up (M in Eq. 17).
+    pub history: usize,
+    /// Probe selections per GP-training round (S in Eq. 17).
+    pub probes: usize,
+    /// Adam steps per GP fit after warm-up.
+    pub steps: usize,
+    /// Adam steps per GP fit during warm-up.
+    pub warmup_steps: usize,
+    /// Adam learning rate of the embeddings.
+    pub lr: f64,
+}
+
+impl Default for FedCorConfig {
+    fn default() -> Self {
+        Self {
+            dim: 15,
+            noise: 0.01,
+            warmup: 15,
+            interval: 10,
+            beta: 0.95,
+            theta: 0.9,
+            history_warmup: 10,
+            history: 1,
+            probes: 1,
+            steps: 100,
+            warmup_steps: 150,
+            lr: 0.01,
         }
     }
 }
@@ -471,7 +565,9 @@ impl Default for EvalConfig {
 }
 
 const MODELS: &[&str] = &["logreg", "mlp", "cnn_fmnist", "cnn_cifar", "char_lstm"];
-const STRATEGIES: &[&str] = &["uniform", "md"];
+const STRATEGIES: &[&str] = &[
+    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp",
+];
 
 fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
     if ok {
@@ -678,6 +774,25 @@ impl Config {
             format!("`{}` is not one of {}", sel.strategy, STRATEGIES.join(", ")),
         )?;
         check_prob(sel.fraction, "selection.fraction", true, false)?;
+        check_prob(sel.afl.alpha1, "selection.afl.alpha1", false, true)?;
+        check_pos(sel.afl.alpha2, "selection.afl.alpha2")?;
+        check_prob(sel.afl.alpha3, "selection.afl.alpha3", false, false)?;
+        let fc = &sel.fedcor;
+        check(fc.dim > 0, "selection.fedcor.dim", "must be at least 1")?;
+        check_pos(fc.noise, "selection.fedcor.noise")?;
+        check(
+            fc.interval > 0,
+            "selection.fedcor.interval",
+            "must be at least 1",
+        )?;
+        check_prob(fc.beta, "selection.fedcor.beta", true, false)?;
+        check_prob(fc.theta, "selection.fedcor.theta", true, false)?;
+        check(
+            fc.probes > 0,
+            "selection.fedcor.probes",
+            "must be at least 1",
+        )?;
+        check_pos(fc.lr, "selection.fedcor.lr")?;
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
         check(
             self.eval.batch_size > 0,

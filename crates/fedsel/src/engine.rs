@@ -83,6 +83,13 @@ pub trait Observer {
     /// Called once per round, in order.
     fn on_round(&mut self, record: &RoundRecord) -> Result<()>;
 
+    /// Diagnostic files (name, CSV text): the clients' data summary at the start (for
+    /// offline analysis only; no selector sees it) and the selector's reports at the end.
+    fn on_reports(&mut self, files: &[(String, String)]) -> Result<()> {
+        let _ = files;
+        Ok(())
+    }
+
     /// Called every `checkpoint_every` rounds, after [`Observer::on_round`].
     fn on_checkpoint(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         let _ = checkpoint;
@@ -146,6 +153,32 @@ impl Experiment {
         })
     }
 
+    /// `clients.csv`: each client's sizes, dominant label and label entropy (nats) of its
+    /// training part. Diagnostics only: selectors never see it.
+    pub fn client_summary(&self) -> String {
+        let mut out = String::from("client,n_train,n_holdout,dominant_label,label_entropy\n");
+        for (k, c) in self.clients.iter().enumerate() {
+            let h = self.data.train.histogram(Some(&c.train));
+            let n = c.train.len().max(1) as f64;
+            let dominant = h
+                .iter()
+                .enumerate()
+                .max_by_key(|(i, v)| (**v, std::cmp::Reverse(*i)))
+                .map_or(0, |x| x.0);
+            let entropy: f64 = h
+                .iter()
+                .filter(|&&v| v > 0)
+                .map(|&v| -(v as f64 / n) * (v as f64 / n).ln())
+                .sum();
+            out.push_str(&format!(
+                "{k},{},{},{dominant},{entropy:.6}\n",
+                c.train.len(),
+                c.holdout.len()
+            ));
+        }
+        out
+    }
+
     /// Training-set size of each client.
     pub fn sizes(&self) -> Vec<usize> {
         self.clients.iter().map(|c| c.train.len()).collect()
@@ -200,6 +233,9 @@ struct Query<'a> {
     exp: &'a Experiment,
     global: &'a [f32],
     ledger: &'a mut Ledger,
+    round: usize,
+    lr: f64,
+    sizes: &'a [usize],
 }
 
 impl ClientQuery for Query<'_> {
@@ -211,6 +247,85 @@ impl ClientQuery for Query<'_> {
         self.ledger.scalar_reports += n;
         self.ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
         Ok(evals.into_iter().map(|e| e.loss).collect())
+    }
+
+    fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
+        let exp = self.exp;
+        let (seed, bs, t) = (
+            exp.config.seed,
+            exp.config.train.batch_size,
+            self.round as u64,
+        );
+        let evals: Vec<Evaluation> = clients
+            .par_iter()
+            .map(|&k| {
+                let train = &exp.clients[k].train;
+                let mut rng = stream(seed, Purpose::Probe, t, k as u64);
+                let idx = rand::seq::index::sample(&mut rng, train.len(), bs.min(train.len()))
+                    .into_iter()
+                    .map(|i| train[i])
+                    .collect::<Vec<_>>();
+                let p = exp.layout.to_tensors(self.global, &exp.device);
+                train::evaluate(
+                    exp.arch.as_ref(),
+                    &p,
+                    &exp.data.train,
+                    &idx,
+                    bs,
+                    &exp.device,
+                )
+            })
+            .collect();
+        let n = clients.len() as u64;
+        self.ledger.broadcasts += n;
+        self.ledger.evaluations += n;
+        self.ledger.scalar_reports += n;
+        self.ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
+        Ok(evals.into_iter().map(|e| e.loss).collect())
+    }
+
+    fn probe(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
+        let exp = self.exp;
+        let n_clients = exp.clients.len();
+        let trainer = exp.trainer();
+        let (seed, t) = (exp.config.seed, self.round as u64);
+        // Probe trainings draw from their own streams and start without persistent
+        // optimizer state, so they leave the real round untouched.
+        let updates: Vec<train::LocalUpdate> = clients
+            .par_iter()
+            .map(|&k| {
+                trainer.train(
+                    self.global,
+                    &exp.clients[k].train,
+                    self.lr,
+                    &mut stream(seed, Purpose::Probe, t, (n_clients + k) as u64),
+                    None,
+                )
+            })
+            .collect();
+        let locals: Vec<&[f32]> = updates.iter().map(|u| u.params.as_slice()).collect();
+        let rule = match exp.config.server.aggregation {
+            AggregationRule::Selector => AggregationRule::Mean,
+            r => r,
+        };
+        let w = aggregate::weights(rule, clients, self.sizes, None);
+        let delta = aggregate::delta(self.global, &locals, &w);
+        let probe: Vec<f32> = self.global.iter().zip(&delta).map(|(g, d)| g + d).collect();
+        let m = clients.len() as u64;
+        self.ledger.broadcasts += m;
+        self.ledger.uploads += m;
+        self.ledger.probe_trainings += m;
+        self.ledger.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
+        let all: Vec<usize> = (0..n_clients).collect();
+        Query {
+            exp,
+            global: &probe,
+            ledger: self.ledger,
+            round: self.round,
+            lr: self.lr,
+            sizes: self.sizes,
+        }
+        .holdout_losses(&all)
     }
 }
 
@@ -331,6 +446,9 @@ pub fn run_with(
             },
         ),
     };
+    if start == 0 {
+        observer.on_reports(&[("clients.csv".into(), exp.client_summary())])?;
+    }
     // Time already spent before a resume counts towards elapsed_s.
     let started = Instant::now() - std::time::Duration::from_secs_f64(summary.wall_s);
 
@@ -368,6 +486,9 @@ pub fn run_with(
             exp,
             global: &global,
             ledger: &mut cost,
+            round: t,
+            lr,
+            sizes: &sizes,
         };
         let selection = selector.select(
             &ctx,
@@ -539,5 +660,6 @@ pub fn run_with(
             })?;
         }
     }
+    observer.on_reports(&selector.reports())?;
     Ok(summary)
 }

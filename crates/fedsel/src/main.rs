@@ -130,6 +130,10 @@ impl Observer for Progress {
     fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
         self.writer.on_checkpoint(cp)
     }
+
+    fn on_reports(&mut self, files: &[(String, String)]) -> fedsel::error::Result<()> {
+        self.writer.on_reports(files)
+    }
 }
 
 /// What `fedsel run` was asked to do.

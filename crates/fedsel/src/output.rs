@@ -140,6 +140,14 @@ fn opt(x: Option<f64>) -> String {
 }
 
 impl Observer for RunWriter {
+    fn on_reports(&mut self, files: &[(String, String)]) -> Result<()> {
+        for (name, text) in files {
+            let path = self.dir.join(name);
+            std::fs::write(&path, text).map_err(io(&path))?;
+        }
+        Ok(())
+    }
+
     fn on_checkpoint(&mut self, checkpoint: &crate::checkpoint::Checkpoint) -> Result<()> {
         crate::checkpoint::save(&self.dir, checkpoint)
     }

@@ -32,6 +32,8 @@ pub enum Purpose {
     Training = 7,
     /// Anything else a strategy draws once per run (e.g. embeddings, per-client rates).
     Strategy = 8,
+    /// Extra client work a strategy asks for: probe trainings, mini-batch loss reports.
+    Probe = 9,
 }
 
 /// Mixes a 64-bit value (SplitMix64 finaliser); used to spread the key over the seed bytes.

@@ -63,10 +63,16 @@ fn default_experiment_converges_on_synthetic() {
 
 #[test]
 fn results_are_identical_across_thread_counts() {
-    for strategy in ["uniform", "md"] {
+    for strategy in [
+        "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp",
+    ] {
         let exp = synthetic(&[
             "rounds=30",
             &format!("selection.strategy=\"{strategy}\""),
+            "selection.fedcor.warmup=5",
+            "selection.fedcor.interval=5",
+            "selection.fedcor.steps=20",
+            "selection.fedcor.warmup_steps=20",
             "train.momentum=0.9",
             "model.kind=\"mlp\"",
             "model.dropout=0.3",

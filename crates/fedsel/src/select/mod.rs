@@ -8,7 +8,10 @@
 //! [`ClientQuery`] while it selects. The engine performs every such request
 //! and books its cost in the run's [`Ledger`](crate::ledger::Ledger).
 
+pub mod afl;
+pub mod fedcor;
 pub mod md;
+pub mod powd;
 pub mod uniform;
 
 use crate::config::SelectionConfig;
@@ -77,6 +80,51 @@ pub trait ClientQuery {
     ///
     /// Each client costs one broadcast, one evaluation and one scalar report.
     fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error>;
+
+    /// Loss of the current global model on one random mini-batch (the training batch size)
+    /// of each client's training data (cpow-d). Each client costs one broadcast, one
+    /// evaluation and one scalar report.
+    fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error>;
+
+    /// A probe round (FedCor Alg. 2 lines 4–8): the given clients train from the current
+    /// global model, their models are aggregated by the run's rule, and the probe model's
+    /// held-out loss on **every** client comes back; the probe model is then discarded.
+    /// Books the trainings as `probe_trainings` and the all-client evaluation.
+    fn probe(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error>;
+}
+
+/// Draws `k` distinct items with probability ∝ `weights`, one at a time, renormalising
+/// after each draw (numpy's `choice(replace=False, p=...)`). Zero-weight items are only
+/// drawn once every positive one is taken.
+pub fn weighted_without_replacement(
+    items: &[usize],
+    weights: &[f64],
+    k: usize,
+    rng: &mut Rng,
+) -> Vec<usize> {
+    use rand::Rng as _;
+    let mut left: Vec<(usize, f64)> = items.iter().copied().zip(weights.iter().copied()).collect();
+    let mut out = Vec::with_capacity(k.min(items.len()));
+    while out.len() < k && !left.is_empty() {
+        let total: f64 = left.iter().map(|x| x.1).sum();
+        let i = if total > 0.0 {
+            let mut u = rng.random::<f64>() * total;
+            left.iter()
+                .position(|x| {
+                    u -= x.1;
+                    u < 0.0 && x.1 > 0.0
+                })
+                .unwrap_or_else(|| {
+                    left.iter()
+                        .rposition(|x| x.1 > 0.0)
+                        .expect("a positive weight")
+                })
+        } else {
+            rng.random_range(0..left.len())
+        };
+        out.push(left.remove(i).0);
+    }
+    out
 }
 
 /// A selector's choice for one round.
@@ -135,6 +183,11 @@ pub trait Selector: Send {
         serde_json::Value::Null
     }
 
+    /// Diagnostic files to write beside the run's outputs, as (file name, CSV text).
+    fn reports(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Restores what [`Selector::save`] returned, after [`Selector::setup`].
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
         let _ = state;
@@ -147,9 +200,177 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
     match cfg.strategy.as_str() {
         "uniform" => Ok(Box::new(uniform::Uniform)),
         "md" => Ok(Box::new(md::MdSampling::default())),
+        "powd" => Ok(Box::new(powd::PowerOfChoice::new(
+            cfg.powd.d,
+            powd::LossSource::Holdout,
+        ))),
+        "cpowd" => Ok(Box::new(powd::PowerOfChoice::new(
+            cfg.powd.d,
+            powd::LossSource::MiniBatch,
+        ))),
+        "rpowd" => Ok(Box::new(powd::PowerOfChoice::new(
+            cfg.powd.d,
+            powd::LossSource::Stale,
+        ))),
+        "afl" => Ok(Box::new(afl::ActiveFl::new(cfg.afl.clone()))),
+        "fedcor" => Ok(Box::new(fedcor::FedCor::new(
+            cfg.fedcor.clone(),
+            fedcor::Variant::FedCor,
+        ))),
+        "fedgp" => Ok(Box::new(fedcor::FedCor::new(
+            cfg.fedcor.clone(),
+            fedcor::Variant::FedGp,
+        ))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),
         )),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A query whose held-out (and mini-batch) loss of client k is `losses[k]`.
+    pub struct FixedLosses(pub Vec<f64>);
+
+    impl ClientQuery for FixedLosses {
+        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(clients.iter().map(|&k| self.0[k]).collect())
+        }
+        fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            self.holdout_losses(clients)
+        }
+        fn probe(&mut self, _: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(self.0.clone())
+        }
+    }
+
+    pub fn setup(weights: &[f64]) -> Setup {
+        Setup {
+            sizes: weights.iter().map(|w| (w * 1000.0) as usize).collect(),
+            weights: weights.to_vec(),
+            per_round: 1,
+            rounds: 1,
+            num_params: 1,
+            oracle_label_histograms: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{FixedLosses, setup};
+    use super::*;
+    use crate::rng::{Purpose, stream};
+
+    /// Inclusion probabilities of 2 draws without replacement from weights (0.5, 0.3, 0.2),
+    /// by hand: P(0 not drawn) = 0.3·0.2/0.7 + 0.2·0.3/0.8, and so on.
+    const INCLUSION: [f64; 3] = [
+        1.0 - (0.3 * 0.2 / 0.7 + 0.2 * 0.3 / 0.8),
+        1.0 - (0.5 * 0.2 / 0.5 + 0.2 * 0.5 / 0.8),
+        1.0 - (0.5 * 0.3 / 0.5 + 0.3 * 0.5 / 0.7),
+    ];
+    const TRIALS: usize = 20_000;
+
+    /// Empirical frequencies must lie within 5 standard errors of `p`.
+    fn assert_close(counts: &[usize], p: &[f64]) {
+        for (c, p) in counts.iter().zip(p) {
+            let f = *c as f64 / TRIALS as f64;
+            let se = (p * (1.0 - p) / TRIALS as f64).sqrt();
+            assert!((f - p).abs() < 5.0 * se, "frequency {f} vs probability {p}");
+        }
+    }
+
+    #[test]
+    fn weighted_draws_without_replacement_match_their_probabilities() {
+        let mut rng = stream(1, Purpose::Selection, 0, 0);
+        let mut counts = [0; 3];
+        for _ in 0..TRIALS {
+            for k in weighted_without_replacement(&[0, 1, 2], &[0.5, 0.3, 0.2], 2, &mut rng) {
+                counts[k] += 1;
+            }
+        }
+        assert_close(&counts, &INCLUSION);
+    }
+
+    #[test]
+    fn pow_d_candidates_follow_p_and_the_top_losses_win() {
+        // rpow-d before anyone trained: every loss is +∞, so the m = 2 picks are the
+        // two candidates, drawn ∝ p without replacement (d = m = 2).
+        let ctx = RoundContext {
+            round: 0,
+            available: &[0, 1, 2],
+            budget: 2,
+            gradients: None,
+        };
+        let mut counts = [0; 3];
+        let mut rng = stream(2, Purpose::Selection, 0, 0);
+        for _ in 0..TRIALS {
+            let mut s = powd::PowerOfChoice::new(2, powd::LossSource::Stale);
+            s.setup(&setup(&[0.5, 0.3, 0.2]));
+            for k in s
+                .select(&ctx, &mut FixedLosses(vec![0.0; 3]), &mut rng)
+                .unwrap()
+                .clients
+            {
+                counts[k] += 1;
+            }
+        }
+        assert_close(&counts, &INCLUSION);
+        // pow-d with d = all keeps the m highest held-out losses.
+        let mut s = powd::PowerOfChoice::new(0, powd::LossSource::Holdout);
+        s.setup(&setup(&[0.25; 4]));
+        let ctx = RoundContext {
+            round: 0,
+            available: &[0, 1, 2, 3],
+            budget: 2,
+            gradients: None,
+        };
+        let mut picked = s
+            .select(&ctx, &mut FixedLosses(vec![0.3, 0.9, 0.1, 0.5]), &mut rng)
+            .unwrap()
+            .clients;
+        picked.sort();
+        assert_eq!(picked, vec![1, 3]);
+    }
+
+    #[test]
+    fn afl_drops_the_lowest_values_and_samples_the_softmax() {
+        // Valuations loss·√n with n = 1: (1, 2, 3, 4). α1 = 0.5 drops clients 0 and 1;
+        // α2 = 1 gives softmax(3, 4) = (0.2689, 0.7311) over clients 2 and 3.
+        let cfg = crate::config::AflConfig {
+            alpha1: 0.5,
+            alpha2: 1.0,
+            alpha3: 0.0,
+        };
+        let sizes = Setup {
+            sizes: vec![1; 4],
+            ..setup(&[0.25; 4])
+        };
+        let ctx = RoundContext {
+            round: 0,
+            available: &[0, 1, 2, 3],
+            budget: 1,
+            gradients: None,
+        };
+        let e = (1f64).exp();
+        let expected = [0.0, 0.0, 1.0 / (1.0 + e), e / (1.0 + e)];
+        let mut counts = [0; 4];
+        let mut rng = stream(3, Purpose::Selection, 0, 0);
+        for _ in 0..TRIALS {
+            let mut s = afl::ActiveFl::new(cfg.clone());
+            s.setup(&sizes);
+            for k in s
+                .select(&ctx, &mut FixedLosses(vec![1.0, 2.0, 3.0, 4.0]), &mut rng)
+                .unwrap()
+                .clients
+            {
+                counts[k] += 1;
+            }
+        }
+        assert_eq!(&counts[..2], &[0, 0]);
+        assert_close(&counts[2..], &expected[2..]);
     }
 }
