@@ -352,3 +352,36 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
         .to_string();
     assert!(err.contains("checkpoint"), "{err}");
 }
+
+#[test]
+fn selectors_with_state_resume_exactly() {
+    for strategy in ["fedcor", "fedgp", "afl", "rpowd"] {
+        let exp = synthetic(&[
+            "rounds=24",
+            "checkpoint_every=5",
+            &format!("selection.strategy=\"{strategy}\""),
+            "selection.fedcor.warmup=4",
+            "selection.fedcor.interval=3",
+            "selection.fedcor.steps=20",
+            "selection.fedcor.warmup_steps=20",
+        ]);
+        let whole = tempfile::tempdir().unwrap();
+        let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
+        engine::run(&exp, &mut w).unwrap();
+        let broken = tempfile::tempdir().unwrap();
+        let mut crash = CrashAfter {
+            writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
+            round: 13,
+        };
+        assert!(engine::run(&exp, &mut crash).is_err());
+        let cp = fedsel::checkpoint::load(broken.path()).unwrap();
+        assert_eq!(cp.next_round, 10);
+        let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
+        engine::resume(&exp, &mut w, cp).unwrap();
+        assert_eq!(
+            metrics_without_time(whole.path()),
+            metrics_without_time(broken.path()),
+            "{strategy}"
+        );
+    }
+}
