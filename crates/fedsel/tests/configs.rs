@@ -46,7 +46,7 @@ fn fedcor_table1_cases_carry_their_own_m_and_target() {
     let root =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/table1_fmnist.toml");
     let cells = Sweep::load(&root).unwrap().cells().unwrap();
-    assert_eq!(cells.len(), 15);
+    assert_eq!(cells.len(), 60);
     let one = cells.iter().find(|c| c.label == "1SPC-uniform-s3").unwrap();
     assert_eq!(
         (
