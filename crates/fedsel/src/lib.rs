@@ -10,6 +10,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod diagnostics;
 pub mod engine;
 pub mod error;
 pub mod ledger;

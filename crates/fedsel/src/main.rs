@@ -263,6 +263,21 @@ fn run(args: RunArgs) -> Result<()> {
             r.map_or("not reached".into(), |r| r.to_string())
         );
     }
+    for (stem, s) in fedsel::diagnostics::embeddings(&out)? {
+        println!(
+            "  {stem}: silhouette of dominant-label groups on normalised embeddings {s:.3} ({stem}_pca.png)"
+        );
+    }
+    if let Ok(t) = std::fs::read_to_string(out.join("selector_time.csv"))
+        && let Some((fit, sel)) = t.lines().nth(1).and_then(|l| l.split_once(','))
+    {
+        let ms = |v: &str| v.parse::<f64>().unwrap_or(f64::NAN);
+        let overhead = (ms(fit) + ms(sel)) / 1e3;
+        println!(
+            "  selector overhead: GP fits {fit} ms + selection {sel} ms = {:.1}% of the run",
+            100.0 * overhead / summary.wall_s
+        );
+    }
     println!(
         "  cost: {} broadcasts, {} uploads, {} trainings, {} evaluations; outputs in {}",
         summary.cost.broadcasts,

@@ -12,8 +12,8 @@ use plotters::prelude::*;
 
 use crate::error::{Error, Result};
 
-/// Colours that stay apart for up to eight series (Tableau 10).
-const COLOURS: [RGBColor; 8] = [
+/// Colours that stay apart for up to ten series (Tableau 10).
+const COLOURS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -22,6 +22,8 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
 ];
 
 const FONT_PATHS: [&str; 7] = [
@@ -359,6 +361,76 @@ pub fn raster(stem: &Path, title: &str, clients: usize, rounds: &[Vec<usize>]) -
             title,
             clients,
             rounds,
+        },
+    )
+}
+
+struct Scatter<'a> {
+    title: &'a str,
+    points: &'a [(f64, f64)],
+    labels: &'a [usize],
+}
+
+impl Figure for Scatter<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String> {
+        let span = |v: Vec<f64>| {
+            let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let pad = ((hi - lo) * 0.08).max(1e-6);
+            (lo - pad, hi + pad)
+        };
+        let (x0, x1) = span(self.points.iter().map(|p| p.0).collect());
+        let (y0, y1) = span(self.points.iter().map(|p| p.1).collect());
+        root.fill(&WHITE).map_err(e)?;
+        let mut chart = ChartBuilder::on(root)
+            .caption(self.title, ("sans-serif", 22))
+            .margin(14)
+            .margin_right(34)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, y0..y1)
+            .map_err(e)?;
+        chart
+            .configure_mesh()
+            .x_desc("component 1")
+            .y_desc("component 2")
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 17))
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(e)?;
+        let mut labels: Vec<usize> = self.labels.to_vec();
+        labels.sort_unstable();
+        labels.dedup();
+        for l in labels {
+            let colour = COLOURS[l % COLOURS.len()];
+            chart
+                .draw_series(
+                    self.points
+                        .iter()
+                        .zip(self.labels)
+                        .filter(|(_, k)| **k == l)
+                        .map(|(p, _)| Circle::new(*p, 5, colour.filled())),
+                )
+                .map_err(e)?
+                .label(format!("label {l}"))
+                .legend(move |(x, y)| Circle::new((x + 10, y), 5, colour.filled()));
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
+    }
+}
+
+/// A 2-D scatter coloured by an integer label (FedCor Fig. 7).
+pub fn scatter(stem: &Path, title: &str, points: &[(f64, f64)], labels: &[usize]) -> Result<()> {
+    both(
+        stem,
+        &Scatter {
+            title,
+            points,
+            labels,
         },
     )
 }

@@ -88,6 +88,8 @@ pub struct FedCor {
     fits: Vec<FitRecord>,
     prev_sigma: Option<DMatrix<f64>>,
     select_ms: f64,
+    /// X as it stood at the end of warm-up (FedCor Fig. 7 shows these).
+    x_warmup: Option<DMatrix<f64>>,
 }
 
 fn err(round: usize, reason: String) -> Error {
@@ -192,6 +194,7 @@ impl FedCor {
             fits: Vec::new(),
             prev_sigma: None,
             select_ms: 0.0,
+            x_warmup: None,
         }
     }
 
@@ -331,6 +334,9 @@ impl Selector for FedCor {
                     self.cfg.steps
                 };
                 self.fit(t, steps)?;
+                if t == self.cfg.warmup + 1 {
+                    self.x_warmup = Some(self.x.clone());
+                }
             }
             self.last_losses = Some((t, losses));
         }
@@ -390,6 +396,7 @@ impl Selector for FedCor {
             "fits": self.fits,
             "prev_sigma": self.prev_sigma.as_ref().map(|s| s.as_slice().to_vec()),
             "select_ms": self.select_ms,
+            "x_warmup": self.x_warmup.as_ref().map(|x| x.as_slice().to_vec()),
         })
     }
 
@@ -411,22 +418,27 @@ impl Selector for FedCor {
             serde_json::from_value(s["prev_sigma"].clone()).map_err(bad)?;
         self.prev_sigma = prev.map(|p| DMatrix::from_column_slice(n, n, &p));
         self.select_ms = serde_json::from_value(s["select_ms"].clone()).map_err(bad)?;
+        let xw: Option<Vec<f64>> = serde_json::from_value(s["x_warmup"].clone()).map_err(bad)?;
+        self.x_warmup = xw.map(|x| DMatrix::from_column_slice(d, n, &x));
         Ok(())
     }
 
     fn reports(&self) -> Vec<(String, String)> {
-        let mut emb = String::from("client");
-        for j in 0..self.x.nrows() {
-            emb.push_str(&format!(",x{j}"));
-        }
-        emb.push('\n');
-        for k in 0..self.x.ncols() {
-            emb.push_str(&k.to_string());
-            for j in 0..self.x.nrows() {
-                emb.push_str(&format!(",{:.6}", self.x[(j, k)]));
+        let table = |x: &DMatrix<f64>| {
+            let mut out = String::from("client");
+            for j in 0..x.nrows() {
+                out.push_str(&format!(",x{j}"));
             }
-            emb.push('\n');
-        }
+            out.push('\n');
+            for k in 0..x.ncols() {
+                out.push_str(&k.to_string());
+                for j in 0..x.nrows() {
+                    out.push_str(&format!(",{:.6}", x[(j, k)]));
+                }
+                out.push('\n');
+            }
+            out
+        };
         let mut fits =
             String::from("round,samples,steps,nll_before,nll_after,sigma_cosine_prev,fit_ms\n");
         for f in &self.fits {
@@ -447,11 +459,15 @@ impl Selector for FedCor {
             "gp_fit_ms,selection_ms\n{fit_ms:.3},{:.3}\n",
             self.select_ms
         );
-        vec![
-            ("embeddings.csv".into(), emb),
+        let mut files = vec![
+            ("embeddings.csv".into(), table(&self.x)),
             ("gp_fits.csv".into(), fits),
             ("selector_time.csv".into(), timing),
-        ]
+        ];
+        if let Some(x) = &self.x_warmup {
+            files.push(("embeddings_warmup.csv".into(), table(x)));
+        }
+        files
     }
 }
 

@@ -1,0 +1,180 @@
+//! Offline diagnostics of a finished run: FedCor's learned client embeddings.
+//!
+//! The embeddings (`embeddings.csv`, written by the selector) are normalised to unit
+//! length, as in FedCor Fig. 7, projected to 2-D with PCA (no maintained t-SNE crate fits
+//! here; PCA is deterministic and needs no tuning) and coloured by each client's dominant
+//! label from `clients.csv`. The silhouette score of the label groups on the normalised
+//! embeddings says how well the embeddings cluster by label (1 = tight, separate
+//! clusters; 0 = none).
+
+use std::path::Path;
+
+use nalgebra::DMatrix;
+
+use crate::error::{Error, Result};
+
+/// Mean silhouette of `labels` groups over `points` (Euclidean). Points in a group of one
+/// score 0, as in scikit-learn.
+pub fn silhouette(points: &[Vec<f64>], labels: &[usize]) -> f64 {
+    let n = points.len();
+    let dist = |a: &[f64], b: &[f64]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let mut groups: Vec<usize> = labels.to_vec();
+    groups.sort_unstable();
+    groups.dedup();
+    if groups.len() < 2 {
+        return 0.0;
+    }
+    let total: f64 = (0..n)
+        .map(|i| {
+            let mean_to = |g: usize| {
+                let (sum, count) = (0..n)
+                    .filter(|&j| j != i && labels[j] == g)
+                    .fold((0.0, 0usize), |(s, c), j| {
+                        (s + dist(&points[i], &points[j]), c + 1)
+                    });
+                (count > 0).then(|| sum / count as f64)
+            };
+            let Some(a) = mean_to(labels[i]) else {
+                return 0.0;
+            };
+            let b = groups
+                .iter()
+                .filter(|&&g| g != labels[i])
+                .filter_map(|&g| mean_to(g))
+                .fold(f64::INFINITY, f64::min);
+            (b - a) / a.max(b)
+        })
+        .sum();
+    total / n as f64
+}
+
+/// The first two principal components of `points`.
+pub fn pca_2d(points: &[Vec<f64>]) -> Vec<(f64, f64)> {
+    let (n, d) = (points.len(), points.first().map_or(0, Vec::len));
+    let mut m = DMatrix::from_fn(n, d, |i, j| points[i][j]);
+    for j in 0..d {
+        let mean = m.column(j).mean();
+        m.column_mut(j).add_scalar_mut(-mean);
+    }
+    let svd = m.clone().svd(false, true);
+    let vt = svd.v_t.expect("v_t was requested");
+    // Order components by singular value.
+    let mut order: Vec<usize> = (0..svd.singular_values.len()).collect();
+    order.sort_by(|&a, &b| svd.singular_values[b].total_cmp(&svd.singular_values[a]));
+    let comp = |c: usize| vt.row(order[c]).transpose();
+    let (c1, c2) = (
+        comp(0),
+        if order.len() > 1 {
+            comp(1)
+        } else {
+            comp(0) * 0.0
+        },
+    );
+    (0..n)
+        .map(|i| (m.row(i).dot(&c1.transpose()), m.row(i).dot(&c2.transpose())))
+        .collect()
+}
+
+fn read_rows(path: &Path) -> Result<Vec<Vec<String>>> {
+    let bad = |e: &dyn std::fmt::Display| Error::Output {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+    };
+    let mut r = csv::Reader::from_path(path).map_err(|e| bad(&e))?;
+    r.records()
+        .map(|row| {
+            row.map(|x| x.iter().map(String::from).collect())
+                .map_err(|e| bad(&e))
+        })
+        .collect()
+}
+
+/// Silhouette and projection figure for each embeddings file a run wrote
+/// (`embeddings_warmup.csv`, `embeddings.csv`): (file stem, silhouette).
+pub fn embeddings(run_dir: &Path) -> Result<Vec<(String, f64)>> {
+    let mut out = Vec::new();
+    for stem in ["embeddings_warmup", "embeddings"] {
+        if let Some(s) = embedding_file(run_dir, stem)? {
+            out.push((stem.to_string(), s));
+        }
+    }
+    Ok(out)
+}
+
+fn embedding_file(run_dir: &Path, stem: &str) -> Result<Option<f64>> {
+    let emb = run_dir.join(format!("{stem}.csv"));
+    if !emb.is_file() {
+        return Ok(None);
+    }
+    let parse = |v: &str, p: &Path| {
+        v.parse::<f64>().map_err(|e| Error::Output {
+            path: p.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+        })
+    };
+    let points: Vec<Vec<f64>> = read_rows(&emb)?
+        .iter()
+        .map(|r| {
+            let x: Vec<f64> = r[1..]
+                .iter()
+                .map(|v| parse(v, &emb))
+                .collect::<Result<_>>()?;
+            let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-12);
+            Ok(x.into_iter().map(|v| v / norm).collect())
+        })
+        .collect::<Result<_>>()?;
+    let clients = run_dir.join("clients.csv");
+    let labels: Vec<usize> = read_rows(&clients)?
+        .iter()
+        .map(|r| parse(&r[3], &clients).map(|v| v as usize))
+        .collect::<Result<_>>()?;
+    let s = silhouette(&points, &labels);
+    if crate::plot::ensure_font().is_ok() {
+        let proj = pca_2d(&points);
+        crate::plot::scatter(
+            &run_dir.join(format!("{stem}_pca")),
+            &format!("{stem} (normalised, PCA), silhouette {s:.3}"),
+            &proj,
+            &labels,
+        )?;
+    }
+    Ok(Some(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silhouette_matches_hand_computation() {
+        // Two tight pairs far apart: a = 1, b ≈ 10 for every point → s = 1 − 1/b-ish.
+        let pts = vec![vec![0.0], vec![1.0], vec![10.0], vec![11.0]];
+        let s = silhouette(&pts, &[0, 0, 1, 1]);
+        // Point 0: a = 1, b = (10 + 11)/2 = 10.5 → 1 − 1/10.5; point 1: a = 1, b = 9.5.
+        let expected =
+            ((1.0 - 1.0 / 10.5) + (1.0 - 1.0 / 9.5) + (1.0 - 1.0 / 9.5) + (1.0 - 1.0 / 10.5)) / 4.0;
+        assert!((s - expected).abs() < 1e-12, "{s} vs {expected}");
+        // Mixed labels score negative.
+        assert!(silhouette(&pts, &[0, 1, 0, 1]) < 0.0);
+    }
+
+    #[test]
+    fn pca_finds_the_main_direction() {
+        let pts: Vec<Vec<f64>> = (0..10)
+            .map(|i| vec![i as f64, 2.0 * i as f64, 0.01 * (i % 2) as f64])
+            .collect();
+        let p = pca_2d(&pts);
+        // All variance lies along (1, 2, 0): the first component is monotone in i.
+        let first: Vec<f64> = p.iter().map(|x| x.0).collect();
+        let increasing = first.windows(2).all(|w| w[1] > w[0]);
+        let decreasing = first.windows(2).all(|w| w[1] < w[0]);
+        assert!(increasing || decreasing, "{first:?}");
+        assert!(p.iter().all(|x| x.1.abs() < 0.1));
+    }
+}
