@@ -30,10 +30,11 @@ pub fn weights(
     }
 }
 
-/// Δ = Σ_k w_k (x_k − global), summed in the given order.
+/// Δ = Σ_k w_k (x_k − global), summed in the given order. Entries of weight 0 are
+/// skipped, so a dropped non-finite model cannot poison the sum.
 pub fn delta(global: &[f32], locals: &[&[f32]], w: &[f64]) -> Vec<f32> {
     let mut acc = vec![0f64; global.len()];
-    for (x, &wk) in locals.iter().zip(w) {
+    for (x, &wk) in locals.iter().zip(w).filter(|(_, w)| **w != 0.0) {
         for ((a, &xi), &gi) in acc.iter_mut().zip(x.iter()).zip(global) {
             *a += wk * (xi as f64 - gi as f64);
         }

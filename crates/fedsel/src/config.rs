@@ -49,6 +49,8 @@ pub struct Config {
     pub selection: SelectionConfig,
     /// Client availability.
     pub availability: AvailabilityConfig,
+    /// Communication budget K_t.
+    pub budget: BudgetConfig,
     /// Evaluation of the global model.
     pub eval: EvalConfig,
 }
@@ -72,6 +74,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             selection: SelectionConfig::default(),
             availability: AvailabilityConfig::default(),
+            budget: BudgetConfig::default(),
             eval: EvalConfig::default(),
         }
     }
@@ -125,6 +128,24 @@ pub enum DatasetConfig {
     },
 }
 
+fn seven_tenths() -> f64 {
+    0.7
+}
+fn nine_tenths() -> f64 {
+    0.9
+}
+fn fifth() -> f64 {
+    0.2
+}
+fn quarter() -> f64 {
+    0.25
+}
+fn twenty_four() -> usize {
+    24
+}
+fn one() -> usize {
+    1
+}
 fn half() -> f64 {
     0.5
 }
@@ -533,13 +554,135 @@ impl SelectionConfig {
     }
 }
 
-/// Availability model.
+/// Availability model: which clients can be reached in a round.
+///
+/// The FedGS modes follow FedGS Table 1 with β as their `beta`; the F3AST
+/// models follow F3AST §4.1 and App. D.4. Log-normal parameters are the σ of
+/// the underlying normal (numpy's `lognormal(0, σ)`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AvailabilityConfig {
-    /// Every client, every round.
+    /// Every client, every round (FedGS IDL, F3AST Always).
     #[default]
+    #[serde(alias = "idl")]
     Always,
+    /// FedGS MoreDataFirst: n_k^β / max n^β.
+    Mdf {
+        /// β.
+        #[serde(default = "seven_tenths")]
+        beta: f64,
+    },
+    /// FedGS LessDataFirst: n_k^−β / max n^−β.
+    Ldf {
+        /// β.
+        #[serde(default = "seven_tenths")]
+        beta: f64,
+    },
+    /// FedGS YMaxFirst: β · min label of k / max label + (1 − β).
+    Ymf {
+        /// β.
+        #[serde(default = "nine_tenths")]
+        beta: f64,
+    },
+    /// FedGS YCycle: β · 1[(1 + t mod T_p)/T_p falls in a label's bin] + (1 − β).
+    Yc {
+        /// β.
+        #[serde(default = "nine_tenths")]
+        beta: f64,
+        /// Period T_p in rounds.
+        #[serde(default = "twenty_four")]
+        period: usize,
+    },
+    /// FedGS LogNormal: c_k / max c, c_k ~ LogNormal(0, ln 1/(1−β)) drawn once.
+    Ln {
+        /// β.
+        #[serde(default = "half")]
+        beta: f64,
+    },
+    /// FedGS SinLogNormal: the LN rate times 0.4 sin(2π(1 + t mod T_p)/T_p) + 0.5.
+    Sln {
+        /// β.
+        #[serde(default = "half")]
+        beta: f64,
+        /// Period T_p in rounds.
+        #[serde(default = "twenty_four")]
+        period: usize,
+    },
+    /// F3AST Scarce: every client with probability q.
+    Scarce {
+        /// q.
+        #[serde(default = "fifth")]
+        q: f64,
+    },
+    /// F3AST HomeDevice: q_k = T_k / max T, T_k ~ LogNormal(0, σ) drawn once.
+    HomeDevice {
+        /// σ.
+        #[serde(default = "half")]
+        sigma: f64,
+    },
+    /// F3AST Uneven: q_k ∝ 1/p_k, scaled so that the largest is 1.
+    Uneven,
+    /// F3AST SmartPhones: f_t · q_k with q_k as HomeDevice and
+    /// f_t = 0.4 sin(2π (t mod T)/T) + 0.5.
+    Smartphones {
+        /// σ of the log-normal q_k.
+        #[serde(default = "quarter")]
+        sigma: f64,
+        /// Period T in rounds.
+        #[serde(default = "twenty_four")]
+        period: usize,
+    },
+    /// A recorded trace: a CSV with header `round,client`, one row per active pair;
+    /// rounds past its end repeat it cyclically. A relative path is taken from the
+    /// working directory.
+    Trace {
+        /// The CSV file.
+        trace: PathBuf,
+    },
+}
+
+impl AvailabilityConfig {
+    /// Short name, for labels.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Always => "always",
+            Self::Mdf { .. } => "mdf",
+            Self::Ldf { .. } => "ldf",
+            Self::Ymf { .. } => "ymf",
+            Self::Yc { .. } => "yc",
+            Self::Ln { .. } => "ln",
+            Self::Sln { .. } => "sln",
+            Self::Scarce { .. } => "scarce",
+            Self::HomeDevice { .. } => "home_device",
+            Self::Uneven => "uneven",
+            Self::Smartphones { .. } => "smartphones",
+            Self::Trace { .. } => "trace",
+        }
+    }
+}
+
+/// The communication budget K_t: how many clients the server may select in round t.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BudgetConfig {
+    /// K_t = m, the selection's clients per round.
+    #[default]
+    Constant,
+    /// K_t = values[(t / hold) mod len]: a repeating schedule.
+    Periodic {
+        /// The budgets, in order.
+        values: Vec<usize>,
+        /// Rounds each value holds.
+        #[serde(default = "one")]
+        hold: usize,
+    },
+    /// K_t uniform in min..=max, drawn per round from the budget's own stream.
+    Random {
+        /// Smallest budget.
+        min: usize,
+        /// Largest budget.
+        max: usize,
+    },
 }
 
 /// Evaluation of the global model on the global test set.
@@ -596,6 +739,64 @@ fn check_pos(x: f64, key: &str) -> Result<(), ConfigError> {
 }
 
 impl Config {
+    fn validate_availability(&self) -> Result<(), ConfigError> {
+        use AvailabilityConfig as A;
+        match &self.availability {
+            A::Always | A::Uneven => {}
+            A::Mdf { beta } | A::Ldf { beta } => check(
+                beta.is_finite() && *beta >= 0.0,
+                "availability.beta",
+                format!("{beta} must be >= 0"),
+            )?,
+            A::Ymf { beta } => check_prob(*beta, "availability.beta", false, false)?,
+            A::Ln { beta } => check_prob(*beta, "availability.beta", true, true)?,
+            A::Yc { beta, period } => {
+                check_prob(*beta, "availability.beta", false, false)?;
+                check(*period > 0, "availability.period", "must be at least 1")?;
+            }
+            A::Sln { beta, period } => {
+                check_prob(*beta, "availability.beta", true, true)?;
+                check(*period > 0, "availability.period", "must be at least 1")?;
+            }
+            A::Scarce { q } => check_prob(*q, "availability.q", true, false)?,
+            A::HomeDevice { sigma } => check(
+                sigma.is_finite() && *sigma >= 0.0,
+                "availability.sigma",
+                "must be >= 0",
+            )?,
+            A::Smartphones { sigma, period } => {
+                check(
+                    sigma.is_finite() && *sigma >= 0.0,
+                    "availability.sigma",
+                    "must be >= 0",
+                )?;
+                check(*period > 0, "availability.period", "must be at least 1")?;
+            }
+            A::Trace { trace } => check(
+                !trace.as_os_str().is_empty(),
+                "availability.trace",
+                "needs the path of a `round,client` CSV",
+            )?,
+        }
+        match &self.budget {
+            BudgetConfig::Constant => {}
+            BudgetConfig::Periodic { values, hold } => {
+                check(
+                    !values.is_empty(),
+                    "budget.values",
+                    "needs at least one value",
+                )?;
+                check(*hold > 0, "budget.hold", "must be at least 1")?;
+            }
+            BudgetConfig::Random { min, max } => check(
+                min <= max,
+                "budget.max",
+                format!("{max} is below budget.min = {min}"),
+            )?,
+        }
+        Ok(())
+    }
+
     /// Parses a TOML text, applies `key=value` overrides, and validates.
     ///
     /// `source_name` names the text in error messages (usually the file path).
@@ -793,6 +994,7 @@ impl Config {
             "must be at least 1",
         )?;
         check_pos(fc.lr, "selection.fedcor.lr")?;
+        self.validate_availability()?;
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
         check(
             self.eval.batch_size > 0,

@@ -153,6 +153,31 @@ impl Experiment {
         })
     }
 
+    /// What the simulated environment knows of the clients (availability models
+    /// such as MDF or YMF depend on it).
+    pub fn client_info(&self) -> availability::ClientInfo {
+        let labels = self
+            .clients
+            .iter()
+            .map(|c| {
+                let mut l: Vec<usize> = c
+                    .train
+                    .iter()
+                    .chain(&c.holdout)
+                    .map(|&i| self.data.train.labels[i] as usize)
+                    .collect();
+                l.sort_unstable();
+                l.dedup();
+                l
+            })
+            .collect();
+        availability::ClientInfo {
+            sizes: self.sizes(),
+            labels,
+            classes: self.data.train.classes,
+        }
+    }
+
     /// `clients.csv`: each client's sizes, dominant label and label entropy (nats) of its
     /// training part. Diagnostics only: selectors never see it.
     pub fn client_summary(&self) -> String {
@@ -405,7 +430,13 @@ pub fn run_with(
                 .collect()
         }),
     });
-    let mut avail = availability::build(&cfg.availability, n, per_round);
+    let env = availability::Environment::new(
+        &cfg.availability,
+        &cfg.budget,
+        per_round,
+        &exp.client_info(),
+        seed,
+    )?;
     let trainer = exp.trainer();
     let (start, mut global, mut server, mut states, mut summary) = match from {
         Some(cp) => {
@@ -455,7 +486,7 @@ pub fn run_with(
     for t in start..cfg.rounds {
         let mut cost = Ledger::default();
         let lr = cfg.train.schedule.rate(cfg.train.lr, t);
-        let round_avail = avail.round(t);
+        let round_avail = env.round(t);
         let available = &round_avail.active;
 
         let gradients = needs.gradients_of_all.then(|| {
@@ -547,15 +578,29 @@ pub fn run_with(
             .iter()
             .map(|&k| updates[entry_of(k)].params.as_slice())
             .collect();
-        let w = aggregate::weights(
+        let mut w = aggregate::weights(
             cfg.server.aggregation,
             &selection.clients,
             &sizes,
             selection.weights.as_deref(),
         );
-        let delta = aggregate::delta(&global, &locals, &w);
+        // A non-finite local model is dropped with weight 0 (F3AST's code, TFF's
+        // `zero_all_if_any_non_finite`); the drop is logged.
+        for (i, x) in locals.iter().enumerate() {
+            if x.iter().any(|v| !v.is_finite()) {
+                tracing::warn!(
+                    "round {t}: client {} sent a non-finite model; dropped with weight 0",
+                    selection.clients[i]
+                );
+                w[i] = 0.0;
+            }
+        }
         let old_global = (needs.updates != UpdateKind::None).then(|| global.clone());
-        server.step(&mut global, &delta);
+        // A round with nobody selected (an empty trace round, K_t = 0) leaves the model alone.
+        if !selection.clients.is_empty() {
+            let delta = aggregate::delta(&global, &locals, &w);
+            server.step(&mut global, &delta);
+        }
         if global.iter().any(|x| !x.is_finite()) {
             return Err(Error::Diverged {
                 round: t,

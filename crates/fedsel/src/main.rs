@@ -29,7 +29,8 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
                   schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
   [server]        aggregation = mean|data_size|selector, optimizer = replace|sgd|adam, lr, beta1, beta2, tau
   [selection]     strategy = uniform|md, clients_per_round (0 = use fraction), fraction
-  [availability]  kind = always
+  [availability]  kind = always | idl | mdf | ldf | ymf | yc | ln | sln | scarce | home_device | uneven | smartphones | trace
+  [budget]        kind = constant | periodic (values, hold) | random (min, max)
   [eval]          every, batch_size, max_test_samples
 Override any key with --set key=value, e.g. --set train.lr=0.05 --set partition.scheme.kind=iid";
 

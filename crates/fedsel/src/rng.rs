@@ -34,6 +34,8 @@ pub enum Purpose {
     Strategy = 8,
     /// Extra client work a strategy asks for: probe trainings, mini-batch loss reports.
     Probe = 9,
+    /// The communication budget K_t of a round.
+    Budget = 10,
 }
 
 /// Mixes a 64-bit value (SplitMix64 finaliser); used to spread the key over the seed bytes.

@@ -1,25 +1,16 @@
 //! Every client is available in every round (FedGS IDL, F3AST "Always").
 
-use super::{Availability, RoundAvailability};
+use super::Availability;
 
-/// Full availability with a constant budget.
+/// Full availability.
 #[derive(Debug, Clone)]
 pub struct Always {
     /// Number of clients.
     pub clients: usize,
-    /// Budget per round.
-    pub budget: usize,
 }
 
 impl Availability for Always {
-    fn name(&self) -> &'static str {
-        "always"
-    }
-
-    fn round(&mut self, _t: usize) -> RoundAvailability {
-        RoundAvailability {
-            active: (0..self.clients).collect(),
-            budget: self.budget,
-        }
+    fn active(&self, _t: usize) -> Vec<usize> {
+        (0..self.clients).collect()
     }
 }

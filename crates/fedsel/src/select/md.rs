@@ -30,6 +30,9 @@ impl Selector for MdSampling {
         _: &mut dyn ClientQuery,
         rng: &mut Rng,
     ) -> Result<Selection, Error> {
+        if ctx.available.is_empty() {
+            return Ok(Selection::default());
+        }
         let w: Vec<f64> = ctx.available.iter().map(|&k| self.weights[k]).collect();
         let dist = WeightedIndex::new(&w).map_err(|e| Error::Selection {
             selector: "md".into(),

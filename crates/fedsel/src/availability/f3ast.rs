@@ -1,0 +1,69 @@
+//! F3AST's availability models (F3AST §4.1, App. D.4; decisions.md).
+
+use std::f64::consts::PI;
+
+use super::{ActivityRate, ClientInfo, StaticRates, lognormal_rates, scale_to_max};
+use crate::config::AvailabilityConfig;
+
+/// SmartPhones: f_t · q_k with f_t = 0.4 sin(2π (t mod T)/T) + 0.5.
+struct Smartphones {
+    q: Vec<f64>,
+    period: usize,
+}
+
+impl ActivityRate for Smartphones {
+    fn rate(&self, t: usize, k: usize) -> f64 {
+        let phase = (t % self.period) as f64 / self.period as f64;
+        (0.4 * (2.0 * PI * phase).sin() + 0.5) * self.q[k]
+    }
+}
+
+/// The rate model of an F3AST model. Panics on a non-F3AST config (the caller dispatches).
+pub fn build(cfg: &AvailabilityConfig, info: &ClientInfo, seed: u64) -> Box<dyn ActivityRate> {
+    let n = info.sizes.len();
+    match *cfg {
+        AvailabilityConfig::Scarce { q } => Box::new(StaticRates(vec![q; n])),
+        AvailabilityConfig::HomeDevice { sigma } => {
+            Box::new(StaticRates(lognormal_rates(n, sigma, seed)))
+        }
+        // q_k ∝ 1/p_k = Σn / n_k: the smallest client is always available.
+        AvailabilityConfig::Uneven => Box::new(StaticRates(scale_to_max(
+            info.sizes.iter().map(|&s| 1.0 / s.max(1) as f64).collect(),
+        ))),
+        AvailabilityConfig::Smartphones { sigma, period } => Box::new(Smartphones {
+            q: lognormal_rates(n, sigma, seed),
+            period,
+        }),
+        _ => unreachable!("not an F3AST availability model: {}", cfg.name()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uneven_and_smartphones_match_their_formulas() {
+        let info = ClientInfo {
+            sizes: vec![50, 100, 200],
+            labels: vec![vec![0]; 3],
+            classes: 2,
+        };
+        let u = build(&AvailabilityConfig::Uneven, &info, 1);
+        let got: Vec<f64> = (0..3).map(|k| u.rate(0, k)).collect();
+        assert_eq!(got, vec![1.0, 0.5, 0.25]);
+        let s = build(
+            &AvailabilityConfig::Smartphones {
+                sigma: 0.0,
+                period: 24,
+            },
+            &info,
+            1,
+        );
+        // σ = 0: every q_k = 1, so the rate is f_t: 0.5 at t = 0, 0.9 at t = 6, 0.1 at t = 18.
+        assert!((s.rate(0, 1) - 0.5).abs() < 1e-12);
+        assert!((s.rate(6, 1) - 0.9).abs() < 1e-12);
+        assert!((s.rate(18, 2) - 0.1).abs() < 1e-12);
+        assert!((s.rate(30, 2) - 0.9).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,125 @@
+//! Availability replayed from a recorded trace, so that users can plug in real
+//! device logs. The CSV has the header `round,client` and one row per active
+//! (round, client) pair; clients are numbered as in the partition. Rounds past
+//! the end of the trace repeat it cyclically.
+
+use std::path::Path;
+
+use super::Availability;
+use crate::error::{DataError, Result};
+
+/// A trace loaded into memory.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    rounds: Vec<Vec<usize>>,
+}
+
+impl Trace {
+    /// Reads and checks a trace for `clients` clients.
+    pub fn load(path: &Path, clients: usize) -> Result<Self> {
+        let bad = |reason: String| DataError::corrupt(path, reason);
+        let mut reader = csv::Reader::from_path(path).map_err(|e| match e.into_kind() {
+            csv::ErrorKind::Io(source) => DataError::Io {
+                path: path.into(),
+                source,
+            },
+            other => bad(format!("{other:?}")),
+        })?;
+        let header = reader
+            .headers()
+            .map_err(|e| bad(format!("unreadable header: {e}")))?
+            .clone();
+        if header.iter().map(str::trim).collect::<Vec<_>>() != ["round", "client"] {
+            return Err(bad(format!(
+                "the header must be `round,client`, found `{}`",
+                header.iter().collect::<Vec<_>>().join(",")
+            ))
+            .into());
+        }
+        let mut rounds: Vec<Vec<usize>> = Vec::new();
+        for (i, row) in reader.records().enumerate() {
+            let line = i + 2;
+            let row = row.map_err(|e| bad(format!("line {line}: {e}")))?;
+            let field = |j: usize, name: &str| -> Result<usize, DataError> {
+                row.get(j)
+                    .and_then(|v| v.trim().parse().ok())
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "line {line}: `{name}` is not a non-negative integer"
+                        ))
+                    })
+            };
+            let (t, k) = (field(0, "round")?, field(1, "client")?);
+            if k >= clients {
+                return Err(bad(format!(
+                    "line {line}: client {k} does not exist (the partition has {clients} clients)"
+                ))
+                .into());
+            }
+            if rounds.len() <= t {
+                rounds.resize(t + 1, Vec::new());
+            }
+            rounds[t].push(k);
+        }
+        if rounds.is_empty() {
+            return Err(bad("the trace has no rows".into()).into());
+        }
+        for r in &mut rounds {
+            r.sort_unstable();
+            r.dedup();
+        }
+        Ok(Self { rounds })
+    }
+
+    /// Rounds in one cycle of the trace.
+    pub fn len(&self) -> usize {
+        self.rounds.len()
+    }
+
+    /// Whether the trace has no rounds (never true for a loaded trace).
+    pub fn is_empty(&self) -> bool {
+        self.rounds.is_empty()
+    }
+}
+
+impl Availability for Trace {
+    fn active(&self, t: usize) -> Vec<usize> {
+        self.rounds[t % self.rounds.len()].clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_replays_cyclically_and_bad_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.csv");
+        std::fs::write(&p, "round,client\n0,1\n0,0\n2,1\n").unwrap();
+        let t = Trace::load(&p, 2).unwrap();
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.active(0), vec![0, 1]);
+        assert_eq!(t.active(1), Vec::<usize>::new());
+        assert_eq!(t.active(5), vec![1]);
+        assert_eq!(t.active(6), vec![0, 1]);
+        let err = Trace::load(&p, 1).unwrap_err().to_string();
+        assert!(err.contains("t.csv") && err.contains("line 2"), "{err}");
+        std::fs::write(&p, "r,c\n0,1\n").unwrap();
+        assert!(
+            Trace::load(&p, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("header")
+        );
+        std::fs::write(&p, "round,client\n0,x\n").unwrap();
+        assert!(
+            Trace::load(&p, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("`client`")
+        );
+        let missing = Trace::load(&dir.path().join("none.csv"), 2).unwrap_err();
+        assert!(missing.to_string().contains("none.csv"));
+    }
+}
