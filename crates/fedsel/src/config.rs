@@ -431,7 +431,7 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
-    /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor` or `fedgp`.
+    /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs` or `f3ast`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -443,6 +443,10 @@ pub struct SelectionConfig {
     pub afl: AflConfig,
     /// FedCor / FedGP settings (`fedcor`, `fedgp`).
     pub fedcor: FedCorConfig,
+    /// FedGS settings (`fedgs`).
+    pub fedgs: FedGsConfig,
+    /// F3AST settings (`f3ast`).
+    pub f3ast: F3astConfig,
 }
 
 impl Default for SelectionConfig {
@@ -454,6 +458,8 @@ impl Default for SelectionConfig {
             powd: PowdConfig::default(),
             afl: AflConfig::default(),
             fedcor: FedCorConfig::default(),
+            fedgs: FedGsConfig::default(),
+            f3ast: F3astConfig::default(),
         }
     }
 }
@@ -539,6 +545,107 @@ impl Default for FedCorConfig {
             steps: 100,
             warmup_steps: 150,
             lr: 0.01,
+        }
+    }
+}
+
+/// Where FedGS's client features for the 3DG come from (FedGS §3.2, Table 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FedGsGraph {
+    /// **Oracle** features read directly (label distributions; generating models on Synthetic).
+    Oracle,
+    /// The same oracle features, but the server learns only their dot products, by the
+    /// secure scalar product protocol (FedGS App. D).
+    Sspp,
+    /// Functional similarity: output-layer responses to Gaussian noise (Eq. 12), FedGS_func.
+    Functional,
+    /// Cosine of the clients' first model updates (Eq. 11), FedGS_cos.
+    Update,
+}
+
+/// Which scaling of Eq. 16 FedGS optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FedGsObjective {
+    /// Eq. 16: (α/N) Σ_{i≠j∈S} h_ij − Σ_{i∈S} z_i.
+    Paper,
+    /// The authors' code: α · mean_{i<j∈S} h_ij − Σ_{i∈S} z_i / (N − 1).
+    Code,
+}
+
+/// FedGS (seed 002).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FedGsConfig {
+    /// Weight α of the graph-distance term (decisions.md: 1.0; the paper sweeps 0–5).
+    pub alpha: f64,
+    /// Source of the 3DG.
+    pub graph: FedGsGraph,
+    /// Edge threshold ε on the normalised similarity.
+    pub epsilon: f64,
+    /// σ² of the edge length e^{−V/σ²}.
+    pub sigma2: f64,
+    /// Scaling of the objective.
+    pub objective: FedGsObjective,
+    /// Solve exactly by branch-and-bound when at most this many clients are available.
+    pub exact_up_to: usize,
+    /// Node budget of the branch-and-bound; past it the best found is kept and the gap reported.
+    pub node_budget: usize,
+    /// Improving 1-swaps the local search may make.
+    pub swap_budget: usize,
+    /// Gaussian-noise batch of the functional similarity.
+    pub noise_batch: usize,
+    /// **Oracle** diagnostic: also build the oracle 3DG and report the precision, recall
+    /// and F1 of the constructed graph's edges against it (FedGS Table 3).
+    pub graph_quality: bool,
+}
+
+impl Default for FedGsConfig {
+    fn default() -> Self {
+        Self {
+            alpha: 1.0,
+            graph: FedGsGraph::Oracle,
+            epsilon: 0.1,
+            sigma2: 0.01,
+            objective: FedGsObjective::Paper,
+            exact_up_to: 30,
+            node_budget: 200_000,
+            swap_budget: 10_000,
+            noise_batch: 128,
+            graph_quality: false,
+        }
+    }
+}
+
+/// Which H(r) F3AST minimises (F3AST Eq. 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum F3astObjective {
+    /// H = Σ p_k² / r_k, the default.
+    Independent,
+    /// H = Σ p_k / r_k, for positively correlated availability.
+    Correlated,
+}
+
+/// F3AST (seed 004).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct F3astConfig {
+    /// Rate-smoothing β of Eq. 5 (App. D: 0.001).
+    pub beta: f64,
+    /// The variance proxy H.
+    pub objective: F3astObjective,
+    /// Divide the aggregate by K_t as the authors' code does (the paper does not).
+    pub normalize_by_budget: bool,
+}
+
+impl Default for F3astConfig {
+    fn default() -> Self {
+        Self {
+            beta: 0.001,
+            objective: F3astObjective::Independent,
+            normalize_by_budget: false,
         }
     }
 }
@@ -709,7 +816,7 @@ impl Default for EvalConfig {
 
 const MODELS: &[&str] = &["logreg", "mlp", "cnn_fmnist", "cnn_cifar", "char_lstm"];
 const STRATEGIES: &[&str] = &[
-    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp",
+    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast",
 ];
 
 fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
@@ -994,6 +1101,20 @@ impl Config {
             "must be at least 1",
         )?;
         check_pos(fc.lr, "selection.fedcor.lr")?;
+        let gs = &sel.fedgs;
+        check(
+            gs.alpha.is_finite() && gs.alpha >= 0.0,
+            "selection.fedgs.alpha",
+            "must be >= 0",
+        )?;
+        check_prob(gs.epsilon, "selection.fedgs.epsilon", false, false)?;
+        check_pos(gs.sigma2, "selection.fedgs.sigma2")?;
+        check(
+            gs.noise_batch > 0,
+            "selection.fedgs.noise_batch",
+            "must be at least 1",
+        )?;
+        check_prob(sel.f3ast.beta, "selection.f3ast.beta", true, true)?;
         self.validate_availability()?;
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
         check(

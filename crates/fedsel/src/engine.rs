@@ -153,6 +153,25 @@ impl Experiment {
         })
     }
 
+    /// **Oracle** data-distribution features: on Synthetic data with its natural
+    /// partition each client's generating model (W_k, b_k), otherwise its training
+    /// label distribution (FedGS's oracle 3DG, FedGS §4.1 and its code).
+    pub fn oracle_features(&self) -> Vec<Vec<f64>> {
+        use crate::config::PartitionScheme;
+        match (&self.data.user_models, &self.config.partition.scheme) {
+            (Some(models), PartitionScheme::Natural) => models.clone(),
+            _ => self
+                .clients
+                .iter()
+                .map(|c| {
+                    let h = self.data.train.histogram(Some(&c.train));
+                    let n = c.train.len().max(1) as f64;
+                    h.into_iter().map(|x| x as f64 / n).collect()
+                })
+                .collect(),
+        }
+    }
+
     /// What the simulated environment knows of the clients (availability models
     /// such as MDF or YMF depend on it).
     pub fn client_info(&self) -> availability::ClientInfo {
@@ -352,6 +371,115 @@ impl ClientQuery for Query<'_> {
         }
         .holdout_losses(&all)
     }
+
+    fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let exp = self.exp;
+        let n_clients = exp.clients.len();
+        let trainer = exp.trainer();
+        let (seed, t) = (exp.config.seed, self.round as u64);
+        let updates: Vec<train::LocalUpdate> = clients
+            .par_iter()
+            .map(|&k| {
+                trainer.train(
+                    self.global,
+                    &exp.clients[k].train,
+                    self.lr,
+                    &mut stream(seed, Purpose::Probe, t, (2 * n_clients + k) as u64),
+                    None,
+                )
+            })
+            .collect();
+        let m = clients.len() as u64;
+        self.ledger.broadcasts += m;
+        self.ledger.uploads += m;
+        self.ledger.probe_trainings += m;
+        self.ledger.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
+        Ok(updates
+            .into_iter()
+            .map(|u| {
+                u.params
+                    .iter()
+                    .zip(self.global)
+                    .map(|(x, w)| x - w)
+                    .collect()
+            })
+            .collect())
+    }
+
+    fn noise_responses(&mut self, updates: &[Vec<f32>], batch: usize) -> Result<Vec<Vec<f64>>> {
+        let exp = self.exp;
+        let test = &exp.data.test;
+        let (shape, values) = match &test.inputs {
+            data::Inputs::Dense { shape, values } => (shape, values),
+            data::Inputs::Tokens { .. } => {
+                return Err(ConfigError::invalid(
+                    "selection.fedgs.graph",
+                    "functional similarity needs real-valued inputs; token data has none",
+                )
+                .into());
+            }
+        };
+        let dim: usize = shape.iter().product();
+        let reference = &values[..(batch * dim).min(values.len())];
+        let count = reference.len().max(1) as f64;
+        let mean = reference.iter().map(|&v| v as f64).sum::<f64>() / count;
+        let var = reference
+            .iter()
+            .map(|&v| (v as f64 - mean).powi(2))
+            .sum::<f64>()
+            / count;
+        let normal = rand_distr::Normal::new(mean, var.sqrt().max(1e-12))
+            .expect("finite mean and positive std");
+        let mut rng = stream(exp.config.seed, Purpose::Probe, self.round as u64, u64::MAX);
+        let noise: Vec<f32> = (0..batch * dim)
+            .map(|_| rand_distr::Distribution::sample(&normal, &mut rng) as f32)
+            .collect();
+        let x = Tensor::<2>::from_data(
+            burn::tensor::TensorData::new(noise, [batch, dim]),
+            &exp.device,
+        );
+        Ok(updates
+            .par_iter()
+            .map(|u| {
+                let m: Vec<f32> = self.global.iter().zip(u).map(|(w, d)| w + d).collect();
+                let p = exp.layout.to_tensors(&m, &exp.device);
+                let logits = exp.arch.forward(&p, model::Batch::Dense(x.clone()), None);
+                let mean: Vec<f32> = logits
+                    .mean_dim(0)
+                    .into_data()
+                    .try_into_vec::<f32>()
+                    .expect("f32 logits");
+                mean.into_iter().map(f64::from).collect()
+            })
+            .collect())
+    }
+
+    fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>> {
+        // The features stay on the client side of this simulation: only the
+        // protocol's outputs reach the selector.
+        let features = self.exp.oracle_features();
+        let (seed, t) = (self.exp.config.seed, self.round as u64);
+        let m = clients.len();
+        let mut gram = vec![vec![0.0; m]; m];
+        for i in 0..m {
+            let a = &features[clients[i]];
+            gram[i][i] = a.iter().map(|x| x * x).sum();
+            for j in i + 1..m {
+                let key = (clients[i] * features.len() + clients[j]) as u64;
+                let (p, _) = crate::sspp::scalar_product(
+                    a,
+                    &features[clients[j]],
+                    &mut stream(seed, Purpose::Strategy, t, key),
+                    &mut stream(seed, Purpose::Probe, t, key),
+                );
+                gram[i][j] = p;
+                gram[j][i] = p;
+                self.ledger.protocol_messages += crate::sspp::MESSAGES_PER_PRODUCT;
+            }
+        }
+        self.ledger.scalar_reports += m as u64;
+        Ok(gram)
+    }
 }
 
 /// Outcome of a whole run.
@@ -429,6 +557,7 @@ pub fn run_with(
                 .map(|c| exp.data.train.histogram(Some(&c.train)))
                 .collect()
         }),
+        oracle_features: needs.oracle_features.then(|| exp.oracle_features()),
     });
     let env = availability::Environment::new(
         &cfg.availability,

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 /// Counts of messages and client computations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Ledger {
     /// Global models sent to clients (for training, evaluation or gradients).
     pub broadcasts: u64,
@@ -27,11 +28,14 @@ pub struct Ledger {
     pub scalar_reports: u64,
     /// One-step gradient computations.
     pub gradients: u64,
+    /// Messages of privacy protocols (FedGS's secure scalar products), each a vector
+    /// or scalar sent to or from a client.
+    pub protocol_messages: u64,
 }
 
 impl Ledger {
     /// Column names, in the order of [`Ledger::values`].
-    pub const COLUMNS: [&'static str; 9] = [
+    pub const COLUMNS: [&'static str; 10] = [
         "broadcasts",
         "uploads",
         "trainings",
@@ -41,10 +45,11 @@ impl Ledger {
         "eval_examples",
         "scalar_reports",
         "gradients",
+        "protocol_messages",
     ];
 
     /// The counts, in the order of [`Ledger::COLUMNS`].
-    pub fn values(&self) -> [u64; 9] {
+    pub fn values(&self) -> [u64; 10] {
         [
             self.broadcasts,
             self.uploads,
@@ -55,6 +60,7 @@ impl Ledger {
             self.eval_examples,
             self.scalar_reports,
             self.gradients,
+            self.protocol_messages,
         ]
     }
 
@@ -69,5 +75,6 @@ impl Ledger {
         self.eval_examples += other.eval_examples;
         self.scalar_reports += other.scalar_reports;
         self.gradients += other.gradients;
+        self.protocol_messages += other.protocol_messages;
     }
 }

@@ -21,6 +21,7 @@ pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod select;
+pub mod sspp;
 pub mod sweep;
 pub mod train;
 

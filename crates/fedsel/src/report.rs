@@ -519,7 +519,8 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
                 .map(|r| {
                     (r.summary.cost.broadcasts
                         + r.summary.cost.uploads
-                        + r.summary.cost.scalar_reports) as f64
+                        + r.summary.cost.scalar_reports
+                        + r.summary.cost.protocol_messages) as f64
                         - 2.0 * r.summary.cost.trainings as f64
                 })
                 .sum::<f64>()

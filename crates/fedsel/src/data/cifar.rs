@@ -164,6 +164,7 @@ pub fn load_cifar10(dir: &Path, verify: bool) -> Result<FederatedData, DataError
         train: read_files(dir, &CIFAR10_TRAIN, &V10, V10.records.0, verify)?,
         test: read_files(dir, &[CIFAR10_TEST], &V10, V10.records.1, verify)?,
         users: None,
+        user_models: None,
     })
 }
 
@@ -174,6 +175,7 @@ pub fn load_cifar100(dir: &Path, verify: bool) -> Result<FederatedData, DataErro
         train: read_files(dir, &[CIFAR100_TRAIN], &V100, V100.records.0, verify)?,
         test: read_files(dir, &[CIFAR100_TEST], &V100, V100.records.1, verify)?,
         users: None,
+        user_models: None,
     })
 }
 

@@ -202,5 +202,6 @@ pub fn load_with(dir: &Path, verify: bool) -> Result<FederatedData, DataError> {
         train: load_split(dir, 0, 1, verify)?,
         test: load_split(dir, 2, 3, verify)?,
         users: None,
+        user_models: None,
     })
 }

@@ -114,6 +114,9 @@ pub struct FederatedData {
     pub test: Dataset,
     /// The data's own users (indices into `train`), where it has them.
     pub users: Option<Vec<Vec<usize>>>,
+    /// **Oracle**: each user's generating model (W_k then b_k, flattened), where the
+    /// data is synthetic. FedGS's oracle 3DG uses it on Synthetic (FedGS §4.1).
+    pub user_models: Option<Vec<Vec<f64>>>,
 }
 
 /// Loads the dataset a config names; files are looked up under `data_dir`.

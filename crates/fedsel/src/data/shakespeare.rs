@@ -285,6 +285,7 @@ pub fn from_roles(roles: &[Role], spec: &ShakespeareSpec) -> FederatedData {
         train: ds(train),
         test: ds(test),
         users: Some(users),
+        user_models: None,
     }
 }
 

@@ -65,6 +65,7 @@ pub fn generate(spec: &SyntheticSpec) -> FederatedData {
     let mut test_x = Vec::new();
     let mut test_y = Vec::new();
     let mut users = Vec::with_capacity(spec.users);
+    let mut user_models = Vec::with_capacity(spec.users);
     for k in 0..spec.users {
         let wn = Normal::new(u[k], 1.0).expect("valid normal");
         let w: Vec<f64> = (0..d * c).map(|_| wn.sample(&mut rng)).collect();
@@ -93,6 +94,7 @@ pub fn generate(spec: &SyntheticSpec) -> FederatedData {
             train_y.push(y);
         }
         users.push((start..train_y.len()).collect());
+        user_models.push(w.iter().chain(&b).copied().collect());
         for (x, y) in samples {
             test_x.extend(x);
             test_y.push(y);
@@ -117,6 +119,7 @@ pub fn generate(spec: &SyntheticSpec) -> FederatedData {
             classes: c,
         },
         users: Some(users),
+        user_models: Some(user_models),
     }
 }
 

@@ -562,6 +562,7 @@ mod tests {
             rounds: 10,
             num_params: 1,
             oracle_label_histograms: None,
+            oracle_features: None,
         });
         gp.x = DMatrix::from_fn(15, n, |_, _| nrm(&mut rng)) / 15f64.sqrt();
         for _ in 0..samples {

@@ -9,7 +9,9 @@
 //! and books its cost in the run's [`Ledger`](crate::ledger::Ledger).
 
 pub mod afl;
+pub mod f3ast;
 pub mod fedcor;
+pub mod fedgs;
 pub mod md;
 pub mod powd;
 pub mod uniform;
@@ -42,6 +44,10 @@ pub struct Needs {
     /// A real server cannot see these; only strategies defined with oracle
     /// knowledge (e.g. FedGS's oracle 3DG) may ask.
     pub oracle_label_histograms: bool,
+    /// **Oracle**: every client's data-distribution feature, given at setup: its
+    /// label distribution, or on Synthetic data its generating model (FedGS's
+    /// oracle 3DG). Same caveat as above.
+    pub oracle_features: bool,
 }
 
 /// What the server knows about the clients before training starts.
@@ -59,6 +65,8 @@ pub struct Setup {
     pub num_params: usize,
     /// **Oracle** label histograms, present only when [`Needs::oracle_label_histograms`].
     pub oracle_label_histograms: Option<Vec<Vec<usize>>>,
+    /// **Oracle** features, present only when [`Needs::oracle_features`].
+    pub oracle_features: Option<Vec<Vec<f64>>>,
 }
 
 /// The state of one round as the selector sees it.
@@ -91,6 +99,45 @@ pub trait ClientQuery {
     /// held-out loss on **every** client comes back; the probe model is then discarded.
     /// Books the trainings as `probe_trainings` and the all-client evaluation.
     fn probe(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error>;
+
+    /// The updates x_k − w of the given clients, each trained from the current
+    /// global model w and uploaded (FedGS §3.2: the 3DG from model parameters).
+    /// Books the trainings as `probe_trainings` with their broadcasts and uploads.
+    fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, Error> {
+        let _ = clients;
+        Err(unsupported("local updates"))
+    }
+
+    /// Server-side computation on uploaded models w + update (FedGS Eq. 12): each
+    /// model's mean output-layer response (logits) to one batch of `batch`
+    /// Gaussian-noise inputs with the scalar mean and standard deviation of the
+    /// server's own test inputs. Every model sees the same noise. No client work.
+    fn noise_responses(
+        &mut self,
+        updates: &[Vec<f32>],
+        batch: usize,
+    ) -> Result<Vec<Vec<f64>>, Error> {
+        let _ = (updates, batch);
+        Err(unsupported("noise responses"))
+    }
+
+    /// The Gram matrix of the given clients' private oracle features (see
+    /// [`Needs::oracle_features`]), computed pair by pair with the secure scalar
+    /// product protocol relayed through the server ([`crate::sspp`], FedGS App. D),
+    /// so that the server learns dot products but never a feature vector. Each
+    /// client's squared norm is its own report. Books every protocol message.
+    fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>, Error> {
+        let _ = clients;
+        Err(unsupported("secure scalar products"))
+    }
+}
+
+fn unsupported(what: &str) -> Error {
+    Error::Selection {
+        selector: "query".into(),
+        round: 0,
+        reason: format!("this client query cannot provide {what}"),
+    }
 }
 
 /// Draws `k` distinct items with probability ∝ `weights`, one at a time, renormalising
@@ -221,6 +268,8 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
             cfg.fedcor.clone(),
             fedcor::Variant::FedGp,
         ))),
+        "fedgs" => Ok(Box::new(fedgs::FedGs::new(cfg.fedgs.clone()))),
+        "f3ast" => Ok(Box::new(f3ast::F3ast::new(cfg.f3ast.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),
@@ -255,6 +304,7 @@ pub(crate) mod testing {
             rounds: 1,
             num_params: 1,
             oracle_label_histograms: None,
+            oracle_features: None,
         }
     }
 }
