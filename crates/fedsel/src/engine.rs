@@ -715,6 +715,7 @@ pub fn run_with(
         );
         // A non-finite local model is dropped with weight 0 (F3AST's code, TFF's
         // `zero_all_if_any_non_finite`); the drop is logged.
+        let mut dropped = 0;
         for (i, x) in locals.iter().enumerate() {
             if x.iter().any(|v| !v.is_finite()) {
                 tracing::warn!(
@@ -722,7 +723,14 @@ pub fn run_with(
                     selection.clients[i]
                 );
                 w[i] = 0.0;
+                dropped += 1;
             }
+        }
+        if dropped > 0 && dropped == locals.len() {
+            return Err(Error::Diverged {
+                round: t,
+                what: "every local model of the round".into(),
+            });
         }
         let old_global = (needs.updates != UpdateKind::None).then(|| global.clone());
         // A round with nobody selected (an empty trace round, K_t = 0) leaves the model alone.

@@ -22,10 +22,13 @@
 //! [[axes.case]]                                # settings: keys that change together
 //! label = "2spc-m5"
 //! set = { "partition.scheme" = { kind = "shards", shards_per_client = 2 }, "selection.clients_per_round" = 5 }
+//! [[axes.method]]                              # strategies that need more than one key
+//! label = "fedprox"
+//! set = { "selection.strategy" = "md", "train.prox_mu" = 0.01 }
 //! ```
 //!
 //! Case settings form the outermost axis; reports group cells by every axis
-//! except strategy and seed.
+//! except strategy (or method) and seed, and name each method by its label.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -54,6 +57,8 @@ struct AxesFile {
     set: toml::Table,
     #[serde(default)]
     case: Vec<CaseFile>,
+    #[serde(default)]
+    method: Vec<CaseFile>,
 }
 
 /// One `[[axes.case]]`: a named bundle of keys that change together (a paper's "setting").
@@ -198,6 +203,20 @@ impl Sweep {
                 .collect();
             axes.push(Axis {
                 label: "setting".into(),
+                values,
+            });
+        }
+        if !a.method.is_empty() {
+            let values = a
+                .method
+                .into_iter()
+                .map(|c| AxisValue {
+                    label: c.label,
+                    overrides: c.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                })
+                .collect();
+            axes.push(Axis {
+                label: "method".into(),
                 values,
             });
         }
@@ -411,7 +430,7 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
             let setting: Vec<String> = c
                 .parts
                 .iter()
-                .filter(|(axis, _)| axis != "strategy" && axis != "seed")
+                .filter(|(axis, _)| !matches!(axis.as_str(), "strategy" | "method" | "seed"))
                 .map(|(axis, v)| {
                     if axis == "setting" {
                         v.clone()
@@ -423,7 +442,11 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
             serde_json::json!({
                 "dir": c.dir_name,
                 "label": c.label,
-                "strategy": c.config.selection.strategy,
+                "strategy": c
+                    .parts
+                    .iter()
+                    .find(|(axis, _)| axis == "method")
+                    .map_or(c.config.selection.strategy.clone(), |(_, v)| v.clone()),
                 "seed": c.config.seed,
                 "setting": if setting.is_empty() { "all".to_string() } else { setting.join(",") },
                 "targets": c.config.targets,

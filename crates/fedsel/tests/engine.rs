@@ -63,12 +63,23 @@ fn default_experiment_converges_on_synthetic() {
 
 #[test]
 fn results_are_identical_across_thread_counts() {
-    for strategy in [
-        "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp",
+    for (strategy, extra) in [
+        ("uniform", ""),
+        ("md", ""),
+        ("powd", ""),
+        ("cpowd", ""),
+        ("rpowd", ""),
+        ("afl", ""),
+        ("fedcor", ""),
+        ("fedgp", ""),
+        ("fedgs", "selection.fedgs.graph=\"functional\""),
+        ("fedgs", "availability={ kind = \"sln\", beta = 0.5 }"),
+        ("f3ast", "budget={ kind = \"random\", min = 2, max = 8 }"),
     ] {
         let exp = synthetic(&[
             "rounds=30",
             &format!("selection.strategy=\"{strategy}\""),
+            if extra.is_empty() { "seed=1" } else { extra },
             "selection.fedcor.warmup=5",
             "selection.fedcor.interval=5",
             "selection.fedcor.steps=20",
@@ -79,8 +90,79 @@ fn results_are_identical_across_thread_counts() {
         ]);
         let one = strip_time(run_in_pool(1, &exp));
         let two = strip_time(run_in_pool(2, &exp));
-        assert_eq!(one, two, "{strategy}");
+        assert_eq!(one, two, "{strategy} {extra}");
     }
+}
+
+/// For a given seed every strategy faces the same availability (FedGS App. C), and F3AST
+/// never exceeds the budget K_t nor picks an unavailable client.
+#[test]
+fn availability_is_the_same_for_every_strategy() {
+    let avail = |strategy: &str| {
+        let exp = synthetic(&[
+            "rounds=40",
+            &format!("selection.strategy=\"{strategy}\""),
+            "availability={ kind = \"smartphones\", sigma = 0.25 }",
+            "budget={ kind = \"periodic\", values = [3, 6, 9], hold = 2 }",
+            if strategy == "f3ast" {
+                "server.aggregation=\"selector\""
+            } else {
+                "server.aggregation=\"data_size\""
+            },
+        ]);
+        run_in_pool(2, &exp)
+    };
+    let f3ast = avail("f3ast");
+    for other in ["uniform", "fedgs"] {
+        let rows = if other == "uniform" {
+            run_in_pool(
+                2,
+                &synthetic(&[
+                    "rounds=40",
+                    "availability={ kind = \"smartphones\", sigma = 0.25 }",
+                ]),
+            )
+        } else {
+            avail(other)
+        };
+        for (a, b) in f3ast.iter().zip(&rows) {
+            assert_eq!(a.available, b.available, "{other}, round {}", a.round);
+        }
+    }
+    let budgets = [3, 3, 6, 6, 9, 9];
+    for r in &f3ast {
+        assert_eq!(r.budget, budgets[r.round % 6]);
+        assert_eq!(r.n_selected, r.budget.min(r.n_available));
+        assert!(r.selected.iter().all(|k| r.available.contains(k)));
+    }
+    assert!(f3ast.iter().any(|r| r.n_available < 30));
+}
+
+/// The secure-scalar-product route builds the same 3DG as the oracle route, so FedGS
+/// selects the same clients; only the protocol's messages are added to the ledger.
+#[test]
+fn fedgs_through_secure_scalar_products_matches_the_oracle_graph() {
+    let run = |graph: &str| {
+        run_in_pool(
+            2,
+            &synthetic(&[
+                "rounds=15",
+                "selection.strategy=\"fedgs\"",
+                &format!("selection.fedgs.graph=\"{graph}\""),
+                "availability={ kind = \"ln\", beta = 0.5 }",
+            ]),
+        )
+    };
+    let (oracle, sspp) = (run("oracle"), run("sspp"));
+    for (a, b) in oracle.iter().zip(&sspp) {
+        assert_eq!(a.selected, b.selected, "round {}", a.round);
+    }
+    assert_eq!(oracle[0].cost.protocol_messages, 0);
+    assert_eq!(
+        sspp[0].cost.protocol_messages,
+        30 * 29 / 2 * fedsel::sspp::MESSAGES_PER_PRODUCT
+    );
+    assert!(sspp[1..].iter().all(|r| r.cost.protocol_messages == 0));
 }
 
 #[test]
@@ -129,6 +211,7 @@ impl Selector for Probe {
             updates: UpdateKind::OutputLayer,
             gradients_of_all: true,
             oracle_label_histograms: true,
+            oracle_features: false,
         }
     }
     fn setup(&mut self, s: &Setup) {
@@ -355,11 +438,13 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
 
 #[test]
 fn selectors_with_state_resume_exactly() {
-    for strategy in ["fedcor", "fedgp", "afl", "rpowd"] {
+    for strategy in ["fedcor", "fedgp", "afl", "rpowd", "fedgs", "f3ast"] {
         let exp = synthetic(&[
             "rounds=24",
             "checkpoint_every=5",
             &format!("selection.strategy=\"{strategy}\""),
+            "selection.fedgs.graph=\"update\"",
+            "availability={ kind = \"ln\", beta = 0.5 }",
             "selection.fedcor.warmup=4",
             "selection.fedcor.interval=3",
             "selection.fedcor.steps=20",
