@@ -77,3 +77,76 @@ pub fn step_time(
     times.sort();
     times[reps / 2]
 }
+
+/// A query for selectors that ask clients for nothing (FedGS on its oracle graph).
+struct NoReports;
+
+impl crate::select::ClientQuery for NoReports {
+    fn holdout_losses(&mut self, _: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
+        unreachable!("FedGS on the oracle graph asks for no losses")
+    }
+    fn minibatch_losses(&mut self, _: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
+        unreachable!("FedGS on the oracle graph asks for no losses")
+    }
+    fn probe(&mut self, _: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
+        unreachable!("FedGS on the oracle graph asks for no probes")
+    }
+}
+
+/// Per-round FedGS selection time (graph already built) for `n` clients and `m` per
+/// round: `rounds` rounds with every client available, then `rounds` with each client
+/// available with probability ½. Clients hold two of ten labels, as in FedGS's FMNIST
+/// setting. Returns (mean ms, max ms) over all rounds.
+pub fn fedgs_selection_time(n: usize, m: usize, rounds: usize) -> (f64, f64) {
+    use crate::select::{Feedback, RoundContext, Selector, Setup, fedgs::FedGs};
+    use rand::Rng as _;
+    let features: Vec<Vec<f64>> = (0..n)
+        .map(|k| {
+            let mut f = vec![0.0; 10];
+            f[k % 10] = 0.5;
+            f[(k / 10 + k) % 10] += 0.5;
+            f
+        })
+        .collect();
+    let mut s = FedGs::new(crate::config::FedGsConfig::default());
+    s.setup(&Setup {
+        sizes: vec![600; n],
+        weights: vec![1.0 / n as f64; n],
+        per_round: m,
+        rounds: 2 * rounds,
+        num_params: 1,
+        oracle_label_histograms: None,
+        oracle_features: Some(features),
+    });
+    let mut rng = stream(0, Purpose::Availability, 0, 0);
+    let mut times = Vec::with_capacity(2 * rounds);
+    for t in 0..2 * rounds {
+        let available: Vec<usize> = if t < rounds {
+            (0..n).collect()
+        } else {
+            (0..n).filter(|_| rng.random::<f64>() < 0.5).collect()
+        };
+        let ctx = RoundContext {
+            round: t,
+            available: &available,
+            budget: m,
+            gradients: None,
+        };
+        let started = Instant::now();
+        let sel = s
+            .select(&ctx, &mut NoReports, &mut rng)
+            .expect("the oracle graph needs no reports");
+        if t > 0 {
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        s.observe(&Feedback {
+            round: t,
+            selected: &sel.clients,
+            train_losses: &vec![0.0; sel.clients.len()],
+            updates: None,
+        });
+    }
+    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+    let max = times.iter().copied().fold(0.0, f64::max);
+    (mean, max)
+}

@@ -479,6 +479,10 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
             t.as_secs_f64() * 1e3
         );
     }
+    let (mean, max) = fedsel::bench::fedgs_selection_time(100, 10, 200);
+    println!(
+        "select fedgs N=100 M=10 (oracle 3DG, 400 rounds): {mean:.3} ms mean, {max:.3} ms max per round"
+    );
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
     let dir = locate::data_dir(data_dir, None);
