@@ -115,6 +115,7 @@ pub fn fedgs_selection_time(n: usize, m: usize, rounds: usize) -> (f64, f64) {
         per_round: m,
         rounds: 2 * rounds,
         num_params: 1,
+        classes: 10,
         oracle_label_histograms: None,
         oracle_features: Some(features),
     });

@@ -431,7 +431,8 @@ impl Default for ServerConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
-    /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs` or `f3ast`.
+    /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
+    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2) or `divfl`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -447,6 +448,10 @@ pub struct SelectionConfig {
     pub fedgs: FedGsConfig,
     /// F3AST settings (`f3ast`).
     pub f3ast: F3astConfig,
+    /// HiCS-FL settings (`hics`).
+    pub hics: HicsConfig,
+    /// DivFL settings (`divfl`).
+    pub divfl: DivflConfig,
 }
 
 impl Default for SelectionConfig {
@@ -460,6 +465,8 @@ impl Default for SelectionConfig {
             fedcor: FedCorConfig::default(),
             fedgs: FedGsConfig::default(),
             f3ast: F3astConfig::default(),
+            hics: HicsConfig::default(),
+            divfl: DivflConfig::default(),
         }
     }
 }
@@ -650,6 +657,80 @@ impl Default for F3astConfig {
     }
 }
 
+/// What HiCS-FL turns into a label-distribution estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HicsStatistic {
+    /// The output-layer bias update Δb (paper Eq. 7).
+    Bias,
+    /// The row means of the output-layer weight update (the authors' code).
+    WeightRows,
+}
+
+/// HiCS-FL (seed 003), defaults from its App. 6.1 for FMNIST.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HicsConfig {
+    /// Softmax temperature T of Eq. 7 (FMNIST 0.0025, CIFAR 0.0015).
+    pub temperature: f64,
+    /// λ of Eq. 9.
+    pub lambda: f64,
+    /// γ⁰ of Eq. 10 (4; 2 for CIFAR-100).
+    pub gamma0: f64,
+    /// Clusters M; 0 means K, the clients per round (App. 6.1).
+    pub clusters: usize,
+    /// The statistic behind Ĥ.
+    pub statistic: HicsStatistic,
+    /// Write `entropy.csv` (true vs estimated entropy). Needs the **oracle** label
+    /// histograms, used for that file only.
+    pub entropy_report: bool,
+}
+
+impl Default for HicsConfig {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0025,
+            lambda: 0.1,
+            gamma0: 4.0,
+            clusters: 0,
+            statistic: HicsStatistic::Bias,
+            entropy_report: true,
+        }
+    }
+}
+
+/// How DivFL refreshes client gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DivflRefresh {
+    /// Every available client sends a one-step gradient every round.
+    Ideal,
+    /// All clients once, then only the selected, at the model they receive.
+    Stale,
+}
+
+/// DivFL (Balakrishnan et al. 2022).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DivflConfig {
+    /// Gradient refresh.
+    pub refresh: DivflRefresh,
+    /// Stochastic greedy: scan a random subset of candidates per step.
+    pub stochastic: bool,
+    /// Size of that subset as a fraction of the available clients (at least m).
+    pub fraction: f64,
+}
+
+impl Default for DivflConfig {
+    fn default() -> Self {
+        Self {
+            refresh: DivflRefresh::Ideal,
+            stochastic: false,
+            fraction: 0.1,
+        }
+    }
+}
+
 impl SelectionConfig {
     /// m for `n` clients.
     pub fn per_round(&self, n: usize) -> usize {
@@ -816,7 +897,8 @@ impl Default for EvalConfig {
 
 const MODELS: &[&str] = &["logreg", "mlp", "cnn_fmnist", "cnn_cifar", "char_lstm"];
 const STRATEGIES: &[&str] = &[
-    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast",
+    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast", "hics",
+    "cs1", "cs2", "divfl",
 ];
 
 fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
@@ -1115,6 +1197,14 @@ impl Config {
             "must be at least 1",
         )?;
         check_prob(sel.f3ast.beta, "selection.f3ast.beta", true, true)?;
+        check_pos(sel.hics.temperature, "selection.hics.temperature")?;
+        check_prob(sel.hics.lambda, "selection.hics.lambda", false, false)?;
+        check(
+            sel.hics.gamma0.is_finite(),
+            "selection.hics.gamma0",
+            "must be finite",
+        )?;
+        check_prob(sel.divfl.fraction, "selection.divfl.fraction", true, false)?;
         self.validate_availability()?;
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
         check(

@@ -454,6 +454,27 @@ impl ClientQuery for Query<'_> {
             .collect())
     }
 
+    fn gradients(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let exp = self.exp;
+        let trainer = exp.trainer();
+        let (seed, t, n) = (exp.config.seed, self.round as u64, exp.clients.len());
+        let g: Vec<Vec<f32>> = clients
+            .par_iter()
+            .map(|&k| {
+                trainer.gradient(
+                    self.global,
+                    &exp.clients[k].train,
+                    &mut stream(seed, Purpose::Probe, t, (3 * n + k) as u64),
+                )
+            })
+            .collect();
+        let m = clients.len() as u64;
+        self.ledger.broadcasts += m;
+        self.ledger.gradients += m;
+        self.ledger.uploads += m;
+        Ok(g)
+    }
+
     fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>> {
         // The features stay on the client side of this simulation: only the
         // protocol's outputs reach the selector.
@@ -551,6 +572,7 @@ pub fn run_with(
         per_round,
         rounds: cfg.rounds,
         num_params: exp.layout.total,
+        classes: exp.data.train.classes,
         oracle_label_histograms: needs.oracle_label_histograms.then(|| {
             exp.clients
                 .iter()

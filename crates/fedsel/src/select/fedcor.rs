@@ -561,6 +561,7 @@ mod tests {
             per_round: 5,
             rounds: 10,
             num_params: 1,
+            classes: 2,
             oracle_label_histograms: None,
             oracle_features: None,
         });

@@ -9,12 +9,16 @@
 //! and books its cost in the run's [`Ledger`](crate::ledger::Ledger).
 
 pub mod afl;
+pub mod clustered;
+pub mod divfl;
 pub mod f3ast;
 pub mod fedcor;
 pub mod fedgs;
+pub mod hics;
 pub mod md;
 pub mod powd;
 pub mod uniform;
+pub mod ward;
 
 use crate::config::SelectionConfig;
 use crate::error::{ConfigError, Error};
@@ -63,6 +67,8 @@ pub struct Setup {
     pub rounds: usize,
     /// Number of parameters of the model.
     pub num_params: usize,
+    /// Number of classes: the length of the output-layer bias.
+    pub classes: usize,
     /// **Oracle** label histograms, present only when [`Needs::oracle_label_histograms`].
     pub oracle_label_histograms: Option<Vec<Vec<usize>>>,
     /// **Oracle** features, present only when [`Needs::oracle_features`].
@@ -129,6 +135,13 @@ pub trait ClientQuery {
     fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>, Error> {
         let _ = clients;
         Err(unsupported("secure scalar products"))
+    }
+
+    /// A one-step mini-batch gradient of the current global model from each named client
+    /// (DivFL's client gradients, on demand). Each costs a broadcast, a gradient and an upload.
+    fn gradients(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, Error> {
+        let _ = clients;
+        Err(unsupported("gradients"))
     }
 }
 
@@ -270,6 +283,14 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         ))),
         "fedgs" => Ok(Box::new(fedgs::FedGs::new(cfg.fedgs.clone()))),
         "f3ast" => Ok(Box::new(f3ast::F3ast::new(cfg.f3ast.clone()))),
+        "hics" => Ok(Box::new(hics::Hics::new(cfg.hics.clone()))),
+        "cs1" => Ok(Box::new(clustered::ClusteredSampling::new(
+            clustered::Variant::Sizes,
+        ))),
+        "cs2" => Ok(Box::new(clustered::ClusteredSampling::new(
+            clustered::Variant::Similarity,
+        ))),
+        "divfl" => Ok(Box::new(divfl::DivFl::new(cfg.divfl.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),
@@ -303,6 +324,7 @@ pub(crate) mod testing {
             per_round: 1,
             rounds: 1,
             num_params: 1,
+            classes: 2,
             oracle_label_histograms: None,
             oracle_features: None,
         }

@@ -1,0 +1,325 @@
+//! Clustered Sampling (Fraboni et al., ICML 2021), Algorithms 1 and 2.
+//!
+//! Both build m "buckets", distributions over clients in which client i carries
+//! total mass m·p_i across buckets and every bucket carries mass 1; each round
+//! draws one client per bucket (with replacement across buckets), so every
+//! client is selected m·p_i times per round in expectation while similar
+//! clients compete inside a bucket. Masses are kept as exact integers: client
+//! i holds m·n_i units and a bucket holds Σn units (decisions.md).
+//!
+//! - Alg. 1 fills buckets in order of decreasing size, once.
+//! - Alg. 2 re-clusters every round: representative updates (the latest full
+//!   update of each client, zero until first seen), arccos of their cosine
+//!   (0 when either is zero), Ward on the rows of that matrix, a cut into
+//!   maximal subtrees of weight ≤ 1/m; the m heaviest clusters seed the
+//!   buckets and the rest are poured in, smallest first.
+//!
+//! Under partial availability a bucket draws among its available members; a
+//! bucket with none is skipped (the paper assumes full availability).
+
+use rand::Rng as _;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind, ward,
+};
+use crate::error::Error;
+use crate::rng::Rng;
+
+/// Which of the two algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// Algorithm 1: by sample size.
+    Sizes,
+    /// Algorithm 2: by update similarity.
+    Similarity,
+}
+
+/// Buckets: for each, the (client, units) it holds; every bucket sums to `capacity`.
+pub type Buckets = Vec<Vec<(usize, u128)>>;
+
+/// Pours `(client, units)` into `buckets` (each of capacity `capacity`) from `fill`,
+/// topping up each bucket before moving on.
+fn pour(
+    items: impl IntoIterator<Item = (usize, u128)>,
+    buckets: &mut Buckets,
+    fill: &mut [u128],
+    capacity: u128,
+) {
+    let mut b = 0;
+    for (i, mut amount) in items {
+        while amount > 0 {
+            while fill[b] == capacity {
+                b += 1;
+            }
+            let put = amount.min(capacity - fill[b]);
+            buckets[b].push((i, put));
+            fill[b] += put;
+            amount -= put;
+        }
+    }
+}
+
+/// Algorithm 1: clients by decreasing size (ties by id), m·n_i units each, into m
+/// buckets of Σn units.
+pub fn sizes_buckets(sizes: &[usize], m: usize) -> Buckets {
+    let capacity: u128 = sizes.iter().map(|&s| s as u128).sum();
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
+    let mut buckets = vec![Vec::new(); m];
+    let mut fill = vec![0; m];
+    pour(
+        order.iter().map(|&i| (i, m as u128 * sizes[i] as u128)),
+        &mut buckets,
+        &mut fill,
+        capacity,
+    );
+    buckets
+}
+
+/// Algorithm 2's buckets from clusters (each a list of clients).
+pub fn cluster_buckets(clusters: &[Vec<usize>], sizes: &[usize], m: usize) -> Buckets {
+    let capacity: u128 = sizes.iter().map(|&s| s as u128).sum();
+    let units = |i: usize| m as u128 * sizes[i] as u128;
+    let weight = |c: &Vec<usize>| c.iter().map(|&i| units(i)).sum::<u128>();
+    let mut order: Vec<&Vec<usize>> = clusters.iter().collect();
+    order.sort_by(|a, b| weight(a).cmp(&weight(b)).then(a[0].cmp(&b[0])));
+    let split = order.len().saturating_sub(m);
+    let (rest, seeds) = order.split_at(split);
+    let mut buckets = vec![Vec::new(); m];
+    let mut fill = vec![0; m];
+    let mut spill = Vec::new();
+    for (b, c) in seeds.iter().enumerate() {
+        for &i in c.iter() {
+            let put = units(i).min(capacity - fill[b]);
+            if put > 0 {
+                buckets[b].push((i, put));
+                fill[b] += put;
+            }
+            if units(i) > put {
+                spill.push((i, units(i) - put));
+            }
+        }
+    }
+    let remaining = spill
+        .into_iter()
+        .chain(rest.iter().flat_map(|c| c.iter().map(|&i| (i, units(i)))));
+    pour(remaining, &mut buckets, &mut fill, capacity);
+    buckets
+}
+
+/// Arccos of the cosine between two updates; 0 when either is zero.
+fn arccos_distance(a: &[f32], b: &[f32], na: f64, nb: f64) -> f64 {
+    if na == 0.0 || nb == 0.0 {
+        return 0.0;
+    }
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    (dot / (na * nb)).clamp(-1.0, 1.0).acos()
+}
+
+/// The Clustered Sampling selector.
+#[derive(Debug, Clone)]
+pub struct ClusteredSampling {
+    variant: Variant,
+    sizes: Vec<usize>,
+    per_round: usize,
+    buckets: Buckets,
+    state: State,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct State {
+    /// Latest full update per client (Alg. 2), empty until first seen.
+    updates: Vec<Vec<f32>>,
+    /// Pairwise arccos distances, kept up to date as updates arrive.
+    distance: Vec<Vec<f64>>,
+}
+
+impl ClusteredSampling {
+    /// A selector running the given algorithm.
+    pub fn new(variant: Variant) -> Self {
+        Self {
+            variant,
+            sizes: Vec::new(),
+            per_round: 0,
+            buckets: Vec::new(),
+            state: State::default(),
+        }
+    }
+
+    /// The buckets of the latest selection.
+    pub fn buckets(&self) -> &Buckets {
+        &self.buckets
+    }
+}
+
+impl Selector for ClusteredSampling {
+    fn name(&self) -> &'static str {
+        match self.variant {
+            Variant::Sizes => "cs1",
+            Variant::Similarity => "cs2",
+        }
+    }
+
+    fn needs(&self) -> Needs {
+        Needs {
+            updates: match self.variant {
+                Variant::Sizes => UpdateKind::None,
+                Variant::Similarity => UpdateKind::Full,
+            },
+            ..Needs::default()
+        }
+    }
+
+    fn setup(&mut self, setup: &Setup) {
+        let n = setup.sizes.len();
+        self.sizes = setup.sizes.clone();
+        self.per_round = setup.per_round;
+        if self.variant == Variant::Sizes {
+            self.buckets = sizes_buckets(&self.sizes, setup.per_round);
+        }
+        self.state = State {
+            updates: vec![Vec::new(); n],
+            distance: vec![vec![0.0; n]; n],
+        };
+    }
+
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        _: &mut dyn ClientQuery,
+        rng: &mut Rng,
+    ) -> Result<Selection, Error> {
+        let m = ctx.budget;
+        if self.variant == Variant::Similarity || self.buckets.len() != m {
+            self.buckets = match self.variant {
+                Variant::Sizes => sizes_buckets(&self.sizes, m),
+                Variant::Similarity => {
+                    let merges = ward::linkage(&self.state.distance);
+                    let total: f64 = self.sizes.iter().sum::<usize>() as f64;
+                    let p: Vec<f64> = self.sizes.iter().map(|&s| s as f64 / total).collect();
+                    let clusters = ward::cut_by_weight(&merges, &p, 1.0 / m.max(1) as f64);
+                    cluster_buckets(&clusters, &self.sizes, m)
+                }
+            };
+        }
+        let mut clients = Vec::with_capacity(m);
+        for bucket in &self.buckets {
+            let open: Vec<(usize, u128)> = bucket
+                .iter()
+                .copied()
+                .filter(|(i, _)| ctx.available.binary_search(i).is_ok())
+                .collect();
+            let total: u128 = open.iter().map(|x| x.1).sum();
+            if total == 0 {
+                continue;
+            }
+            let mut u = rng.random_range(0..total);
+            for (i, units) in open {
+                if u < units {
+                    clients.push(i);
+                    break;
+                }
+                u -= units;
+            }
+        }
+        Ok(Selection {
+            clients,
+            weights: None,
+        })
+    }
+
+    fn observe(&mut self, feedback: &Feedback<'_>) {
+        let Some(updates) = feedback.updates else {
+            return;
+        };
+        for (&k, u) in feedback.selected.iter().zip(updates) {
+            self.state.updates[k] = u.clone();
+        }
+        let norms: Vec<f64> = self
+            .state
+            .updates
+            .iter()
+            .map(|u| u.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt())
+            .collect();
+        let mut fresh: Vec<usize> = feedback.selected.to_vec();
+        fresh.sort_unstable();
+        fresh.dedup();
+        let n = self.state.updates.len();
+        for &k in &fresh {
+            for j in 0..n {
+                let d = if j == k {
+                    0.0
+                } else {
+                    arccos_distance(
+                        &self.state.updates[k],
+                        &self.state.updates[j],
+                        norms[k],
+                        norms[j],
+                    )
+                };
+                self.state.distance[k][j] = d;
+                self.state.distance[j][k] = d;
+            }
+        }
+    }
+
+    fn save(&self) -> serde_json::Value {
+        serde_json::to_value(&self.state).expect("plain numbers serialise")
+    }
+
+    fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
+        self.state = serde_json::from_value(state.clone()).map_err(|e| Error::Selection {
+            selector: self.name().into(),
+            round: 0,
+            reason: format!("checkpoint state unreadable: {e}"),
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_masses(b: &Buckets, sizes: &[usize], m: usize) {
+        let cap: u128 = sizes.iter().map(|&s| s as u128).sum();
+        assert_eq!(b.len(), m);
+        for bucket in b {
+            assert_eq!(
+                bucket.iter().map(|x| x.1).sum::<u128>(),
+                cap,
+                "a bucket carries mass 1"
+            );
+        }
+        for (i, &s) in sizes.iter().enumerate() {
+            let got: u128 = b.iter().flatten().filter(|x| x.0 == i).map(|x| x.1).sum();
+            assert_eq!(got, m as u128 * s as u128, "client {i} carries m·p_i");
+        }
+    }
+
+    #[test]
+    fn algorithm_1_buckets_carry_exactly_m_p() {
+        let sizes = [7, 300, 31, 31, 129, 2, 500];
+        for m in [1, 2, 3, 5] {
+            check_masses(&sizes_buckets(&sizes, m), &sizes, m);
+        }
+        // Hand case: sizes (3, 1), m = 2, Σn = 4: client 0 holds 6 units, so bucket 0 is
+        // all client 0 and bucket 1 is 2 units of client 0 and 2 of client 1.
+        let b = sizes_buckets(&[3, 1], 2);
+        assert_eq!(b, vec![vec![(0, 4)], vec![(0, 2), (1, 2)]]);
+    }
+
+    #[test]
+    fn algorithm_2_buckets_carry_exactly_m_p() {
+        let sizes = [10, 20, 30, 40, 50, 60];
+        let clusters = vec![vec![0, 5], vec![1, 4], vec![2], vec![3]];
+        check_masses(&cluster_buckets(&clusters, &sizes, 3), &sizes, 3);
+        let one_each: Vec<Vec<usize>> = (0..6).map(|i| vec![i]).collect();
+        check_masses(&cluster_buckets(&one_each, &sizes, 4), &sizes, 4);
+    }
+}
