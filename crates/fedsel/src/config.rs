@@ -681,6 +681,10 @@ pub struct HicsConfig {
     pub clusters: usize,
     /// The statistic behind Ĥ.
     pub statistic: HicsStatistic,
+    /// Scale the statistic to unit length before the softmax, so that Ĥ depends on the
+    /// update's direction only, not on how far a client moved (not in the paper; with
+    /// it a temperature near 0.05 suits). Off by default.
+    pub normalize: bool,
     /// Write `entropy.csv` (true vs estimated entropy). Needs the **oracle** label
     /// histograms, used for that file only.
     pub entropy_report: bool,
@@ -694,6 +698,7 @@ impl Default for HicsConfig {
             gamma0: 4.0,
             clusters: 0,
             statistic: HicsStatistic::Bias,
+            normalize: false,
             entropy_report: true,
         }
     }

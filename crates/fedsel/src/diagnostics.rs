@@ -1,4 +1,5 @@
-//! Offline diagnostics of a finished run: FedCor's learned client embeddings.
+//! Offline diagnostics of a finished run: FedCor's learned client embeddings, and
+//! HiCS-FL's estimated against true label entropy (HiCS-FL Fig. 9).
 //!
 //! The embeddings (`embeddings.csv`, written by the selector) are normalised to unit
 //! length, as in FedCor Fig. 7, projected to 2-D with PCA (no maintained t-SNE crate fits
@@ -147,9 +148,93 @@ fn embedding_file(run_dir: &Path, stem: &str) -> Result<Option<f64>> {
     Ok(Some(s))
 }
 
+/// Ranks with ties given their average rank (1-based).
+fn ranks(x: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    idx.sort_by(|&a, &b| x[a].total_cmp(&x[b]));
+    let mut r = vec![0.0; x.len()];
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && x[idx[j + 1]] == x[idx[i]] {
+            j += 1;
+        }
+        let avg = (i + j) as f64 / 2.0 + 1.0;
+        for &k in &idx[i..=j] {
+            r[k] = avg;
+        }
+        i = j + 1;
+    }
+    r
+}
+
+/// Spearman's rank correlation: Pearson's correlation of the (tie-averaged) ranks.
+pub fn spearman(x: &[f64], y: &[f64]) -> f64 {
+    let (rx, ry) = (ranks(x), ranks(y));
+    let n = x.len() as f64;
+    let (mx, my) = (rx.iter().sum::<f64>() / n, ry.iter().sum::<f64>() / n);
+    let cov: f64 = rx.iter().zip(&ry).map(|(a, b)| (a - mx) * (b - my)).sum();
+    let vx: f64 = rx.iter().map(|a| (a - mx).powi(2)).sum();
+    let vy: f64 = ry.iter().map(|b| (b - my).powi(2)).sum();
+    if vx == 0.0 || vy == 0.0 {
+        0.0
+    } else {
+        cov / (vx * vy).sqrt()
+    }
+}
+
+/// Spearman correlation of estimated vs true entropy in the first and the last round
+/// of `entropy.csv` (HiCS-FL), with a scatter of the last round (`entropy.png`):
+/// ((first round, ρ), (last round, ρ)). `None` when the run wrote no such file.
+pub fn entropy(run_dir: &Path) -> Result<Option<((usize, f64), (usize, f64))>> {
+    let path = run_dir.join("entropy.csv");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let bad = |e: String| Error::Output {
+        path: path.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    };
+    let mut by_round: std::collections::BTreeMap<usize, (Vec<f64>, Vec<f64>)> =
+        std::collections::BTreeMap::new();
+    for r in read_rows(&path)? {
+        let num = |i: usize| r[i].parse::<f64>().map_err(|e| bad(e.to_string()));
+        let e = by_round.entry(num(0)? as usize).or_default();
+        e.0.push(num(2)?);
+        e.1.push(num(3)?);
+    }
+    let (Some((&first, f)), Some((&last, l))) =
+        (by_round.first_key_value(), by_round.last_key_value())
+    else {
+        return Ok(None);
+    };
+    let rho = |(t, e): (&Vec<f64>, &Vec<f64>)| spearman(t, e);
+    let (rf, rl) = (rho((&f.0, &f.1)), rho((&l.0, &l.1)));
+    if crate::plot::ensure_font().is_ok() {
+        let pts: Vec<(f64, f64)> = l.0.iter().copied().zip(l.1.iter().copied()).collect();
+        crate::plot::scatter(
+            &run_dir.join("entropy"),
+            &format!("round {last}: estimated (y) vs true (x) label entropy, Spearman {rl:.3}"),
+            &pts,
+            &vec![0; pts.len()],
+        )?;
+    }
+    Ok(Some(((first, rf), (last, rl))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spearman_matches_hand_computation() {
+        assert!((spearman(&[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]) - 1.0).abs() < 1e-12);
+        assert!((spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]) + 1.0).abs() < 1e-12);
+        // Ranks (1, 2, 3, 4) vs (2, 1, 4, 3): d² = 4, ρ = 1 − 6·4/(4·15) = 0.6.
+        assert!((spearman(&[1.0, 2.0, 3.0, 4.0], &[2.0, 1.0, 4.0, 3.0]) - 0.6).abs() < 1e-12);
+        // Ties get average ranks: (1, 2.5, 2.5, 4).
+        assert_eq!(ranks(&[0.0, 5.0, 5.0, 9.0]), vec![1.0, 2.5, 2.5, 4.0]);
+    }
 
     #[test]
     fn silhouette_matches_hand_computation() {

@@ -75,6 +75,11 @@ fn results_are_identical_across_thread_counts() {
         ("fedgs", "selection.fedgs.graph=\"functional\""),
         ("fedgs", "availability={ kind = \"sln\", beta = 0.5 }"),
         ("f3ast", "budget={ kind = \"random\", min = 2, max = 8 }"),
+        ("hics", ""),
+        ("cs1", ""),
+        ("cs2", ""),
+        ("divfl", ""),
+        ("divfl", "selection.divfl.refresh=\"stale\""),
     ] {
         let exp = synthetic(&[
             "rounds=30",
@@ -438,12 +443,15 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
 
 #[test]
 fn selectors_with_state_resume_exactly() {
-    for strategy in ["fedcor", "fedgp", "afl", "rpowd", "fedgs", "f3ast"] {
+    for strategy in [
+        "fedcor", "fedgp", "afl", "rpowd", "fedgs", "f3ast", "hics", "cs2", "divfl",
+    ] {
         let exp = synthetic(&[
             "rounds=24",
             "checkpoint_every=5",
             &format!("selection.strategy=\"{strategy}\""),
             "selection.fedgs.graph=\"update\"",
+            "selection.divfl.refresh=\"stale\"",
             "availability={ kind = \"ln\", beta = 0.5 }",
             "selection.fedcor.warmup=4",
             "selection.fedcor.interval=3",
@@ -469,4 +477,32 @@ fn selectors_with_state_resume_exactly() {
             "{strategy}"
         );
     }
+}
+
+/// HiCS-FL asks for the oracle label histograms only to write `entropy.csv`: its
+/// selections are the same with the report switched off, and the ideal DivFL's one-step
+/// gradients are booked for every client every round.
+#[test]
+fn hics_selection_ignores_its_oracle_diagnostic_and_divfl_books_its_gradients() {
+    let run = |extra: &str| {
+        run_in_pool(
+            2,
+            &synthetic(&["rounds=20", "selection.strategy=\"hics\"", extra]),
+        )
+    };
+    let with = run("selection.hics.entropy_report=true");
+    let without = run("selection.hics.entropy_report=false");
+    for (a, b) in with.iter().zip(&without) {
+        assert_eq!(a.selected, b.selected, "round {}", a.round);
+    }
+    // Warm-up: ⌈30/6⌉ = 5 rounds cover every client exactly once.
+    let mut seen: Vec<usize> = with[..5].iter().flat_map(|r| r.selected.clone()).collect();
+    seen.sort();
+    assert_eq!(seen, (0..30).collect::<Vec<_>>());
+    let divfl = run_in_pool(2, &synthetic(&["rounds=3", "selection.strategy=\"divfl\""]));
+    assert!(
+        divfl
+            .iter()
+            .all(|r| r.cost.gradients == 30 && r.n_selected == 6)
+    );
 }

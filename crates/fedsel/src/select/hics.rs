@@ -5,7 +5,9 @@
 //!   without replacement from those that have not reported yet.
 //! - Heterogeneity (Eq. 7): Ĥ_k = H(softmax(Δb_k / T)) from client k's latest
 //!   output-bias update Δb_k (Alg. 1 line 18); the weight-row-mean statistic of
-//!   the authors' code is an option. The softmax is max-shifted.
+//!   the authors' code is an option, and so is scaling the statistic to unit
+//!   length first (ours: Ĥ then ignores how far a client moved, which otherwise
+//!   depends on its class mix and step count). The softmax is max-shifted.
 //! - Distance (Eq. 9): λ·arccos(cos(Δb_u, Δb_k)) + (1 − λ)·|Ĥ_u − Ĥ_k|.
 //! - Ward clustering of the rows of that matrix into M groups (decisions.md).
 //! - Sampling (Eq. 10): group m with probability ∝ exp(γ_t H̄_m), γ_t =
@@ -98,7 +100,16 @@ impl Hics {
     /// Ĥ of every client.
     pub fn estimates(&self) -> Vec<f64> {
         (0..self.n)
-            .map(|k| softmax_entropy(&self.statistic(k), self.cfg.temperature))
+            .map(|k| {
+                let mut x = self.statistic(k);
+                if self.cfg.normalize {
+                    let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
+                    if norm > 0.0 {
+                        x.iter_mut().for_each(|v| *v /= norm);
+                    }
+                }
+                softmax_entropy(&x, self.cfg.temperature)
+            })
             .collect()
     }
 
