@@ -151,3 +151,63 @@ pub fn fedgs_selection_time(n: usize, m: usize, rounds: usize) -> (f64, f64) {
     let max = times.iter().copied().fold(0.0, f64::max);
     (mean, max)
 }
+
+/// Per-round HiCS-FL selection time after warm-up for `n` clients, `k` per round and
+/// `classes` output classes (hidden width 64): Ĥ, the Eq. 9 distances, Ward clustering and
+/// the draws. Returns (mean ms, max ms) over `rounds` rounds.
+pub fn hics_selection_time(n: usize, k: usize, classes: usize, rounds: usize) -> (f64, f64) {
+    use crate::select::{Feedback, RoundContext, Selector, Setup, hics::Hics};
+    use rand::Rng as _;
+    let mut s = Hics::new(crate::config::HicsConfig {
+        entropy_report: false,
+        ..crate::config::HicsConfig::default()
+    });
+    s.setup(&Setup {
+        sizes: vec![600; n],
+        weights: vec![1.0 / n as f64; n],
+        per_round: k,
+        rounds: rounds + n,
+        num_params: 1,
+        classes,
+        oracle_label_histograms: None,
+        oracle_features: None,
+    });
+    let mut rng = stream(0, Purpose::Strategy, 0, 0);
+    let all: Vec<usize> = (0..n).collect();
+    let mut times = Vec::with_capacity(rounds);
+    let mut t = 0;
+    while times.len() < rounds {
+        let ctx = RoundContext {
+            round: t,
+            available: &all,
+            budget: k,
+            gradients: None,
+        };
+        let warm = t < n.div_ceil(k);
+        let started = Instant::now();
+        let sel = s
+            .select(&ctx, &mut NoReports, &mut rng)
+            .expect("no reports needed");
+        if !warm {
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        let updates: Vec<Vec<f32>> = sel
+            .clients
+            .iter()
+            .map(|_| {
+                (0..classes * 65)
+                    .map(|_| rng.random::<f32>() * 0.01)
+                    .collect()
+            })
+            .collect();
+        s.observe(&Feedback {
+            round: t,
+            selected: &sel.clients,
+            train_losses: &vec![0.0; sel.clients.len()],
+            updates: Some(&updates),
+        });
+        t += 1;
+    }
+    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+    (mean, times.iter().copied().fold(0.0, f64::max))
+}

@@ -488,6 +488,10 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
     println!(
         "select fedgs N=100 M=10 (oracle 3DG, 400 rounds): {mean:.3} ms mean, {max:.3} ms max per round"
     );
+    let (mean, max) = fedsel::bench::hics_selection_time(100, 20, 100, 200);
+    println!(
+        "select hics N=100 K=20 C=100 (after warm-up, 200 rounds): {mean:.3} ms mean, {max:.3} ms max per round"
+    );
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
     let dir = locate::data_dir(data_dir, None);
