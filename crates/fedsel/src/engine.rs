@@ -282,6 +282,36 @@ struct Query<'a> {
     sizes: &'a [usize],
 }
 
+impl Query<'_> {
+    /// Local trainings a strategy asks for beyond the round's own (probes, FedGS's graph
+    /// building), booked as probe trainings with their broadcasts and uploads. They draw
+    /// from Probe streams keyed by `key_offset + k` and start without persistent optimizer
+    /// state, so they leave the real round untouched.
+    fn train_extra(&mut self, clients: &[usize], key_offset: usize) -> Vec<train::LocalUpdate> {
+        let exp = self.exp;
+        let trainer = exp.trainer();
+        let (seed, t) = (exp.config.seed, self.round as u64);
+        let updates: Vec<train::LocalUpdate> = clients
+            .par_iter()
+            .map(|&k| {
+                trainer.train(
+                    self.global,
+                    &exp.clients[k].train,
+                    self.lr,
+                    &mut stream(seed, Purpose::Probe, t, (key_offset + k) as u64),
+                    None,
+                )
+            })
+            .collect();
+        let m = clients.len() as u64;
+        self.ledger.broadcasts += m;
+        self.ledger.uploads += m;
+        self.ledger.probe_trainings += m;
+        self.ledger.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
+        updates
+    }
+}
+
 impl ClientQuery for Query<'_> {
     fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
         let evals = self.exp.holdout_losses(self.global, clients);
@@ -331,22 +361,7 @@ impl ClientQuery for Query<'_> {
     fn probe(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
         let exp = self.exp;
         let n_clients = exp.clients.len();
-        let trainer = exp.trainer();
-        let (seed, t) = (exp.config.seed, self.round as u64);
-        // Probe trainings draw from their own streams and start without persistent
-        // optimizer state, so they leave the real round untouched.
-        let updates: Vec<train::LocalUpdate> = clients
-            .par_iter()
-            .map(|&k| {
-                trainer.train(
-                    self.global,
-                    &exp.clients[k].train,
-                    self.lr,
-                    &mut stream(seed, Purpose::Probe, t, (n_clients + k) as u64),
-                    None,
-                )
-            })
-            .collect();
+        let updates = self.train_extra(clients, n_clients);
         let locals: Vec<&[f32]> = updates.iter().map(|u| u.params.as_slice()).collect();
         let rule = match exp.config.server.aggregation {
             AggregationRule::Selector => AggregationRule::Mean,
@@ -355,11 +370,6 @@ impl ClientQuery for Query<'_> {
         let w = aggregate::weights(rule, clients, self.sizes, None);
         let delta = aggregate::delta(self.global, &locals, &w);
         let probe: Vec<f32> = self.global.iter().zip(&delta).map(|(g, d)| g + d).collect();
-        let m = clients.len() as u64;
-        self.ledger.broadcasts += m;
-        self.ledger.uploads += m;
-        self.ledger.probe_trainings += m;
-        self.ledger.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
         let all: Vec<usize> = (0..n_clients).collect();
         Query {
             exp,
@@ -373,27 +383,7 @@ impl ClientQuery for Query<'_> {
     }
 
     fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
-        let exp = self.exp;
-        let n_clients = exp.clients.len();
-        let trainer = exp.trainer();
-        let (seed, t) = (exp.config.seed, self.round as u64);
-        let updates: Vec<train::LocalUpdate> = clients
-            .par_iter()
-            .map(|&k| {
-                trainer.train(
-                    self.global,
-                    &exp.clients[k].train,
-                    self.lr,
-                    &mut stream(seed, Purpose::Probe, t, (2 * n_clients + k) as u64),
-                    None,
-                )
-            })
-            .collect();
-        let m = clients.len() as u64;
-        self.ledger.broadcasts += m;
-        self.ledger.uploads += m;
-        self.ledger.probe_trainings += m;
-        self.ledger.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
+        let updates = self.train_extra(clients, 2 * self.exp.clients.len());
         Ok(updates
             .into_iter()
             .map(|u| {

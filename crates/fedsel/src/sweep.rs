@@ -192,33 +192,20 @@ impl Sweep {
         merge(&mut base, file.config);
         let mut axes = Vec::new();
         let a = file.axes;
-        if !a.case.is_empty() {
-            let values = a
-                .case
-                .into_iter()
-                .map(|c| AxisValue {
-                    label: c.label,
-                    overrides: c.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-                })
-                .collect();
-            axes.push(Axis {
-                label: "setting".into(),
-                values,
-            });
-        }
-        if !a.method.is_empty() {
-            let values = a
-                .method
-                .into_iter()
-                .map(|c| AxisValue {
-                    label: c.label,
-                    overrides: c.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-                })
-                .collect();
-            axes.push(Axis {
-                label: "method".into(),
-                values,
-            });
+        for (label, named) in [("setting", a.case), ("method", a.method)] {
+            if !named.is_empty() {
+                let values = named
+                    .into_iter()
+                    .map(|c| AxisValue {
+                        label: c.label,
+                        overrides: c.set.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                    })
+                    .collect();
+                axes.push(Axis {
+                    label: label.into(),
+                    values,
+                });
+            }
         }
         for (key, label, values) in [
             ("selection.strategy", "strategy", a.strategy),

@@ -107,12 +107,7 @@ impl Selector for ActiveFl {
     }
 
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
-        self.values =
-            serde_json::from_value(state["values"].clone()).map_err(|e| Error::Selection {
-                selector: "afl".into(),
-                round: 0,
-                reason: format!("checkpoint state: {e}"),
-            })?;
+        self.values = super::load_state("afl", &state["values"])?;
         Ok(())
     }
 }

@@ -153,6 +153,23 @@ fn unsupported(what: &str) -> Error {
     }
 }
 
+/// A selector's state as checkpoint JSON.
+pub(crate) fn save_state<T: serde::Serialize>(state: &T) -> serde_json::Value {
+    serde_json::to_value(state).expect("selector state is plain data")
+}
+
+/// Reads back what [`save_state`] wrote, naming the selector on failure.
+pub(crate) fn load_state<T: serde::de::DeserializeOwned>(
+    selector: &str,
+    state: &serde_json::Value,
+) -> Result<T, Error> {
+    serde_json::from_value(state.clone()).map_err(|e| Error::Selection {
+        selector: selector.into(),
+        round: 0,
+        reason: format!("checkpoint state unreadable: {e}"),
+    })
+}
+
 /// Draws `k` distinct items with probability ∝ `weights`, one at a time, renormalising
 /// after each draw (numpy's `choice(replace=False, p=...)`). Zero-weight items are only
 /// drawn once every positive one is taken.

@@ -219,15 +219,11 @@ impl Selector for FedGs {
     }
 
     fn save(&self) -> serde_json::Value {
-        serde_json::to_value(&self.state).expect("plain numbers serialise")
+        super::save_state(&self.state)
     }
 
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
-        self.state = serde_json::from_value(state.clone()).map_err(|e| Error::Selection {
-            selector: "fedgs".into(),
-            round: 0,
-            reason: format!("checkpoint state unreadable: {e}"),
-        })?;
+        self.state = super::load_state("fedgs", state)?;
         Ok(())
     }
 
