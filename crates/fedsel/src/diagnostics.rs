@@ -183,10 +183,13 @@ pub fn spearman(x: &[f64], y: &[f64]) -> f64 {
     }
 }
 
+/// A round and a correlation measured in it.
+pub type RoundCorrelation = (usize, f64);
+
 /// Spearman correlation of estimated vs true entropy in the first and the last round
 /// of `entropy.csv` (HiCS-FL), with a scatter of the last round (`entropy.png`):
-/// ((first round, ρ), (last round, ρ)). `None` when the run wrote no such file.
-pub fn entropy(run_dir: &Path) -> Result<Option<((usize, f64), (usize, f64))>> {
+/// [(first round, ρ), (last round, ρ)]. `None` when the run wrote no such file.
+pub fn entropy(run_dir: &Path) -> Result<Option<[RoundCorrelation; 2]>> {
     let path = run_dir.join("entropy.csv");
     if !path.is_file() {
         return Ok(None);
@@ -219,7 +222,7 @@ pub fn entropy(run_dir: &Path) -> Result<Option<((usize, f64), (usize, f64))>> {
             &vec![0; pts.len()],
         )?;
     }
-    Ok(Some(((first, rf), (last, rl))))
+    Ok(Some([(first, rf), (last, rl)]))
 }
 
 #[cfg(test)]

@@ -269,7 +269,7 @@ fn run(args: RunArgs) -> Result<()> {
             "  {stem}: silhouette of dominant-label groups on normalised embeddings {s:.3} ({stem}_pca.png)"
         );
     }
-    if let Some(((t0, r0), (t1, r1))) = fedsel::diagnostics::entropy(&out)? {
+    if let Some([(t0, r0), (t1, r1)]) = fedsel::diagnostics::entropy(&out)? {
         println!(
             "  estimated vs true label entropy, Spearman: {r0:.3} at round {t0} (after warm-up), {r1:.3} at round {t1} (entropy.png)"
         );

@@ -78,15 +78,16 @@ pub fn shortest_paths(adjacency: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let n = adjacency.len();
     let mut d = adjacency.to_vec();
     for m in 0..n {
-        for i in 0..n {
-            let dim = d[i][m];
+        let through = d[m].clone();
+        for row in d.iter_mut() {
+            let dim = row[m];
             if dim.is_infinite() {
                 continue;
             }
-            for j in 0..n {
-                let via = dim + d[m][j];
-                if via < d[i][j] {
-                    d[i][j] = via;
+            for (dij, dmj) in row.iter_mut().zip(&through) {
+                let via = dim + dmj;
+                if via < *dij {
+                    *dij = via;
                 }
             }
         }

@@ -287,12 +287,10 @@ mod tests {
     fn random_instance(n: usize, seed: u64) -> (Vec<Vec<f64>>, Vec<f64>) {
         let mut rng = stream(seed, Purpose::Strategy, 0, 0);
         let mut d = vec![vec![0.0; n]; n];
-        for i in 0..n {
-            for j in i + 1..n {
-                let x: f64 = rng.random();
-                d[i][j] = x;
-                d[j][i] = x;
-            }
+        for (i, j) in (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j))) {
+            let x: f64 = rng.random();
+            d[i][j] = x;
+            d[j][i] = x;
         }
         let c = (0..n).map(|_| -2.0 * rng.random::<f64>()).collect();
         (d, c)
