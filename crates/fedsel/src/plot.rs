@@ -92,10 +92,19 @@ trait Figure {
 }
 
 /// Draws a figure as `stem.svg` and `stem.png`.
+/// `stem` + `.ext`; unlike `Path::with_extension` it keeps a dot inside the stem
+/// (a setting named `ldf_0.7`).
+fn with_suffix(stem: &Path, ext: &str) -> std::path::PathBuf {
+    let mut s = stem.as_os_str().to_owned();
+    s.push(".");
+    s.push(ext);
+    s.into()
+}
+
 fn both(stem: &Path, fig: &impl Figure) -> Result<()> {
     let size = (960, 600);
-    let svg = stem.with_extension("svg");
-    let png = stem.with_extension("png");
+    let svg = with_suffix(stem, "svg");
+    let png = with_suffix(stem, "png");
     ensure_font().map_err(plot_err(&png))?;
     {
         let root = SVGBackend::new(&svg, size).into_drawing_area();
@@ -462,6 +471,12 @@ pub fn savitzky_golay(y: &[f64], window: usize) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn figure_paths_keep_dots_in_the_stem() {
+        let p = with_suffix(Path::new("plots/availability_ldf_0.7-accuracy"), "png");
+        assert_eq!(p, Path::new("plots/availability_ldf_0.7-accuracy.png"));
+    }
 
     #[test]
     fn savitzky_golay_keeps_quadratics_and_smooths_noise() {
