@@ -900,7 +900,14 @@ impl Default for EvalConfig {
     }
 }
 
-const MODELS: &[&str] = &["logreg", "mlp", "cnn_fmnist", "cnn_cifar", "char_lstm"];
+const MODELS: &[&str] = &[
+    "logreg",
+    "mlp",
+    "cnn_fmnist",
+    "cnn_hics",
+    "cnn_cifar",
+    "char_lstm",
+];
 const STRATEGIES: &[&str] = &[
     "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast", "hics",
     "cs1", "cs2", "divfl",

@@ -1,5 +1,6 @@
-//! The FedGS Fashion-MNIST CNN: conv5×5(32, pad 2) → ReLU → pool2 →
-//! conv5×5(64, pad 2) → ReLU → pool2 → FC 3136→512 → ReLU → FC 512→classes.
+//! Fashion-MNIST CNNs: conv5×5(32, pad 2) → ReLU → pool2 → conv5×5(64, pad 2)
+//! → ReLU → pool2, then FC 3136→512 → ReLU → FC 512→classes (FedGS, `cnn_fmnist`)
+//! or a single FC 3136→classes (HiCS-FL App. 6.1, `cnn_hics`).
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
@@ -8,26 +9,40 @@ use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 
 use super::{Architecture, Batch, Dropout, ParamSpec, dense};
 
-/// Two conv blocks and two dense layers.
+/// Two conv blocks and one or two dense layers.
 #[derive(Debug, Clone)]
 pub struct CnnFmnist {
     /// Classes.
     pub classes: usize,
+    /// Width of the hidden dense layer; `None` puts the output layer right after
+    /// the convolutions (HiCS-FL's model).
+    pub hidden: Option<usize>,
 }
+
+const FEATURES: usize = 64 * 7 * 7;
 
 impl Architecture for CnnFmnist {
     fn name(&self) -> &'static str {
-        "cnn_fmnist"
+        match self.hidden {
+            Some(_) => "cnn_fmnist",
+            None => "cnn_hics",
+        }
     }
 
     fn params(&self) -> Vec<ParamSpec> {
-        [
+        let mut p = [
             ParamSpec::conv("conv1", 1, 32, 5),
             ParamSpec::conv("conv2", 32, 64, 5),
-            ParamSpec::linear("fc1", 64 * 7 * 7, 512),
-            ParamSpec::linear("out", 512, self.classes),
         ]
-        .concat()
+        .concat();
+        match self.hidden {
+            Some(h) => {
+                p.extend(ParamSpec::linear("fc1", FEATURES, h));
+                p.extend(ParamSpec::linear("out", h, self.classes));
+            }
+            None => p.extend(ParamSpec::linear("out", FEATURES, self.classes)),
+        }
+        p
     }
 
     fn forward(&self, p: &[Tensor<1>], x: Batch, _: Option<&mut Dropout<'_>>) -> Tensor<2> {
@@ -44,9 +59,16 @@ impl Architecture for CnnFmnist {
             max_pool2d(relu(y), MaxPoolOptions::new([2, 2]))
         };
         let h = conv(0, x.reshape([b, 1, 28, 28]), 1, 32);
-        let h = conv(2, h, 32, 64).reshape([b, 64 * 7 * 7]);
-        let h =
-            relu(h.matmul(p[4].clone().reshape([64 * 7 * 7, 512])) + p[5].clone().unsqueeze::<2>());
-        h.matmul(p[6].clone().reshape([512, self.classes])) + p[7].clone().unsqueeze::<2>()
+        let h = conv(2, h, 32, 64).reshape([b, FEATURES]);
+        let (h, width, out) = match self.hidden {
+            Some(w) => (
+                relu(h.matmul(p[4].clone().reshape([FEATURES, w])) + p[5].clone().unsqueeze::<2>()),
+                w,
+                6,
+            ),
+            None => (h, FEATURES, 4),
+        };
+        h.matmul(p[out].clone().reshape([width, self.classes]))
+            + p[out + 1].clone().unsqueeze::<2>()
     }
 }

@@ -241,9 +241,18 @@ pub fn build(cfg: &ModelConfig, data: &Dataset) -> Result<Box<dyn Architecture>,
             dropout: cfg.dropout,
         })),
         (Inputs::Dense { shape, .. }, "cnn_fmnist") if shape[..] == [1, 28, 28] => {
-            Ok(Box::new(cnn_fmnist::CnnFmnist { classes }))
+            Ok(Box::new(cnn_fmnist::CnnFmnist {
+                classes,
+                hidden: Some(512),
+            }))
         }
-        (_, "cnn_fmnist") => Err(mismatch("1×28×28 images")),
+        (Inputs::Dense { shape, .. }, "cnn_hics") if shape[..] == [1, 28, 28] => {
+            Ok(Box::new(cnn_fmnist::CnnFmnist {
+                classes,
+                hidden: None,
+            }))
+        }
+        (_, "cnn_fmnist" | "cnn_hics") => Err(mismatch("1×28×28 images")),
         (Inputs::Dense { shape, .. }, "cnn_cifar") if shape[..] == [3, 32, 32] => {
             Ok(Box::new(cnn_cifar::CnnCifar { classes }))
         }
@@ -338,6 +347,24 @@ mod tests {
         let device = Device::flex();
         let back = layout.to_flat(layout.to_tensors(&flat, &device));
         assert_eq!(back, flat);
+    }
+
+    /// HiCS-FL's CNN puts the output layer right after the convolutions: the output
+    /// weight is 3136 × classes, and a forward pass gives one row of logits per image.
+    #[test]
+    fn the_hics_cnn_has_one_dense_layer() {
+        let arch = cnn_fmnist::CnnFmnist {
+            classes: 10,
+            hidden: None,
+        };
+        let layout = ParamLayout::of(&arch);
+        let conv = 32 * 25 + 32 + 64 * 32 * 25 + 64;
+        assert_eq!(layout.total, conv + 3136 * 10 + 10);
+        assert_eq!(layout.output_weight().len(), 3136 * 10);
+        let device = Device::flex();
+        let p = layout.to_tensors(&layout.init(1), &device);
+        let x = Tensor::<2>::zeros([3, 784], &device);
+        assert_eq!(arch.forward(&p, Batch::Dense(x), None).dims(), [3, 10]);
     }
 
     #[test]
