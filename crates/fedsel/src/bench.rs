@@ -131,7 +131,6 @@ pub fn fedgs_selection_time(n: usize, m: usize, rounds: usize) -> (f64, f64) {
             round: t,
             available: &available,
             budget: m,
-            gradients: None,
         };
         let started = Instant::now();
         let sel = s
@@ -181,7 +180,6 @@ pub fn hics_selection_time(n: usize, k: usize, classes: usize, rounds: usize) ->
             round: t,
             available: &all,
             budget: k,
-            gradients: None,
         };
         let warm = t < n.div_ceil(k);
         let started = Instant::now();

@@ -1,8 +1,8 @@
 //! The round loop, in one place.
 //!
 //! Each round runs, top to bottom:
-//! availability → (gradients of all, if asked) → selection (with any loss
-//! reports it asks for) → broadcast → local training of the selected, in
+//! availability → selection (with any loss, gradient or probe reports it
+//! asks for) → broadcast → local training of the selected, in
 //! parallel → aggregation → server step → evaluation → feedback to the
 //! selector → metrics.
 //!
@@ -630,29 +630,10 @@ pub fn run_with(
         let round_avail = env.round(t);
         let available = &round_avail.active;
 
-        let gradients = needs.gradients_of_all.then(|| {
-            let g: Vec<Vec<f32>> = available
-                .par_iter()
-                .map(|&k| {
-                    trainer.gradient(
-                        &global,
-                        &exp.clients[k].train,
-                        &mut stream(seed, Purpose::Training, t as u64, (n + k) as u64),
-                    )
-                })
-                .collect();
-            let a = available.len() as u64;
-            cost.broadcasts += a;
-            cost.gradients += a;
-            cost.uploads += a;
-            g
-        });
-
         let ctx = RoundContext {
             round: t,
             available,
             budget: round_avail.budget,
-            gradients: gradients.as_deref(),
         };
         let mut query = Query {
             exp,

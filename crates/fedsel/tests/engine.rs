@@ -214,7 +214,6 @@ impl Selector for Probe {
     fn needs(&self) -> Needs {
         Needs {
             updates: UpdateKind::OutputLayer,
-            gradients_of_all: true,
             oracle_label_histograms: true,
             oracle_features: false,
         }
@@ -232,7 +231,8 @@ impl Selector for Probe {
         q: &mut dyn ClientQuery,
         _: &mut Rng,
     ) -> Result<Selection, Error> {
-        assert_eq!(ctx.gradients.unwrap().len(), ctx.available.len());
+        let g = q.gradients(ctx.available)?;
+        assert_eq!(g.len(), ctx.available.len());
         let cand = &ctx.available[..4];
         let losses = q.holdout_losses(cand)?;
         assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0));

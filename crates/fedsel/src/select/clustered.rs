@@ -135,6 +135,8 @@ pub struct ClusteredSampling {
 struct State {
     /// Latest full update per client (Alg. 2), empty until first seen.
     updates: Vec<Vec<f32>>,
+    /// Their Euclidean norms.
+    norms: Vec<f64>,
     /// Pairwise arccos distances, kept up to date as updates arrive.
     distance: Vec<Vec<f64>>,
 }
@@ -184,6 +186,7 @@ impl Selector for ClusteredSampling {
         }
         self.state = State {
             updates: vec![Vec::new(); n],
+            norms: vec![0.0; n],
             distance: vec![vec![0.0; n]; n],
         };
     }
@@ -239,13 +242,9 @@ impl Selector for ClusteredSampling {
         };
         for (&k, u) in feedback.selected.iter().zip(updates) {
             self.state.updates[k] = u.clone();
+            self.state.norms[k] = u.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
         }
-        let norms: Vec<f64> = self
-            .state
-            .updates
-            .iter()
-            .map(|u| u.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt())
-            .collect();
+        let norms = &self.state.norms;
         let mut fresh: Vec<usize> = feedback.selected.to_vec();
         fresh.sort_unstable();
         fresh.dedup();

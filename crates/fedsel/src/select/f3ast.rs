@@ -155,7 +155,6 @@ mod tests {
                 round: t as usize,
                 available: &available,
                 budget: 1,
-                gradients: None,
             };
             let sel = s
                 .select(&ctx, &mut FixedLosses(vec![0.0; 2]), &mut rng)
@@ -185,7 +184,6 @@ mod tests {
             round: 0,
             available: &[1, 2, 3],
             budget: 2,
-            gradients: None,
         };
         let sel = s
             .select(

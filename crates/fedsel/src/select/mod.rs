@@ -2,10 +2,9 @@
 //!
 //! A selector sees only what a real server sees: client ids, training-set
 //! sizes, availability, and whatever it asks clients to report. It declares
-//! standing needs once ([`Needs`]: which part of each update to keep, one-step
-//! gradients of every client, oracle label histograms), and asks for
-//! on-demand reports (held-out losses of some clients) through
-//! [`ClientQuery`] while it selects. The engine performs every such request
+//! standing needs once ([`Needs`]: which part of each update to keep, oracle
+//! features), and asks for on-demand reports (held-out losses, one-step
+//! gradients, probe trainings) through [`ClientQuery`] while it selects. The engine performs every such request
 //! and books its cost in the run's [`Ledger`](crate::ledger::Ledger).
 
 pub mod afl;
@@ -41,9 +40,6 @@ pub enum UpdateKind {
 pub struct Needs {
     /// Updates of the selected clients, given in [`Feedback::updates`].
     pub updates: UpdateKind,
-    /// A one-step gradient from every available client before each selection,
-    /// given in [`RoundContext::gradients`] (DivFL and Pow-d "ideal").
-    pub gradients_of_all: bool,
     /// **Oracle**: every client's true label histogram, given at setup.
     /// A real server cannot see these; only strategies defined with oracle
     /// knowledge (e.g. FedGS's oracle 3DG) may ask.
@@ -84,8 +80,6 @@ pub struct RoundContext<'a> {
     pub available: &'a [usize],
     /// How many clients the server may select now (K_t).
     pub budget: usize,
-    /// One-step gradients of the available clients (same order), when asked for.
-    pub gradients: Option<&'a [Vec<f32>]>,
 }
 
 /// Reports the selector can request from clients while it selects.
@@ -392,7 +386,6 @@ mod tests {
             round: 0,
             available: &[0, 1, 2],
             budget: 2,
-            gradients: None,
         };
         let mut counts = [0; 3];
         let mut rng = stream(2, Purpose::Selection, 0, 0);
@@ -415,7 +408,6 @@ mod tests {
             round: 0,
             available: &[0, 1, 2, 3],
             budget: 2,
-            gradients: None,
         };
         let mut picked = s
             .select(&ctx, &mut FixedLosses(vec![0.3, 0.9, 0.1, 0.5]), &mut rng)
@@ -442,7 +434,6 @@ mod tests {
             round: 0,
             available: &[0, 1, 2, 3],
             budget: 1,
-            gradients: None,
         };
         let e = (1f64).exp();
         let expected = [0.0, 0.0, 1.0 / (1.0 + e), e / (1.0 + e)];
