@@ -98,16 +98,16 @@ impl Trainer<'_> {
         let start = layout.to_tensors(global, dev);
         let mut params = start.clone();
         let n = params.len();
+        let unflatten = |flat: &[f32]| {
+            if flat.is_empty() {
+                Vec::new()
+            } else {
+                layout.to_tensors(flat, dev)
+            }
+        };
         let (mut step, mut m, mut v) = match state {
-            Some(s) => (
-                s.step,
-                layout.to_tensors(&s.m, dev),
-                if s.v.is_empty() {
-                    Vec::new()
-                } else {
-                    layout.to_tensors(&s.v, dev)
-                },
-            ),
+            // Plain SGD keeps no moments, so its saved state has empty buffers.
+            Some(s) => (s.step, unflatten(&s.m), unflatten(&s.v)),
             None => (0, Vec::new(), Vec::new()),
         };
         let plan = batches(idx, cfg.work, cfg.batch_size, rng);
@@ -402,9 +402,18 @@ mod tests {
         assert_ne!(second.params, first.params);
         let off = TrainConfig {
             persistent_state: false,
-            ..cfg
+            ..cfg.clone()
         };
         assert!(run(&off, None).1.state.is_none());
+        // Plain SGD has no moments to keep: only the step count carries over.
+        let sgd = TrainConfig {
+            optimizer: LocalOptimizer::Sgd,
+            momentum: 0.0,
+            ..cfg
+        };
+        let state = run(&sgd, None).1.state.unwrap();
+        assert!(state.m.is_empty() && state.v.is_empty());
+        assert_eq!(run(&sgd, Some(state)).1.state.unwrap().step, 8);
     }
 
     #[test]
