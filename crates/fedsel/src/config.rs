@@ -667,6 +667,17 @@ pub enum HicsStatistic {
     WeightRows,
 }
 
+/// How HiCS-FL turns a client's statistic x into a label distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HicsEstimator {
+    /// softmax(x / T) (paper Eq. 7).
+    Softmax,
+    /// x⁺ / Σ x⁺, the update's positive part, with no temperature (ours; see
+    /// `select::hics` for why).
+    PositivePart,
+}
+
 /// HiCS-FL (seed 003), defaults from its App. 6.1 for FMNIST.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -681,10 +692,8 @@ pub struct HicsConfig {
     pub clusters: usize,
     /// The statistic behind Ĥ.
     pub statistic: HicsStatistic,
-    /// Scale the statistic to unit length before the softmax, so that Ĥ depends on the
-    /// update's direction only, not on how far a client moved (not in the paper; with
-    /// it a temperature near 0.05 suits). Off by default.
-    pub normalize: bool,
+    /// How the statistic becomes a distribution whose entropy is Ĥ.
+    pub estimator: HicsEstimator,
     /// Write `entropy.csv` (true vs estimated entropy). Needs the **oracle** label
     /// histograms, used for that file only.
     pub entropy_report: bool,
@@ -698,7 +707,7 @@ impl Default for HicsConfig {
             gamma0: 4.0,
             clusters: 0,
             statistic: HicsStatistic::Bias,
-            normalize: false,
+            estimator: HicsEstimator::Softmax,
             entropy_report: true,
         }
     }

@@ -4,10 +4,17 @@
 //! - Warm-up (Alg. 1 lines 3–4): for ⌈N/K⌉ rounds, K clients drawn uniformly
 //!   without replacement from those that have not reported yet.
 //! - Heterogeneity (Eq. 7): Ĥ_k = H(softmax(Δb_k / T)) from client k's latest
-//!   output-bias update Δb_k (Alg. 1 line 18); the weight-row-mean statistic of
-//!   the authors' code is an option, and so is scaling the statistic to unit
-//!   length first (ours: Ĥ then ignores how far a client moved, which otherwise
-//!   depends on its class mix and step count). The softmax is max-shifted.
+//!   output-bias update Δb_k (Alg. 1 line 18), max-shifted; the weight-row-mean
+//!   statistic of the authors' code is an option.
+//! - The `positive_part` estimator (ours) takes the entropy of Δb⁺/ΣΔb⁺ instead.
+//!   Eq. 5 gives E[Δb_i] ∝ D_i − Ē_i (the client's share of class i minus the
+//!   model's mean prediction of it), and App. 6.9 argues that balanced clients
+//!   show more positive entries. A fixed T only works while every client's Δb
+//!   has the scale T was tuned for: with momentum, longer local work or a model
+//!   that already fits a client's classes, the softmax saturates to one-hot or
+//!   flattens to uniform. The positive part keeps Eq. 5's linearity and has no
+//!   scale to tune; on FMNIST setting (2) it ranks clients by true entropy at
+//!   ρ ≈ 0.9 where the softmax reaches ρ ≈ 0.5–0.6 (README, issue 6 note).
 //! - Distance (Eq. 9): λ·arccos(cos(Δb_u, Δb_k)) + (1 − λ)·|Ĥ_u − Ĥ_k|.
 //! - Ward clustering of the rows of that matrix into M groups (decisions.md).
 //! - Sampling (Eq. 10): group m with probability ∝ exp(γ_t H̄_m), γ_t =
@@ -25,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind, ward,
 };
-use crate::config::{HicsConfig, HicsStatistic};
+use crate::config::{HicsConfig, HicsEstimator, HicsStatistic};
 use crate::error::Error;
 use crate::rng::Rng;
 
@@ -37,6 +44,20 @@ pub fn softmax_entropy(x: &[f64], temperature: f64) -> f64 {
     e.iter()
         .map(|v| v / z)
         .filter(|&p| p > 0.0)
+        .map(|p| -p * p.ln())
+        .sum()
+}
+
+/// Entropy (nats) of x⁺ / Σ x⁺; ln C when no entry is positive (no evidence,
+/// as softmax(0) gives).
+pub fn positive_part_entropy(x: &[f64]) -> f64 {
+    let mass: f64 = x.iter().map(|v| v.max(0.0)).sum();
+    if mass <= 0.0 {
+        return (x.len() as f64).ln();
+    }
+    x.iter()
+        .filter(|&&v| v > 0.0)
+        .map(|v| v / mass)
         .map(|p| -p * p.ln())
         .sum()
 }
@@ -101,14 +122,11 @@ impl Hics {
     pub fn estimates(&self) -> Vec<f64> {
         (0..self.n)
             .map(|k| {
-                let mut x = self.statistic(k);
-                if self.cfg.normalize {
-                    let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
-                    if norm > 0.0 {
-                        x.iter_mut().for_each(|v| *v /= norm);
-                    }
+                let x = self.statistic(k);
+                match self.cfg.estimator {
+                    HicsEstimator::Softmax => softmax_entropy(&x, self.cfg.temperature),
+                    HicsEstimator::PositivePart => positive_part_entropy(&x),
                 }
-                softmax_entropy(&x, self.cfg.temperature)
             })
             .collect()
     }
@@ -330,5 +348,28 @@ mod tests {
         assert!(ho < hs && hs < hb, "{ho} {hs} {hb}");
         // Max-shifting keeps huge updates finite.
         assert!(softmax_entropy(&[1e3, 0.0], 1e-3).is_finite());
+        // The positive part orders one class < skewed (two entries above the mean
+        // prediction: ⅔, ⅓) < five balanced classes (ln 5), at any scale of the update.
+        let five = step(&[0.2, 0.2, 0.2, 0.2, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        for scale in [1e-3, 1.0, 1e3] {
+            let h =
+                |u: &[f64]| positive_part_entropy(&u.iter().map(|v| v * scale).collect::<Vec<_>>());
+            let (ho, hs, h5) = (h(&one_class), h(&skew), h(&five));
+            assert!(ho.abs() < 1e-12, "{ho}");
+            let two_thirds =
+                -(2.0 / 3.0f64) * (2.0 / 3.0f64).ln() - (1.0 / 3.0f64) * (1.0 / 3.0f64).ln();
+            assert!((hs - two_thirds).abs() < 1e-9, "{hs}");
+            assert!((h5 - 5f64.ln()).abs() < 1e-9, "{h5}");
+        }
+    }
+
+    /// Hand-computed: x⁺ = (0.3, 0.1, 0, 0) → (3/4, 1/4), entropy
+    /// −(¾ ln ¾ + ¼ ln ¼) = 0.562335; no positive entry → ln C.
+    #[test]
+    fn positive_part_entropy_matches_hand_computation() {
+        let h = positive_part_entropy(&[0.3, 0.1, -0.2, -0.2]);
+        assert!((h - 0.562_335_144).abs() < 1e-8, "{h}");
+        assert!((positive_part_entropy(&[0.0; 10]) - 10f64.ln()).abs() < 1e-12);
+        assert!((positive_part_entropy(&[-1.0, -2.0]) - 2f64.ln()).abs() < 1e-12);
     }
 }
