@@ -694,6 +694,10 @@ pub struct HicsConfig {
     pub statistic: HicsStatistic,
     /// How the statistic becomes a distribution whose entropy is Ĥ.
     pub estimator: HicsEstimator,
+    /// Select by Clustered Sampling Alg. 2 on the Eq. 9 rows in rounds where the
+    /// variance of Ĥ over the clients is at least this (the authors' code, 0.1; not in
+    /// the paper). 0 turns it off, the default.
+    pub cs_switch: f64,
     /// Write `entropy.csv` (true vs estimated entropy). Needs the **oracle** label
     /// histograms, used for that file only.
     pub entropy_report: bool,
@@ -708,6 +712,7 @@ impl Default for HicsConfig {
             clusters: 0,
             statistic: HicsStatistic::Bias,
             estimator: HicsEstimator::Softmax,
+            cs_switch: 0.0,
             entropy_report: true,
         }
     }
@@ -1224,6 +1229,11 @@ impl Config {
             sel.hics.gamma0.is_finite(),
             "selection.hics.gamma0",
             "must be finite",
+        )?;
+        check(
+            sel.hics.cs_switch.is_finite() && sel.hics.cs_switch >= 0.0,
+            "selection.hics.cs_switch",
+            "must be a finite number ≥ 0 (0 turns the switch off)",
         )?;
         check_prob(sel.divfl.fraction, "selection.divfl.fraction", true, false)?;
         self.validate_availability()?;

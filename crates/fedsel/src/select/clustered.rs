@@ -108,6 +108,42 @@ pub fn cluster_buckets(clusters: &[Vec<usize>], sizes: &[usize], m: usize) -> Bu
     buckets
 }
 
+/// Algorithm 2's buckets for m draws: Ward on the rows of `distance`, cut into
+/// maximal subtrees of weight ≤ 1/m under the weights p ∝ `sizes`.
+pub fn similarity_buckets(distance: &[Vec<f64>], sizes: &[usize], m: usize) -> Buckets {
+    let merges = ward::linkage(distance);
+    let total: f64 = sizes.iter().sum::<usize>() as f64;
+    let p: Vec<f64> = sizes.iter().map(|&s| s as f64 / total).collect();
+    let clusters = ward::cut_by_weight(&merges, &p, 1.0 / m.max(1) as f64);
+    cluster_buckets(&clusters, sizes, m)
+}
+
+/// One client per bucket, drawn in proportion to its units among the bucket's
+/// available members (`available` sorted); a bucket with none is skipped.
+pub fn draw(buckets: &Buckets, available: &[usize], rng: &mut Rng) -> Vec<usize> {
+    let mut clients = Vec::with_capacity(buckets.len());
+    for bucket in buckets {
+        let open: Vec<(usize, u128)> = bucket
+            .iter()
+            .copied()
+            .filter(|(i, _)| available.binary_search(i).is_ok())
+            .collect();
+        let total: u128 = open.iter().map(|x| x.1).sum();
+        if total == 0 {
+            continue;
+        }
+        let mut u = rng.random_range(0..total);
+        for (i, units) in open {
+            if u < units {
+                clients.push(i);
+                break;
+            }
+            u -= units;
+        }
+    }
+    clients
+}
+
 /// Arccos of the cosine between two updates; 0 when either is zero.
 fn arccos_distance(a: &[f32], b: &[f32], na: f64, nb: f64) -> f64 {
     if na == 0.0 || nb == 0.0 {
@@ -201,37 +237,11 @@ impl Selector for ClusteredSampling {
         if self.variant == Variant::Similarity || self.buckets.len() != m {
             self.buckets = match self.variant {
                 Variant::Sizes => sizes_buckets(&self.sizes, m),
-                Variant::Similarity => {
-                    let merges = ward::linkage(&self.state.distance);
-                    let total: f64 = self.sizes.iter().sum::<usize>() as f64;
-                    let p: Vec<f64> = self.sizes.iter().map(|&s| s as f64 / total).collect();
-                    let clusters = ward::cut_by_weight(&merges, &p, 1.0 / m.max(1) as f64);
-                    cluster_buckets(&clusters, &self.sizes, m)
-                }
+                Variant::Similarity => similarity_buckets(&self.state.distance, &self.sizes, m),
             };
         }
-        let mut clients = Vec::with_capacity(m);
-        for bucket in &self.buckets {
-            let open: Vec<(usize, u128)> = bucket
-                .iter()
-                .copied()
-                .filter(|(i, _)| ctx.available.binary_search(i).is_ok())
-                .collect();
-            let total: u128 = open.iter().map(|x| x.1).sum();
-            if total == 0 {
-                continue;
-            }
-            let mut u = rng.random_range(0..total);
-            for (i, units) in open {
-                if u < units {
-                    clients.push(i);
-                    break;
-                }
-                u -= units;
-            }
-        }
         Ok(Selection {
-            clients,
+            clients: draw(&self.buckets, ctx.available, rng),
             weights: None,
         })
     }

@@ -17,6 +17,9 @@
 //!   ρ ≈ 0.9 where the softmax reaches ρ ≈ 0.5–0.6 (README, issue 6 note).
 //! - Distance (Eq. 9): λ·arccos(cos(Δb_u, Δb_k)) + (1 − λ)·|Ĥ_u − Ĥ_k|.
 //! - Ward clustering of the rows of that matrix into M groups (decisions.md).
+//! - Optionally (`cs_switch`, the authors' code, off by default): in a round where
+//!   Var(Ĥ) reaches the threshold, Clustered Sampling Alg. 2 on the same rows
+//!   with weights p_k, one client per bucket.
 //! - Sampling (Eq. 10): group m with probability ∝ exp(γ_t H̄_m), γ_t =
 //!   γ⁰(1 − t/T), then a member ∝ p_k; a round never holds a client twice, so
 //!   a group without unpicked members is redrawn.
@@ -30,7 +33,8 @@ use rand::seq::index::sample;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind, ward,
+    ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind, clustered,
+    ward,
 };
 use crate::config::{HicsConfig, HicsEstimator, HicsStatistic};
 use crate::error::Error;
@@ -62,6 +66,13 @@ pub fn positive_part_entropy(x: &[f64]) -> f64 {
         .sum()
 }
 
+/// Population variance (numpy's default, as the authors' switch computes it).
+fn variance(x: &[f64]) -> f64 {
+    let n = x.len().max(1) as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n
+}
+
 /// The HiCS-FL selector.
 #[derive(Debug, Clone)]
 pub struct Hics {
@@ -69,6 +80,7 @@ pub struct Hics {
     n: usize,
     classes: usize,
     rounds: usize,
+    sizes: Vec<usize>,
     weights: Vec<f64>,
     true_entropy: Option<Vec<f64>>,
     state: State,
@@ -91,6 +103,7 @@ impl Hics {
             n: 0,
             classes: 0,
             rounds: 0,
+            sizes: Vec::new(),
             weights: Vec::new(),
             true_entropy: None,
             state: State::default(),
@@ -191,6 +204,7 @@ impl Selector for Hics {
         self.n = setup.sizes.len();
         self.classes = setup.classes;
         self.rounds = setup.rounds;
+        self.sizes = setup.sizes.clone();
         self.weights = setup.weights.clone();
         self.true_entropy = setup.oracle_label_histograms.as_ref().map(|hs| {
             hs.iter()
@@ -245,7 +259,15 @@ impl Selector for Hics {
         } else {
             self.cfg.clusters
         };
-        let merges = ward::linkage(&self.distances(&h));
+        let distances = self.distances(&h);
+        if self.cfg.cs_switch > 0.0 && variance(&h) >= self.cfg.cs_switch {
+            let buckets = clustered::similarity_buckets(&distances, &self.sizes, k);
+            return Ok(Selection {
+                clients: clustered::draw(&buckets, ctx.available, rng),
+                weights: None,
+            });
+        }
+        let merges = ward::linkage(&distances);
         let groups: Vec<Vec<usize>> = ward::cut_into(&merges, self.n, clusters_wanted)
             .into_iter()
             .map(|g| g.into_iter().filter(open).collect::<Vec<_>>())
@@ -360,6 +382,59 @@ mod tests {
                 -(2.0 / 3.0f64) * (2.0 / 3.0f64).ln() - (1.0 / 3.0f64) * (1.0 / 3.0f64).ln();
             assert!((hs - two_thirds).abs() < 1e-9, "{hs}");
             assert!((h5 - 5f64.ln()).abs() < 1e-9, "{h5}");
+        }
+    }
+
+    /// The authors' switch: with Ĥ = (0, 0, ln 2, ln 2) (positive parts of one-class and
+    /// two-class updates), Var(Ĥ) = (ln 2)²/4 = 0.120. A threshold of 0.1 selects by
+    /// Clustered Sampling Alg. 2 on the Eq. 9 rows; 0.2, like no switch, by Eq. 10.
+    #[test]
+    fn the_cs_switch_follows_the_variance_of_the_estimates() {
+        let selector = |cs_switch: f64| {
+            let mut h = Hics::new(HicsConfig {
+                estimator: HicsEstimator::PositivePart,
+                cs_switch,
+                ..HicsConfig::default()
+            });
+            h.setup(&Setup {
+                classes: 3,
+                rounds: 10,
+                ..crate::select::testing::setup(&[0.1, 0.2, 0.3, 0.4])
+            });
+            h.state.latest = vec![
+                vec![1.0, -0.5, -0.5],
+                vec![-0.5, 1.0, -0.5],
+                vec![0.5, 0.5, -1.0],
+                vec![-1.0, 0.5, 0.5],
+            ];
+            h.state.unseen.clear();
+            h
+        };
+        let est = selector(0.0).estimates();
+        assert!((variance(&est) - 2f64.ln().powi(2) / 4.0).abs() < 1e-12);
+        let ctx = RoundContext {
+            round: 5,
+            available: &[0, 1, 2, 3],
+            budget: 2,
+        };
+        let pick = |cs_switch: f64, seed: u64| {
+            let mut rng = crate::rng::stream(seed, crate::rng::Purpose::Selection, 5, 0);
+            let mut q = crate::select::testing::FixedLosses(vec![0.0; 4]);
+            selector(cs_switch)
+                .select(&ctx, &mut q, &mut rng)
+                .unwrap()
+                .clients
+        };
+        let reference = selector(0.0);
+        let buckets =
+            clustered::similarity_buckets(&reference.distances(&est), &reference.sizes, ctx.budget);
+        for seed in 0..50 {
+            let mut rng = crate::rng::stream(seed, crate::rng::Purpose::Selection, 5, 0);
+            assert_eq!(
+                pick(0.1, seed),
+                clustered::draw(&buckets, ctx.available, &mut rng)
+            );
+            assert_eq!(pick(0.2, seed), pick(0.0, seed));
         }
     }
 
