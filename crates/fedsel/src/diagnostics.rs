@@ -186,10 +186,20 @@ pub fn spearman(x: &[f64], y: &[f64]) -> f64 {
 /// A round and a correlation measured in it.
 pub type RoundCorrelation = (usize, f64);
 
-/// Spearman correlation of estimated vs true entropy in the first and the last round
-/// of `entropy.csv` (HiCS-FL), with a scatter of the last round (`entropy.png`):
-/// [(first round, ρ), (last round, ρ)]. `None` when the run wrote no such file.
-pub fn entropy(run_dir: &Path) -> Result<Option<[RoundCorrelation; 2]>> {
+/// How well HiCS-FL's estimates ranked the clients over a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EntropyCorrelation {
+    /// ρ in the first logged round (right after warm-up).
+    pub first: RoundCorrelation,
+    /// ρ in the last logged round.
+    pub last: RoundCorrelation,
+    /// Mean ρ over every logged round: one lucky round does not make a good estimator.
+    pub mean: f64,
+}
+
+/// Spearman correlation of estimated vs true entropy in `entropy.csv` (HiCS-FL), with
+/// a scatter of the last round (`entropy.png`). `None` when the run wrote no such file.
+pub fn entropy(run_dir: &Path) -> Result<Option<EntropyCorrelation>> {
     let path = run_dir.join("entropy.csv");
     if !path.is_file() {
         return Ok(None);
@@ -211,8 +221,8 @@ pub fn entropy(run_dir: &Path) -> Result<Option<[RoundCorrelation; 2]>> {
     else {
         return Ok(None);
     };
-    let rho = |(t, e): (&Vec<f64>, &Vec<f64>)| spearman(t, e);
-    let (rf, rl) = (rho((&f.0, &f.1)), rho((&l.0, &l.1)));
+    let (rf, rl) = (spearman(&f.0, &f.1), spearman(&l.0, &l.1));
+    let mean = by_round.values().map(|(t, e)| spearman(t, e)).sum::<f64>() / by_round.len() as f64;
     if crate::plot::ensure_font().is_ok() {
         let pts: Vec<(f64, f64)> = l.0.iter().copied().zip(l.1.iter().copied()).collect();
         crate::plot::scatter(
@@ -222,7 +232,11 @@ pub fn entropy(run_dir: &Path) -> Result<Option<[RoundCorrelation; 2]>> {
             &vec![0; pts.len()],
         )?;
     }
-    Ok(Some([(first, rf), (last, rl)]))
+    Ok(Some(EntropyCorrelation {
+        first: (first, rf),
+        last: (last, rl),
+        mean,
+    }))
 }
 
 #[cfg(test)]

@@ -271,9 +271,11 @@ fn run(args: RunArgs) -> Result<()> {
             "  {stem}: silhouette of dominant-label groups on normalised embeddings {s:.3} ({stem}_pca.png)"
         );
     }
-    if let Some([(t0, r0), (t1, r1)]) = fedsel::diagnostics::entropy(&out)? {
+    if let Some(c) = fedsel::diagnostics::entropy(&out)? {
+        let ((t0, r0), (t1, r1)) = (c.first, c.last);
         println!(
-            "  estimated vs true label entropy, Spearman: {r0:.3} at round {t0} (after warm-up), {r1:.3} at round {t1} (entropy.png)"
+            "  estimated vs true label entropy, Spearman: {r0:.3} at round {t0} (after warm-up), {r1:.3} at round {t1} (entropy.png), mean {:.3} over rounds {t0}-{t1}",
+            c.mean
         );
     }
     if let Ok(t) = std::fs::read_to_string(out.join("selector_time.csv"))
