@@ -254,6 +254,25 @@ mod tests {
     }
 
     #[test]
+    fn entropy_report_gives_first_last_and_mean_correlation() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("entropy.csv"),
+            "round,client,true_entropy,estimated_entropy\n\
+             10,0,0.0,0.1\n10,1,1.0,0.5\n10,2,2.0,0.9\n\
+             11,0,0.0,0.9\n11,1,1.0,0.5\n11,2,2.0,0.4\n\
+             12,0,0.0,0.1\n12,1,1.0,0.5\n12,2,2.0,0.9\n",
+        )
+        .unwrap();
+        let c = entropy(dir.path()).unwrap().unwrap();
+        assert_eq!(c.first, (10, 1.0));
+        assert_eq!(c.last, (12, 1.0));
+        // ρ = 1, −1, 1.
+        assert!((c.mean - 1.0 / 3.0).abs() < 1e-12, "{}", c.mean);
+        assert!(entropy(&dir.path().join("none")).unwrap().is_none());
+    }
+
+    #[test]
     fn silhouette_matches_hand_computation() {
         // Two tight pairs far apart: a = 1, b ≈ 10 for every point → s = 1 − 1/b-ish.
         let pts = vec![vec![0.0], vec![1.0], vec![10.0], vec![11.0]];
