@@ -183,6 +183,19 @@ pub fn spearman(x: &[f64], y: &[f64]) -> f64 {
     }
 }
 
+/// Shannon entropy (nats) of non-negative masses normalised by their sum; zero
+/// entries contribute nothing. Label histograms, softmax weights and HiCS-FL's
+/// positive parts all go through it.
+pub fn shannon_entropy(masses: &[f64]) -> f64 {
+    let total: f64 = masses.iter().sum();
+    masses
+        .iter()
+        .filter(|&&m| m > 0.0)
+        .map(|m| m / total)
+        .map(|p| -p * p.ln())
+        .sum()
+}
+
 /// A round and a correlation measured in it.
 pub type RoundCorrelation = (usize, f64);
 

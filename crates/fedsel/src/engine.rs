@@ -203,17 +203,14 @@ impl Experiment {
         let mut out = String::from("client,n_train,n_holdout,dominant_label,label_entropy\n");
         for (k, c) in self.clients.iter().enumerate() {
             let h = self.data.train.histogram(Some(&c.train));
-            let n = c.train.len().max(1) as f64;
             let dominant = h
                 .iter()
                 .enumerate()
                 .max_by_key(|(i, v)| (**v, std::cmp::Reverse(*i)))
                 .map_or(0, |x| x.0);
-            let entropy: f64 = h
-                .iter()
-                .filter(|&&v| v > 0)
-                .map(|&v| -(v as f64 / n) * (v as f64 / n).ln())
-                .sum();
+            let entropy = crate::diagnostics::shannon_entropy(
+                &h.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+            );
             out.push_str(&format!(
                 "{k},{},{},{dominant},{entropy:.6}\n",
                 c.train.len(),

@@ -37,6 +37,7 @@ use super::{
     ward,
 };
 use crate::config::{HicsConfig, HicsEstimator, HicsStatistic};
+use crate::diagnostics::shannon_entropy;
 use crate::error::Error;
 use crate::rng::Rng;
 
@@ -44,26 +45,17 @@ use crate::rng::Rng;
 pub fn softmax_entropy(x: &[f64], temperature: f64) -> f64 {
     let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = x.iter().map(|v| ((v - max) / temperature).exp()).collect();
-    let z: f64 = e.iter().sum();
-    e.iter()
-        .map(|v| v / z)
-        .filter(|&p| p > 0.0)
-        .map(|p| -p * p.ln())
-        .sum()
+    shannon_entropy(&e)
 }
 
 /// Entropy (nats) of x⁺ / Σ x⁺; ln C when no entry is positive (no evidence,
 /// as softmax(0) gives).
 pub fn positive_part_entropy(x: &[f64]) -> f64 {
-    let mass: f64 = x.iter().map(|v| v.max(0.0)).sum();
-    if mass <= 0.0 {
+    let positive: Vec<f64> = x.iter().map(|v| v.max(0.0)).collect();
+    if positive.iter().all(|&v| v == 0.0) {
         return (x.len() as f64).ln();
     }
-    x.iter()
-        .filter(|&&v| v > 0.0)
-        .map(|v| v / mass)
-        .map(|p| -p * p.ln())
-        .sum()
+    shannon_entropy(&positive)
 }
 
 /// Population variance (numpy's default, as the authors' switch computes it).
@@ -208,16 +200,7 @@ impl Selector for Hics {
         self.weights = setup.weights.clone();
         self.true_entropy = setup.oracle_label_histograms.as_ref().map(|hs| {
             hs.iter()
-                .map(|h| {
-                    let n: usize = h.iter().sum();
-                    h.iter()
-                        .filter(|&&c| c > 0)
-                        .map(|&c| {
-                            let p = c as f64 / n as f64;
-                            -p * p.ln()
-                        })
-                        .sum()
-                })
+                .map(|h| shannon_entropy(&h.iter().map(|&c| c as f64).collect::<Vec<_>>()))
                 .collect()
         });
         self.state = State {
