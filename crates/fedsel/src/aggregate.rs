@@ -19,6 +19,7 @@ pub fn weights(
 ) -> Vec<f64> {
     let m = selected.len() as f64;
     match rule {
+        AggregationRule::Auto => unreachable!("the engine resolves `auto` before aggregating"),
         AggregationRule::Mean => vec![1.0 / m; selected.len()],
         AggregationRule::DataSize => {
             let total: f64 = selected.iter().map(|&k| sizes[k] as f64).sum();

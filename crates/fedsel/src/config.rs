@@ -373,15 +373,35 @@ impl Default for TrainConfig {
 }
 
 /// How the uploaded models are combined.
+///
+/// Aggregation belongs to the strategy as much as selection does (F3AST's importance
+/// weights are what make its selection unbiased), so the default is `auto`: the rule the
+/// strategy's paper and code use ([`crate::select::own_aggregation`]). Loading a config
+/// replaces `auto` by that rule, so the resolved config records the rule that ran. An
+/// explicit rule that differs from the strategy's own runs, with a warning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AggregationRule {
+    /// The strategy's own rule.
+    Auto,
     /// Unweighted mean over the selected (duplicates count twice).
     Mean,
     /// Data-size weights n_k renormalised over the selected.
     DataSize,
     /// Weights given by the selector (e.g. F3AST's p_k/r_k); not renormalised.
     Selector,
+}
+
+impl AggregationRule {
+    /// The name configs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Mean => "mean",
+            Self::DataSize => "data_size",
+            Self::Selector => "selector",
+        }
+    }
 }
 
 /// Server-side optimizer applied to the aggregated update Δ.
@@ -417,7 +437,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            aggregation: AggregationRule::Mean,
+            aggregation: AggregationRule::Auto,
             optimizer: ServerOptimizer::Replace,
             lr: 1.0,
             beta1: 0.9,
@@ -1030,7 +1050,7 @@ impl Config {
             apply_override(&mut table, o)?;
         }
         let de = toml::Value::Table(table);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             ConfigError::Parse {
                 source_name: source_name.into(),
@@ -1038,6 +1058,9 @@ impl Config {
             }
         })?;
         config.validate()?;
+        if config.server.aggregation == AggregationRule::Auto {
+            config.server.aggregation = crate::select::own_aggregation(&config.selection.strategy);
+        }
         Ok(config)
     }
 

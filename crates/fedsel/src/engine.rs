@@ -272,7 +272,10 @@ impl Experiment {
 /// The engine's answer to a selector's report requests; books every cost.
 struct Query<'a> {
     exp: &'a Experiment,
-    global: &'a [f32],
+    global: &'a mut Vec<f32>,
+    server: &'a mut Server,
+    /// The run's aggregation rule, resolved; probes and extra steps use it too.
+    rule: AggregationRule,
     ledger: &'a mut Ledger,
     round: usize,
     lr: f64,
@@ -280,19 +283,26 @@ struct Query<'a> {
 }
 
 impl Query<'_> {
-    /// Local trainings a strategy asks for beyond the round's own (probes, FedGS's graph
-    /// building), booked as probe trainings with their broadcasts and uploads. They draw
+    /// Local trainings a strategy asks for beyond the round's own (probes, FedGP's extra
+    /// step, FedGS's graph building), with their broadcasts and uploads: booked as
+    /// `trainings` when they feed the global model, as `probe_trainings` otherwise. They draw
     /// from Probe streams keyed by `key_offset + k` and start without persistent optimizer
-    /// state, so they leave the real round untouched.
-    fn train_extra(&mut self, clients: &[usize], key_offset: usize) -> Vec<train::LocalUpdate> {
+    /// state, so they leave the round's own trainings untouched.
+    fn train_extra(
+        &mut self,
+        clients: &[usize],
+        key_offset: usize,
+        feeds_global: bool,
+    ) -> Vec<train::LocalUpdate> {
         let exp = self.exp;
         let trainer = exp.trainer();
         let (seed, t) = (exp.config.seed, self.round as u64);
+        let global: &[f32] = self.global;
         let updates: Vec<train::LocalUpdate> = clients
             .par_iter()
             .map(|&k| {
                 trainer.train(
-                    self.global,
+                    global,
                     &exp.clients[k].train,
                     self.lr,
                     &mut stream(seed, Purpose::Probe, t, (key_offset + k) as u64),
@@ -303,21 +313,48 @@ impl Query<'_> {
         let m = clients.len() as u64;
         self.ledger.broadcasts += m;
         self.ledger.uploads += m;
-        self.ledger.probe_trainings += m;
+        if feeds_global {
+            self.ledger.trainings += m;
+        } else {
+            self.ledger.probe_trainings += m;
+        }
         self.ledger.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
         updates
     }
+
+    /// Trains `clients` from the global model and aggregates them by the run's rule (the
+    /// mean where the rule needs selector weights, which a probe does not have).
+    fn aggregated_delta(
+        &mut self,
+        clients: &[usize],
+        key_offset: usize,
+        feeds_global: bool,
+    ) -> Vec<f32> {
+        let updates = self.train_extra(clients, key_offset, feeds_global);
+        let locals: Vec<&[f32]> = updates.iter().map(|u| u.params.as_slice()).collect();
+        let rule = match self.rule {
+            AggregationRule::Selector => AggregationRule::Mean,
+            r => r,
+        };
+        let w = aggregate::weights(rule, clients, self.sizes, None);
+        aggregate::delta(self.global, &locals, &w)
+    }
+}
+
+/// Books client evaluations with their broadcasts and scalar reports, and returns the losses.
+fn booked_losses(ledger: &mut Ledger, evals: Vec<Evaluation>) -> Vec<f64> {
+    let n = evals.len() as u64;
+    ledger.broadcasts += n;
+    ledger.evaluations += n;
+    ledger.scalar_reports += n;
+    ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
+    evals.into_iter().map(|e| e.loss).collect()
 }
 
 impl ClientQuery for Query<'_> {
     fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
         let evals = self.exp.holdout_losses(self.global, clients);
-        let n = clients.len() as u64;
-        self.ledger.broadcasts += n;
-        self.ledger.evaluations += n;
-        self.ledger.scalar_reports += n;
-        self.ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
-        Ok(evals.into_iter().map(|e| e.loss).collect())
+        Ok(booked_losses(self.ledger, evals))
     }
 
     fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
@@ -327,6 +364,7 @@ impl ClientQuery for Query<'_> {
             exp.config.train.batch_size,
             self.round as u64,
         );
+        let global: &[f32] = self.global;
         let evals: Vec<Evaluation> = clients
             .par_iter()
             .map(|&k| {
@@ -336,7 +374,7 @@ impl ClientQuery for Query<'_> {
                     .into_iter()
                     .map(|i| train[i])
                     .collect::<Vec<_>>();
-                let p = exp.layout.to_tensors(self.global, &exp.device);
+                let p = exp.layout.to_tensors(global, &exp.device);
                 train::evaluate(
                     exp.arch.as_ref(),
                     &p,
@@ -347,46 +385,38 @@ impl ClientQuery for Query<'_> {
                 )
             })
             .collect();
-        let n = clients.len() as u64;
-        self.ledger.broadcasts += n;
-        self.ledger.evaluations += n;
-        self.ledger.scalar_reports += n;
-        self.ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
-        Ok(evals.into_iter().map(|e| e.loss).collect())
+        Ok(booked_losses(self.ledger, evals))
     }
 
-    fn probe(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
-        let exp = self.exp;
-        let n_clients = exp.clients.len();
-        let updates = self.train_extra(clients, n_clients);
-        let locals: Vec<&[f32]> = updates.iter().map(|u| u.params.as_slice()).collect();
-        let rule = match exp.config.server.aggregation {
-            AggregationRule::Selector => AggregationRule::Mean,
-            r => r,
-        };
-        let w = aggregate::weights(rule, clients, self.sizes, None);
-        let delta = aggregate::delta(self.global, &locals, &w);
+    fn probe(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>> {
+        let n_clients = self.exp.clients.len();
+        let delta = self.aggregated_delta(clients, n_clients, false);
         let probe: Vec<f32> = self.global.iter().zip(&delta).map(|(g, d)| g + d).collect();
-        let all: Vec<usize> = (0..n_clients).collect();
-        Query {
-            exp,
-            global: &probe,
-            ledger: self.ledger,
-            round: self.round,
-            lr: self.lr,
-            sizes: self.sizes,
+        let evals = self.exp.holdout_losses(&probe, evaluate);
+        Ok(booked_losses(self.ledger, evals))
+    }
+
+    fn advance(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>> {
+        let n_clients = self.exp.clients.len();
+        let delta = self.aggregated_delta(clients, 4 * n_clients, true);
+        self.server.step(self.global, &delta);
+        if self.global.iter().any(|x| !x.is_finite()) {
+            return Err(Error::Diverged {
+                round: self.round,
+                what: "parameters after the selector's extra training step".into(),
+            });
         }
-        .holdout_losses(&all)
+        self.holdout_losses(evaluate)
     }
 
     fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
-        let updates = self.train_extra(clients, 2 * self.exp.clients.len());
+        let updates = self.train_extra(clients, 2 * self.exp.clients.len(), false);
         Ok(updates
             .into_iter()
             .map(|u| {
                 u.params
                     .iter()
-                    .zip(self.global)
+                    .zip(self.global.iter())
                     .map(|(x, w)| x - w)
                     .collect()
             })
@@ -490,6 +520,75 @@ impl ClientQuery for Query<'_> {
     }
 }
 
+/// What a selector's queries go through: a real server can reach only the clients that are
+/// available, so any request that names another client is an error, never a silent answer.
+/// Stale values for unavailable clients are the selector's own business.
+struct AvailableOnly<'q> {
+    inner: &'q mut dyn ClientQuery,
+    available: &'q [usize],
+    selector: &'static str,
+    round: usize,
+}
+
+impl AvailableOnly<'_> {
+    fn check(&self, clients: &[usize]) -> Result<()> {
+        match clients
+            .iter()
+            .find(|k| self.available.binary_search(k).is_err())
+        {
+            Some(k) => Err(Error::Selection {
+                selector: self.selector.into(),
+                round: self.round,
+                reason: format!("asked client {k} for a report, but it is not available"),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl ClientQuery for AvailableOnly<'_> {
+    fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
+        self.check(clients)?;
+        self.inner.holdout_losses(clients)
+    }
+
+    fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
+        self.check(clients)?;
+        self.inner.minibatch_losses(clients)
+    }
+
+    fn probe(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>> {
+        self.check(clients)?;
+        self.check(evaluate)?;
+        self.inner.probe(clients, evaluate)
+    }
+
+    fn advance(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>> {
+        self.check(clients)?;
+        self.check(evaluate)?;
+        self.inner.advance(clients, evaluate)
+    }
+
+    fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
+        self.check(clients)?;
+        self.inner.local_updates(clients)
+    }
+
+    fn noise_responses(&mut self, updates: &[Vec<f32>], batch: usize) -> Result<Vec<Vec<f64>>> {
+        self.inner.noise_responses(updates, batch)
+    }
+
+    fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>> {
+        self.check(clients)?;
+        self.inner.secure_gram(clients)
+    }
+
+    fn gradients(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
+        self.check(clients)?;
+        self.inner.gradients(clients)
+    }
+}
+
 /// Outcome of a whole run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunSummary {
@@ -576,6 +675,14 @@ pub fn run_with(
         seed,
     )?;
     let trainer = exp.trainer();
+    let name = selector.name();
+    let rule = match cfg.server.aggregation {
+        AggregationRule::Auto => select::own_aggregation(name),
+        r => r,
+    };
+    if let Some(warning) = select::aggregation_override(rule, name) {
+        tracing::warn!("{warning}");
+    }
     let (start, mut global, mut server, mut states, mut summary) = match from {
         Some(cp) => {
             if cp.config_hash != config_hash {
@@ -615,14 +722,33 @@ pub fn run_with(
             },
         ),
     };
+    // The initial phase's costs are booked to round 0.
+    let mut initial_cost = Ledger::default();
     if start == 0 {
         observer.on_reports(&[("clients.csv".into(), exp.client_summary())])?;
+        let all: Vec<usize> = (0..n).collect();
+        let mut query = Query {
+            exp,
+            global: &mut global,
+            server: &mut server,
+            rule,
+            ledger: &mut initial_cost,
+            round: 0,
+            lr: cfg.train.schedule.rate(cfg.train.lr, 0),
+            sizes: &sizes,
+        };
+        selector.initial_phase(&mut AvailableOnly {
+            inner: &mut query,
+            available: &all,
+            selector: name,
+            round: 0,
+        })?;
     }
     // Time already spent before a resume counts towards elapsed_s.
     let started = Instant::now() - std::time::Duration::from_secs_f64(summary.wall_s);
 
     for t in start..cfg.rounds {
-        let mut cost = Ledger::default();
+        let mut cost = std::mem::take(&mut initial_cost);
         let lr = cfg.train.schedule.rate(cfg.train.lr, t);
         let round_avail = env.round(t);
         let available = &round_avail.active;
@@ -634,7 +760,9 @@ pub fn run_with(
         };
         let mut query = Query {
             exp,
-            global: &global,
+            global: &mut global,
+            server: &mut server,
+            rule,
             ledger: &mut cost,
             round: t,
             lr,
@@ -642,7 +770,12 @@ pub fn run_with(
         };
         let selection = selector.select(
             &ctx,
-            &mut query,
+            &mut AvailableOnly {
+                inner: &mut query,
+                available,
+                selector: name,
+                round: t,
+            },
             &mut stream(seed, Purpose::Selection, t as u64, 0),
         )?;
         if let Some(&k) = selection
@@ -656,7 +789,7 @@ pub fn run_with(
                 reason: format!("chose client {k}, which is not available"),
             });
         }
-        if cfg.server.aggregation == AggregationRule::Selector
+        if rule == AggregationRule::Selector
             && selection.weights.as_ref().map(Vec::len) != Some(selection.clients.len())
         {
             return Err(Error::Selection {
@@ -698,7 +831,7 @@ pub fn run_with(
             .map(|&k| updates[entry_of(k)].params.as_slice())
             .collect();
         let mut w = aggregate::weights(
-            cfg.server.aggregation,
+            rule,
             &selection.clients,
             &sizes,
             selection.weights.as_deref(),

@@ -27,7 +27,7 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
   [train]         optimizer = sgd|adam, lr, momentum, weight_decay, beta1, beta2, eps,
                   work = { steps = N } | { epochs = N }, batch_size, prox_mu, persistent_state,
                   schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
-  [server]        aggregation = mean|data_size|selector, optimizer = replace|sgd|adam, lr, beta1, beta2, tau
+  [server]        aggregation = auto|mean|data_size|selector, optimizer = replace|sgd|adam, lr, beta1, beta2, tau
   [selection]     strategy = uniform|md|powd|cpowd|rpowd|afl|fedcor|fedgp|fedgs|f3ast|hics|cs1|cs2|divfl,
                   clients_per_round (0 = use fraction), fraction; per-strategy tables
                   [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl] (see README)

@@ -278,6 +278,108 @@ fn reports_a_selector_asks_for_are_provided_and_booked() {
     assert_eq!(summary.cost.gradients, 90);
 }
 
+/// What an [`Asker`] asks of the engine in a round.
+type Ask = fn(&RoundContext<'_>, &mut dyn ClientQuery) -> Result<(), Error>;
+
+/// Asks what its `ask` function names, then selects the first available client.
+struct Asker(Ask);
+
+impl Selector for Asker {
+    fn name(&self) -> &'static str {
+        "asker"
+    }
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        q: &mut dyn ClientQuery,
+        _: &mut Rng,
+    ) -> Result<Selection, Error> {
+        (self.0)(ctx, q)?;
+        Ok(Selection {
+            clients: vec![ctx.available[0]],
+            weights: None,
+        })
+    }
+}
+
+/// The first client that is not available in a round.
+fn away(ctx: &RoundContext<'_>) -> usize {
+    (0..).find(|k| !ctx.available.contains(k)).unwrap()
+}
+
+#[test]
+fn a_query_for_an_unavailable_client_is_an_error() {
+    let asks: [Ask; 5] = [
+        |ctx, q| q.holdout_losses(&[away(ctx)]).map(drop),
+        |ctx, q| q.minibatch_losses(&[away(ctx)]).map(drop),
+        |ctx, q| q.gradients(&[away(ctx)]).map(drop),
+        |ctx, q| q.probe(&ctx.available[..1], &[away(ctx)]).map(drop),
+        |ctx, q| q.advance(&[away(ctx)], ctx.available).map(drop),
+    ];
+    let exp = synthetic(&[
+        "rounds=2",
+        "availability.kind=\"scarce\"",
+        "availability.q=0.5",
+    ]);
+    for ask in asks {
+        let mut c = Collect::default();
+        let e = engine::run_with(&exp, Box::new(Asker(ask)), &mut c, None).unwrap_err();
+        assert!(
+            matches!(&e, Error::Selection { round: 0, reason, .. } if reason.contains("not available")),
+            "{e}"
+        );
+        assert!(c.0.is_empty());
+    }
+    // The same questions of available clients are answered.
+    let mut c = Collect::default();
+    let fine = Asker(|ctx, q| {
+        q.holdout_losses(ctx.available)?;
+        q.probe(&ctx.available[..1], ctx.available).map(drop)
+    });
+    engine::run_with(&exp, Box::new(fine), &mut c, None).unwrap();
+    assert_eq!(c.0.len(), 2);
+}
+
+#[test]
+fn probes_and_extra_steps_are_booked_and_an_extra_step_moves_the_model() {
+    let exp = synthetic(&["rounds=1"]);
+    let n = exp.clients.len() as u64;
+    // A FedCor GP-training round's reports: the round's losses, one probe of two clients.
+    let mut c = Collect::default();
+    let probing = Asker(|ctx, q| {
+        let before = q.holdout_losses(ctx.available)?;
+        let after = q.probe(&ctx.available[..2], ctx.available)?;
+        assert_ne!(before, after);
+        // The probe model was discarded: the global model's losses are unchanged.
+        assert_eq!(q.holdout_losses(ctx.available)?, before);
+        Ok(())
+    });
+    engine::run_with(&exp, Box::new(probing), &mut c, None).unwrap();
+    let cost = c.0[0].cost;
+    assert_eq!(cost.probe_trainings, 2);
+    assert_eq!(cost.trainings, 1);
+    assert_eq!(cost.evaluations, 3 * n);
+    assert_eq!(cost.scalar_reports, 3 * n);
+    assert_eq!(cost.broadcasts, 3 * n + 2 + 1);
+    assert_eq!(cost.uploads, 2 + 1);
+    // FedGP's extra step feeds the global model: its trainings count as trainings, and
+    // the model the round's selection trains from has moved.
+    let mut c = Collect::default();
+    let advancing = Asker(|ctx, q| {
+        let before = q.holdout_losses(ctx.available)?;
+        let after = q.advance(&ctx.available[..2], ctx.available)?;
+        assert_ne!(before, after);
+        assert_eq!(q.holdout_losses(ctx.available)?, after);
+        Ok(())
+    });
+    engine::run_with(&exp, Box::new(advancing), &mut c, None).unwrap();
+    let cost = c.0[0].cost;
+    assert_eq!(cost.probe_trainings, 0);
+    assert_eq!(cost.trainings, 2 + 1);
+    assert_eq!(cost.evaluations, 3 * n);
+    assert_eq!(cost.broadcasts, 3 * n + 2 + 1);
+}
+
 #[test]
 fn a_failed_run_leaves_finished_rounds_readable() {
     let exp = synthetic(&["rounds=50", "train.lr=1e37", "train.work.epochs=3"]);

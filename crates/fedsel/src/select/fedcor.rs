@@ -9,17 +9,28 @@
 //!   condition Σ on k*: Σ ← Σ − Σ_{·k*} Σ_{k*·} / Σ_{k*k*} (Eq. 11).
 //! - **Annealing (Alg. 2 line 14).** α_k ← β α_k each time k is selected; reset to 1 on
 //!   every GP-training round (line 9).
-//! - **Warm-up (decisions.md).** Rounds 0..=R_w select uniformly; every round's own loss
-//!   change over all N clients (held-out loss after − before) is one GP sample, and the
-//!   GP is trained each warm-up round. GP selection starts at round R_w + 1.
+//! - **Warm-up (decisions.md, §5.1).** Rounds 0..=R_w select uniformly. Each warm-up
+//!   round's own loss change (held-out loss after − before, over the clients available at
+//!   both ends) is one GP sample, and the GP is fitted on it at the start of the next round,
+//!   with Δt = 1 and the warm-up M. GP selection starts at round R_w + 1.
 //! - **GP-training rounds (Alg. 2 lines 3–11).** When t % Δt = 0 after warm-up, S probe
-//!   selections are drawn uniformly and trained from w^t; the probe models' losses on all
-//!   clients give S samples and the probes are discarded (`ClientQuery::probe`, booked as
-//!   probe trainings). X is then trained with Adam, warm-started from X^{t−1}, on the
-//!   discounted likelihood Φ_t (Eq. 16–17): samples older than M intervals are dropped and
-//!   a sample of age a rounds has weight θ^a (γ = θ^Δt per interval).
-//! - **FedGP.** On a GP-training round the real round is the uniformly sampled one and its
-//!   own loss change is the sample (FedGP Alg. 2 lines 4–5): no probe is trained.
+//!   selections are drawn uniformly among the available clients and trained from w^t; each
+//!   probe model's held-out losses on the available clients give one sample of round t, and
+//!   the probes are discarded (`ClientQuery::probe`, booked as probe trainings). α is reset
+//!   and X is trained with Adam, warm-started from X^{t−1}, on the discounted likelihood
+//!   Φ_t (Eq. 16–17).
+//! - **Eq. 17's window.** A fit anchored at round t uses exactly the samples of rounds
+//!   t − mΔt, m = 0..=M, each with weight γ^m = θ^{mΔt} (App. C: γ = θ^Δt): M + 1 = 11 in
+//!   warm-up (Δt = 1, M = 10), and M + 1 = 2 after it (M = 1). So the first fit after
+//!   warm-up sees its own sample and the warm-up sample of round t − Δt, and none of the
+//!   warm-up samples in between.
+//! - **FedGP (seed 001, Alg. 2).** On a GP-training round a uniform selection K^r is trained
+//!   and aggregated into the global model first (line 5, `ClientQuery::advance`, booked as
+//!   trainings); its loss change is the round's sample; X is refitted (line 8); then the
+//!   GP-selected clients train from the advanced model in the same round (lines 9–10).
+//! - **Availability.** Losses are asked of available clients only; a sample covers the
+//!   clients observed at both ends of its loss change, and the likelihood of a sample is
+//!   the marginal of the GP over those clients (columns of X), which is exact for a GP.
 //!
 //! The likelihood uses the Woodbury identity, so each Adam step factors only the d × d
 //! matrix K = σ_n² I + XXᵀ (Cholesky with jitter; a factorisation that still fails is an
@@ -46,22 +57,36 @@ pub enum Variant {
     FedGp,
 }
 
-/// One observed vector of loss changes over all clients.
+/// One observed vector of loss changes.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sample {
     /// Round the change belongs to.
     pub round: usize,
-    /// Δl for every client.
+    /// The clients observed, ascending.
+    pub clients: Vec<usize>,
+    /// Δl of each of those clients.
     pub dl: Vec<f64>,
+}
+
+/// Held-out losses of the global model at the start of a round.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Losses {
+    round: usize,
+    clients: Vec<usize>,
+    values: Vec<f64>,
 }
 
 /// Diagnostics of one GP fit.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FitRecord {
-    /// Round of the fit.
+    /// Round the fit is anchored at (Eq. 17's t).
     pub round: usize,
     /// Samples used.
     pub samples: usize,
+    /// The rounds of those samples, newest first.
+    pub sample_rounds: Vec<usize>,
+    /// Their weights γ^m.
+    pub sample_weights: Vec<f64>,
     /// Adam steps.
     pub steps: usize,
     /// Negative discounted log-likelihood before and after.
@@ -83,13 +108,24 @@ pub struct FedCor {
     x: DMatrix<f64>,
     alpha: Vec<f64>,
     samples: Vec<Sample>,
-    /// Held-out losses of all clients under the global model of a round.
-    last_losses: Option<(usize, Vec<f64>)>,
+    /// Losses at the start of the last round that opened a sample.
+    last_losses: Option<Losses>,
     fits: Vec<FitRecord>,
     prev_sigma: Option<DMatrix<f64>>,
     select_ms: f64,
     /// X as it stood at the end of warm-up (FedCor Fig. 7 shows these).
     x_warmup: Option<DMatrix<f64>>,
+}
+
+/// One weighted sample in the likelihood: Δl over `clients`.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation<'a> {
+    /// Weight γ^m.
+    pub weight: f64,
+    /// Observed clients (columns of X), ascending.
+    pub clients: &'a [usize],
+    /// Their loss changes.
+    pub dl: &'a [f64],
 }
 
 fn err(round: usize, reason: String) -> Error {
@@ -100,39 +136,65 @@ fn err(round: usize, reason: String) -> Error {
     }
 }
 
-/// The negative discounted log-likelihood (without the constant) and its gradient in X.
-pub fn nll_and_grad(
+/// Cholesky factor of K = σ²I + X Xᵀ (d × d), with the noise variance actually used:
+/// jitter is added until the factorisation succeeds, and a failure past 1e-2 is an error.
+fn factor(
     x: &DMatrix<f64>,
-    noise: f64,
-    samples: &[(f64, &[f64])],
-) -> Result<(f64, DMatrix<f64>), String> {
-    let (d, n) = x.shape();
-    let s2 = noise * noise;
+    s2: f64,
+) -> Result<(nalgebra::Cholesky<f64, nalgebra::Dyn>, f64), String> {
+    let d = x.nrows();
     let xxt = x * x.transpose();
     let mut jitter = 0.0;
-    let chol = loop {
+    loop {
         let k = &xxt + DMatrix::identity(d, d) * (s2 + jitter);
         if let Some(c) = k.cholesky() {
-            break c;
+            return Ok((c, s2 + jitter));
         }
         jitter = if jitter == 0.0 { 1e-10 } else { jitter * 10.0 };
         if jitter > 1e-2 {
             return Err("Cholesky of σ²I + XXᵀ failed even with jitter 1e-2".into());
         }
-    };
-    let logdet_k: f64 = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
-    let logdet = (n as f64 - d as f64) * (s2 + jitter).ln() + logdet_k;
-    let kinv_x = chol.solve(x);
-    let total_w: f64 = samples.iter().map(|s| s.0).sum();
-    let mut grad = &kinv_x * total_w;
-    let mut nll = 0.5 * total_w * logdet;
-    for &(w, y) in samples {
-        let y = DVector::from_column_slice(y);
-        let xy = x * &y;
-        let a = (&y - x.transpose() * chol.solve(&xy)) / (s2 + jitter);
-        nll += 0.5 * w * y.dot(&a);
-        let xa = x * &a;
-        grad -= (xa * a.transpose()) * w;
+    }
+}
+
+/// The negative discounted log-likelihood Σ_s w_s · ½(log|Σ_S| + yᵀΣ_S⁻¹y) (without the
+/// constant) and its gradient in X, where Σ_S is the GP's marginal over the sample's
+/// observed clients S. Consecutive samples over the same clients share one factorisation.
+pub fn nll_and_grad(
+    x: &DMatrix<f64>,
+    noise: f64,
+    samples: &[Observation<'_>],
+) -> Result<(f64, DMatrix<f64>), String> {
+    let (d, n) = x.shape();
+    let mut grad = DMatrix::zeros(d, n);
+    let mut nll = 0.0;
+    let mut i = 0;
+    while i < samples.len() {
+        let clients = samples[i].clients;
+        let group_end = samples[i..]
+            .iter()
+            .position(|s| s.clients != clients)
+            .map_or(samples.len(), |j| i + j);
+        let group = &samples[i..group_end];
+        i = group_end;
+        let xs = x.select_columns(clients);
+        let (chol, s2) = factor(&xs, noise * noise)?;
+        let logdet_k: f64 = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+        let logdet = (clients.len() as f64 - d as f64) * s2.ln() + logdet_k;
+        let total_w: f64 = group.iter().map(|s| s.weight).sum();
+        let mut g = chol.solve(&xs) * total_w;
+        nll += 0.5 * total_w * logdet;
+        for s in group {
+            let y = DVector::from_column_slice(s.dl);
+            let xy = &xs * &y;
+            let a = (&y - xs.transpose() * chol.solve(&xy)) / s2;
+            nll += 0.5 * s.weight * y.dot(&a);
+            g -= (&xs * &a) * a.transpose() * s.weight;
+        }
+        for (c, &k) in clients.iter().enumerate() {
+            let mut col = grad.column_mut(k);
+            col += g.column(c);
+        }
     }
     if !nll.is_finite() || grad.iter().any(|g| !g.is_finite()) {
         return Err("the GP likelihood is not finite".into());
@@ -218,31 +280,49 @@ impl FedCor {
         t <= self.cfg.warmup
     }
 
-    /// Trains X with Adam on the stored samples, as of round `now`.
-    pub fn fit(&mut self, now: usize, steps: usize) -> Result<(), Error> {
-        let started = Instant::now();
-        let keep = if self.warm(now) {
-            self.cfg.history_warmup
+    /// Eq. 17's samples for a fit anchored at round `t`, as (index, weight γ^m) newest
+    /// first: the samples of rounds t − mΔt for m = 0..=M, weighted θ^{mΔt}. Warm-up fits
+    /// use Δt = 1 and the warm-up M (§5.1, App. C).
+    fn window(&self, t: usize) -> Vec<(usize, f64)> {
+        let (dt, big_m) = if self.warm(t) {
+            (1, self.cfg.history_warmup)
         } else {
-            self.cfg.history * self.cfg.interval
+            (self.cfg.interval, self.cfg.history)
         };
-        self.samples.retain(|s| now - s.round <= keep);
-        let weights: Vec<f64> = self
+        let mut picked: Vec<(usize, f64)> = self
             .samples
             .iter()
-            .map(|s| self.cfg.theta.powi((now - s.round) as i32))
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let age = t.checked_sub(s.round)?;
+                (age.is_multiple_of(dt) && age / dt <= big_m)
+                    .then(|| (i, self.cfg.theta.powi(age as i32)))
+            })
             .collect();
-        let data: Vec<(f64, &[f64])> = weights
+        picked.sort_by_key(|&(i, _)| std::cmp::Reverse(self.samples[i].round));
+        picked
+    }
+
+    /// Trains X with Adam on Eq. 17's window for round `anchor`, then forgets the samples
+    /// no later window can use.
+    pub fn fit(&mut self, anchor: usize, steps: usize) -> Result<(), Error> {
+        let started = Instant::now();
+        let window = self.window(anchor);
+        let data: Vec<Observation<'_>> = window
             .iter()
-            .copied()
-            .zip(self.samples.iter().map(|s| s.dl.as_slice()))
+            .map(|&(i, weight)| Observation {
+                weight,
+                clients: &self.samples[i].clients,
+                dl: &self.samples[i].dl,
+            })
             .collect();
         let (b1, b2, eps, lr) = (0.9, 0.999, 1e-8, self.cfg.lr);
         let mut m = DMatrix::zeros(self.x.nrows(), self.x.ncols());
         let mut v = m.clone();
         let mut nll_before = f64::NAN;
         for step in 1..=steps {
-            let (nll, g) = nll_and_grad(&self.x, self.cfg.noise, &data).map_err(|e| err(now, e))?;
+            let (nll, g) =
+                nll_and_grad(&self.x, self.cfg.noise, &data).map_err(|e| err(anchor, e))?;
             if step == 1 {
                 nll_before = nll;
             }
@@ -253,23 +333,32 @@ impl FedCor {
             self.x -= (&m / c1).zip_map(&(&v / c2), |mh, vh| lr * mh / (vh.sqrt() + eps));
         }
         let nll_after = nll_and_grad(&self.x, self.cfg.noise, &data)
-            .map_err(|e| err(now, e))?
+            .map_err(|e| err(anchor, e))?
             .0;
         let sigma = self.sigma();
         let sigma_cosine_prev = self.prev_sigma.as_ref().map(|p| cosine(p, &sigma));
         self.prev_sigma = Some(sigma);
         self.fits.push(FitRecord {
-            round: now,
-            samples: data.len(),
+            round: anchor,
+            samples: window.len(),
+            sample_rounds: window.iter().map(|&(i, _)| self.samples[i].round).collect(),
+            sample_weights: window.iter().map(|&(_, w)| w).collect(),
             steps,
             nll_before,
             nll_after,
             sigma_cosine_prev,
             fit_ms: started.elapsed().as_secs_f64() * 1e3,
         });
+        let keep = self
+            .cfg
+            .history_warmup
+            .max(self.cfg.history * self.cfg.interval);
+        self.samples
+            .retain(|s| s.round.saturating_add(keep) >= anchor);
         Ok(())
     }
 
+    /// A uniform draw of K_t among the available clients (warm-up, probes, FedGP's K^r).
     fn uniform(ctx: &RoundContext<'_>, rng: &mut Rng) -> Vec<usize> {
         let m = ctx.budget.min(ctx.available.len());
         sample(rng, ctx.available.len(), m)
@@ -278,14 +367,27 @@ impl FedCor {
             .collect()
     }
 
-    /// Records Δl = `after` − the losses stored for round `round`, if any.
-    fn record_change(&mut self, round: usize, after: &[f64]) {
-        if let Some((r, before)) = &self.last_losses
-            && *r == round
-        {
-            let dl = after.iter().zip(before).map(|(a, b)| a - b).collect();
-            self.samples.push(Sample { round, dl });
+    /// Stores Δl = after − before of round `round` over the clients in both (ascending) lists.
+    fn record_change(&mut self, round: usize, before: &Losses, clients: &[usize], after: &[f64]) {
+        let (mut i, mut j) = (0, 0);
+        let mut sample = Sample {
+            round,
+            clients: Vec::new(),
+            dl: Vec::new(),
+        };
+        while i < before.clients.len() && j < clients.len() {
+            match before.clients[i].cmp(&clients[j]) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => {
+                    sample.clients.push(clients[j]);
+                    sample.dl.push(after[j] - before.values[i]);
+                    i += 1;
+                    j += 1;
+                }
+            }
         }
+        self.samples.push(sample);
     }
 }
 
@@ -310,7 +412,6 @@ impl Selector for FedCor {
     ) -> Result<Selection, Error> {
         let t = ctx.round;
         let n = self.p.len();
-        let all: Vec<usize> = (0..n).collect();
         if self.x.is_empty() {
             // X ~ N(0, 1)/√d, drawn from this round's selection stream.
             let d = self.cfg.dim;
@@ -320,58 +421,53 @@ impl Selector for FedCor {
                 z * scale
             });
         }
-        let gp_round = !self.warm(t) && t.is_multiple_of(self.cfg.interval);
-        // Losses of the current model are needed to close the previous round's sample
-        // (warm-up; FedGP after a GP round) and to start this round's sample.
-        let closes = self.last_losses.as_ref().is_some_and(|(r, _)| *r + 1 == t);
-        if self.warm(t) || closes || gp_round {
-            let losses = query.holdout_losses(&all)?;
+        let warm = self.warm(t);
+        let gp_round = !warm && t.is_multiple_of(self.cfg.interval);
+        // The current model's losses close the previous warm-up round's sample, and open
+        // this round's sample in warm-up and on GP-training rounds.
+        let closes = t > 0
+            && self.warm(t - 1)
+            && self.last_losses.as_ref().is_some_and(|l| l.round + 1 == t);
+        if closes || warm || gp_round {
+            let losses = query.holdout_losses(ctx.available)?;
             if closes {
-                self.record_change(t - 1, &losses);
-                let steps = if self.warm(t - 1) {
-                    self.cfg.warmup_steps
-                } else {
-                    self.cfg.steps
-                };
-                self.fit(t, steps)?;
+                let before = self.last_losses.take().expect("checked above");
+                self.record_change(t - 1, &before, ctx.available, &losses);
+                self.fit(t - 1, self.cfg.warmup_steps)?;
                 if t == self.cfg.warmup + 1 {
                     self.x_warmup = Some(self.x.clone());
                 }
             }
-            self.last_losses = Some((t, losses));
+            self.last_losses = (warm || gp_round).then(|| Losses {
+                round: t,
+                clients: ctx.available.to_vec(),
+                values: losses,
+            });
         }
-        if !self.warm(t) && !gp_round {
-            // After warm-up only GP-training rounds produce samples.
-            self.last_losses = None;
-        }
-        if self.warm(t) {
+        if warm {
             return Ok(Selection {
                 clients: Self::uniform(ctx, rng),
                 weights: None,
             });
         }
         if gp_round {
-            self.alpha.iter_mut().for_each(|a| *a = 1.0);
+            let before = self.last_losses.take().expect("set above");
             match self.variant {
                 Variant::FedCor => {
-                    let before = self.last_losses.as_ref().expect("set above").1.clone();
                     for _ in 0..self.cfg.probes {
-                        let m = ctx.budget.min(n);
-                        let probe: Vec<usize> = sample(rng, n, m).into_vec();
-                        let after = query.probe(&probe)?;
-                        let dl = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-                        self.samples.push(Sample { round: t, dl });
+                        let probe = Self::uniform(ctx, rng);
+                        let after = query.probe(&probe, &before.clients)?;
+                        self.record_change(t, &before, &before.clients, &after);
                     }
-                    self.last_losses = None;
-                    self.fit(t, self.cfg.steps)?;
                 }
                 Variant::FedGp => {
-                    return Ok(Selection {
-                        clients: Self::uniform(ctx, rng),
-                        weights: None,
-                    });
+                    let k_r = Self::uniform(ctx, rng);
+                    let after = query.advance(&k_r, &before.clients)?;
+                    self.record_change(t, &before, &before.clients, &after);
                 }
             }
+            self.alpha.iter_mut().for_each(|a| *a = 1.0);
+            self.fit(t, self.cfg.steps)?;
         }
         let started = Instant::now();
         let m = ctx.budget.min(ctx.available.len());
@@ -439,13 +535,17 @@ impl Selector for FedCor {
             }
             out
         };
-        let mut fits =
-            String::from("round,samples,steps,nll_before,nll_after,sigma_cosine_prev,fit_ms\n");
+        let mut fits = String::from(
+            "round,samples,sample_rounds,sample_weights,steps,nll_before,nll_after,sigma_cosine_prev,fit_ms\n",
+        );
+        let joined = |v: Vec<String>| v.join(";");
         for f in &self.fits {
             fits.push_str(&format!(
-                "{},{},{},{:.4},{:.4},{},{:.3}\n",
+                "{},{},{},{},{},{:.4},{:.4},{},{:.3}\n",
                 f.round,
                 f.samples,
+                joined(f.sample_rounds.iter().map(|r| r.to_string()).collect()),
+                joined(f.sample_weights.iter().map(|w| format!("{w:.6}")).collect()),
                 f.steps,
                 f.nll_before,
                 f.nll_after,
@@ -508,7 +608,19 @@ mod tests {
         let x = DMatrix::from_fn(3, 6, |_, _| nrm(&mut rng));
         let y1: Vec<f64> = (0..6).map(|_| nrm(&mut rng)).collect();
         let y2: Vec<f64> = (0..6).map(|_| nrm(&mut rng)).collect();
-        let data = [(1.0, y1.as_slice()), (0.5, y2.as_slice())];
+        let all: Vec<usize> = (0..6).collect();
+        let data = [
+            Observation {
+                weight: 1.0,
+                clients: &all,
+                dl: &y1,
+            },
+            Observation {
+                weight: 0.5,
+                clients: &all,
+                dl: &y2,
+            },
+        ];
         let (f0, g) = nll_and_grad(&x, 0.3, &data).unwrap();
         let h = 1e-6;
         for (i, j) in [(0, 0), (2, 5), (1, 3)] {
@@ -527,9 +639,9 @@ mod tests {
         let logdet = sigma.determinant().ln();
         let dense: f64 = data
             .iter()
-            .map(|(w, y)| {
-                let y = DVector::from_column_slice(y);
-                0.5 * w * (logdet + y.dot(&(&inv * &y)))
+            .map(|o| {
+                let y = DVector::from_column_slice(o.dl);
+                0.5 * o.weight * (logdet + y.dot(&(&inv * &y)))
             })
             .sum();
         assert!(
@@ -572,6 +684,7 @@ mod tests {
                 planted.transpose() * z + DVector::from_fn(n, |_, _| 0.1 * nrm(&mut rng));
             gp.samples.push(Sample {
                 round: 0,
+                clients: (0..n).collect(),
                 dl: y.as_slice().to_vec(),
             });
         }
@@ -594,5 +707,308 @@ mod tests {
         );
         let fit = gp.fits().last().unwrap();
         assert!(fit.nll_after < fit.nll_before);
+    }
+
+    /// A query that records every call, checks it names only available clients, and
+    /// returns losses that fall by 0.01 with every held-out evaluation call, so each
+    /// warm-up loss change is exactly −0.01; a probe or extra step lowers them by 0.05.
+    struct Recorder {
+        available: Vec<usize>,
+        calls: Vec<(usize, &'static str, Vec<usize>, Vec<usize>)>,
+        round: usize,
+        evals: usize,
+    }
+
+    impl Recorder {
+        fn losses(&self, clients: &[usize], drop: f64) -> Vec<f64> {
+            clients
+                .iter()
+                .map(|&k| 1.0 + 0.1 * k as f64 - 0.01 * self.evals as f64 - drop)
+                .collect()
+        }
+        fn check(&self, clients: &[usize]) {
+            for k in clients {
+                assert!(
+                    self.available.contains(k),
+                    "round {}: asked unavailable client {k}",
+                    self.round
+                );
+            }
+        }
+    }
+
+    impl ClientQuery for Recorder {
+        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            self.check(clients);
+            self.calls
+                .push((self.round, "holdout", clients.to_vec(), Vec::new()));
+            let l = self.losses(clients, 0.0);
+            self.evals += 1;
+            Ok(l)
+        }
+        fn minibatch_losses(&mut self, _: &[usize]) -> Result<Vec<f64>, Error> {
+            unreachable!("FedCor asks for no mini-batch losses")
+        }
+        fn probe(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            self.check(clients);
+            self.check(evaluate);
+            self.calls
+                .push((self.round, "probe", clients.to_vec(), evaluate.to_vec()));
+            Ok(self.losses(evaluate, 0.05 - 0.01))
+        }
+        fn advance(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            self.check(clients);
+            self.check(evaluate);
+            self.calls
+                .push((self.round, "advance", clients.to_vec(), evaluate.to_vec()));
+            Ok(self.losses(evaluate, 0.05 - 0.01))
+        }
+    }
+
+    /// Warm-up R_w = 3, Δt = 5, warm-up M = 2, M = 1, S = 2 probes, θ = 0.5, β = 0.5, six
+    /// clients, two per round; client 5 is away in rounds 2, 7 and 10.
+    fn drive(variant: Variant, rounds: usize) -> (FedCor, Recorder, Vec<Vec<usize>>) {
+        let cfg = FedCorConfig {
+            dim: 2,
+            warmup: 3,
+            interval: 5,
+            history_warmup: 2,
+            history: 1,
+            probes: 2,
+            steps: 3,
+            warmup_steps: 3,
+            theta: 0.5,
+            beta: 0.5,
+            ..FedCorConfig::default()
+        };
+        let n = 6;
+        let mut gp = FedCor::new(cfg, variant);
+        gp.setup(&Setup {
+            sizes: vec![10; n],
+            weights: vec![1.0 / n as f64; n],
+            per_round: 2,
+            rounds,
+            num_params: 1,
+            classes: 2,
+            oracle_label_histograms: None,
+            oracle_features: None,
+        });
+        let mut q = Recorder {
+            available: Vec::new(),
+            calls: Vec::new(),
+            round: 0,
+            evals: 0,
+        };
+        let mut picks = Vec::new();
+        for t in 0..rounds {
+            q.round = t;
+            q.available = if [2, 7, 10].contains(&t) {
+                (0..5).collect()
+            } else {
+                (0..6).collect()
+            };
+            let available = q.available.clone();
+            let ctx = RoundContext {
+                round: t,
+                available: &available,
+                budget: 2,
+            };
+            let mut rng = stream(9, Purpose::Selection, t as u64, 0);
+            let sel = gp.select(&ctx, &mut q, &mut rng).unwrap().clients;
+            assert_eq!(sel.len(), 2);
+            assert!(sel.iter().all(|k| available.contains(k)));
+            picks.push(sel);
+        }
+        (gp, q, picks)
+    }
+
+    fn calls_in(q: &Recorder, t: usize) -> Vec<&'static str> {
+        q.calls.iter().filter(|c| c.0 == t).map(|c| c.1).collect()
+    }
+
+    #[test]
+    fn fedcor_rounds_follow_warm_up_then_algorithm_2_with_eq_17_windows() {
+        let (gp, q, _) = drive(Variant::FedCor, 12);
+        // Warm-up rounds 0..=3 and the round that closes round 3's sample each ask every
+        // available client once; rounds 6..=9 and 11 ask nothing.
+        for t in 0..=4 {
+            assert_eq!(calls_in(&q, t), vec!["holdout"], "round {t}");
+        }
+        for t in [6, 7, 8, 9, 11] {
+            assert!(calls_in(&q, t).is_empty(), "round {t}");
+        }
+        // GP-training rounds 5 and 10: the round's losses, then S = 2 probes of two
+        // uniformly drawn available clients, each evaluated on the available clients.
+        for t in [5, 10] {
+            assert_eq!(calls_in(&q, t), vec!["holdout", "probe", "probe"]);
+            for c in q.calls.iter().filter(|c| c.0 == t && c.1 == "probe") {
+                assert_eq!(c.2.len(), 2);
+                assert_eq!(c.3, q.calls.iter().find(|d| d.0 == t).unwrap().2);
+            }
+        }
+        // Client 5 was away in round 10: that round's probes neither train nor evaluate it.
+        assert!(
+            q.calls
+                .iter()
+                .filter(|c| c.0 == 10)
+                .all(|c| !c.2.contains(&5) && !c.3.contains(&5))
+        );
+        // Warm-up fits are anchored at rounds 0..=3 with M + 1 = 3 samples once there are
+        // enough, weighted θ^m; the GP-training fits use exactly rounds t and t − Δt:
+        // the first one keeps warm-up round 0 and none of warm-up rounds 1..=3 (Eq. 17).
+        let fits: Vec<(usize, Vec<usize>, Vec<f64>)> = gp
+            .fits
+            .iter()
+            .map(|f| (f.round, f.sample_rounds.clone(), f.sample_weights.clone()))
+            .collect();
+        assert_eq!(
+            fits,
+            vec![
+                (0, vec![0], vec![1.0]),
+                (1, vec![1, 0], vec![1.0, 0.5]),
+                (2, vec![2, 1, 0], vec![1.0, 0.5, 0.25]),
+                (3, vec![3, 2, 1], vec![1.0, 0.5, 0.25]),
+                (5, vec![5, 5, 0], vec![1.0, 1.0, 0.5f64.powi(5)]),
+                (
+                    10,
+                    vec![10, 10, 5, 5],
+                    vec![1.0, 1.0, 0.5f64.powi(5), 0.5f64.powi(5)]
+                ),
+            ]
+        );
+        // Each warm-up loss change is exactly −0.01 per client (losses fall with every
+        // evaluation), over the clients available at both ends: client 5, away in
+        // round 2, is missing from the samples of rounds 1 and 2.
+        for s in gp.samples.iter().filter(|s| s.round <= 3) {
+            assert!(s.dl.iter().all(|d| (d + 0.01).abs() < 1e-12), "{s:?}");
+            let expected: Vec<usize> = if [1, 2].contains(&s.round) {
+                (0..5).collect()
+            } else {
+                (0..6).collect()
+            };
+            assert_eq!(s.clients, expected, "round {}", s.round);
+        }
+        // A probe's change is its model's losses minus the round's: −0.05 each.
+        for s in gp.samples.iter().filter(|s| s.round >= 5) {
+            assert!(s.dl.iter().all(|d| (d + 0.05).abs() < 1e-12), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn annealing_multiplies_by_beta_and_gp_rounds_reset_it() {
+        let (gp, _, picks) = drive(Variant::FedCor, 12);
+        // α was reset at round 10 and then annealed by rounds 10 and 11 only.
+        let mut expected = [1.0; 6];
+        for t in [10, 11] {
+            for &k in &picks[t] {
+                expected[k] *= 0.5;
+            }
+        }
+        assert_eq!(gp.alpha, expected);
+        // Without the reset α would carry the picks of rounds 5..=9 too.
+        let (gp, _, picks) = drive(Variant::FedCor, 10);
+        let mut expected = [1.0; 6];
+        for &k in picks[5..10].iter().flatten() {
+            expected[k] *= 0.5;
+        }
+        assert_eq!(gp.alpha, expected);
+    }
+
+    #[test]
+    fn fedgp_trains_the_uniform_selection_then_the_gp_selection_in_one_round() {
+        let (gp, q, _) = drive(Variant::FedGp, 11);
+        // FedGP Alg. 2: on a GP-training round the uniform K^r advances the model (no
+        // probe), X is refitted on its loss change, and the GP selection is returned.
+        for t in [5, 10] {
+            assert_eq!(calls_in(&q, t), vec!["holdout", "advance"], "round {t}");
+        }
+        assert!(q.calls.iter().all(|c| c.1 != "probe"));
+        // Post-warm-up fits use M + 1 = 2 samples: rounds t and t − Δt.
+        let post: Vec<(usize, Vec<usize>)> = gp
+            .fits
+            .iter()
+            .filter(|f| f.round > 3)
+            .map(|f| (f.round, f.sample_rounds.clone()))
+            .collect();
+        assert_eq!(post, vec![(5, vec![5, 0]), (10, vec![10, 5])]);
+    }
+
+    #[test]
+    fn default_warm_up_fits_use_eleven_samples() {
+        let cfg = FedCorConfig::default();
+        let n = 4;
+        let mut gp = FedCor::new(
+            FedCorConfig {
+                warmup_steps: 1,
+                ..cfg.clone()
+            },
+            Variant::FedCor,
+        );
+        gp.setup(&super::super::testing::setup(&[0.25; 4]));
+        let mut q = Recorder {
+            available: (0..n).collect(),
+            calls: Vec::new(),
+            round: 0,
+            evals: 0,
+        };
+        let all: Vec<usize> = (0..n).collect();
+        for t in 0..=cfg.warmup + 1 {
+            q.round = t;
+            let ctx = RoundContext {
+                round: t,
+                available: &all,
+                budget: 1,
+            };
+            gp.select(
+                &ctx,
+                &mut q,
+                &mut stream(1, Purpose::Selection, t as u64, 0),
+            )
+            .unwrap();
+        }
+        let last = gp.fits.last().unwrap();
+        assert_eq!(last.round, cfg.warmup);
+        assert_eq!(last.samples, cfg.history_warmup + 1);
+        assert_eq!(last.sample_rounds, (5..=15).rev().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_partial_sample_is_scored_by_the_marginal_over_its_clients() {
+        let mut rng = stream(4, Purpose::Strategy, 0, 0);
+        let x = DMatrix::from_fn(3, 6, |_, _| nrm(&mut rng));
+        let clients = [1usize, 3, 4];
+        let y: Vec<f64> = (0..3).map(|_| nrm(&mut rng)).collect();
+        let data = [Observation {
+            weight: 0.7,
+            clients: &clients,
+            dl: &y,
+        }];
+        let (f0, g) = nll_and_grad(&x, 0.3, &data).unwrap();
+        // The value is ½ w (log|Σ_SS| + yᵀ Σ_SS⁻¹ y) with Σ_SS = X_SᵀX_S + σ²I.
+        let xs = x.select_columns(&clients);
+        let sigma = xs.transpose() * &xs + DMatrix::identity(3, 3) * 0.09;
+        let yv = DVector::from_column_slice(&y);
+        let dense =
+            0.5 * 0.7 * (sigma.determinant().ln() + yv.dot(&(sigma.try_inverse().unwrap() * &yv)));
+        assert!(
+            (dense - f0).abs() < 1e-9 * dense.abs().max(1.0),
+            "{dense} vs {f0}"
+        );
+        // Unobserved clients' embeddings get no gradient; observed ones match finite
+        // differences.
+        for k in [0, 2, 5] {
+            assert!(g.column(k).iter().all(|&v| v == 0.0));
+        }
+        let h = 1e-6;
+        for (i, j) in [(0, 1), (2, 4), (1, 3)] {
+            let mut xp = x.clone();
+            xp[(i, j)] += h;
+            let fd = (nll_and_grad(&xp, 0.3, &data).unwrap().0 - f0) / h;
+            assert!(
+                (fd - g[(i, j)]).abs() < 1e-3 * (1.0 + fd.abs()),
+                "{fd} vs {}",
+                g[(i, j)]
+            );
+        }
     }
 }

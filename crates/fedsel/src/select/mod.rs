@@ -19,7 +19,7 @@ pub mod powd;
 pub mod uniform;
 pub mod ward;
 
-use crate::config::SelectionConfig;
+use crate::config::{AggregationRule, SelectionConfig};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
 
@@ -94,11 +94,21 @@ pub trait ClientQuery {
     /// evaluation and one scalar report.
     fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error>;
 
-    /// A probe round (FedCor Alg. 2 lines 4–8): the given clients train from the current
-    /// global model, their models are aggregated by the run's rule, and the probe model's
-    /// held-out loss on **every** client comes back; the probe model is then discarded.
-    /// Books the trainings as `probe_trainings` and the all-client evaluation.
-    fn probe(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error>;
+    /// A probe round (FedCor Alg. 2 lines 4–8): `clients` train from the current global
+    /// model, their models are aggregated by the run's rule, and the probe model's held-out
+    /// loss on each of `evaluate` comes back; the probe model is then discarded. Books the
+    /// trainings as `probe_trainings` and the evaluations.
+    fn probe(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error>;
+
+    /// An extra real FL step inside the round (FedGP Alg. 2 line 5): `clients` train from
+    /// the current global model, their models are aggregated by the run's rule and the
+    /// server step is applied, so the round's own selection then trains from the advanced
+    /// model. Returns the advanced model's held-out loss on each of `evaluate`. Books the
+    /// trainings as `trainings` (they fed the global model) and the evaluations.
+    fn advance(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+        let _ = (clients, evaluate);
+        Err(unsupported("an extra training step"))
+    }
 
     /// The updates x_k − w of the given clients, each trained from the current
     /// global model w and uploaded (FedGS §3.2: the 3DG from model parameters).
@@ -235,6 +245,15 @@ pub trait Selector: Send {
         let _ = setup;
     }
 
+    /// The initial phase before round 0, in which **every** client is reachable (FedGS §3.2
+    /// assumes this to build its 3DG). It is the only time a selector may query a client
+    /// that is not available in a round; its costs are booked to round 0. Not called again
+    /// on resume: what it learns belongs in [`Selector::save`].
+    fn initial_phase(&mut self, query: &mut dyn ClientQuery) -> Result<(), Error> {
+        let _ = query;
+        Ok(())
+    }
+
     /// Chooses the clients of a round, among `ctx.available` only.
     fn select(
         &mut self,
@@ -264,6 +283,33 @@ pub trait Selector: Send {
         let _ = state;
         Ok(())
     }
+}
+
+/// The aggregation rule a strategy's paper and code use, which `aggregation = "auto"`
+/// resolves to (decisions.md, "Aggregation is separate from selection"): F3AST's own
+/// importance weights p_k/r_k (its Alg. 1 line 9), data-size weights for FedGS (Eq. 18) and
+/// DivFL (its code's `aggregate`), and the unweighted mean for the rest (FedCor, HiCS-FL,
+/// Pow-d, Clustered Sampling and MD sampling as their codes aggregate).
+pub fn own_aggregation(strategy: &str) -> AggregationRule {
+    match strategy {
+        "f3ast" => AggregationRule::Selector,
+        "fedgs" | "divfl" => AggregationRule::DataSize,
+        _ => AggregationRule::Mean,
+    }
+}
+
+/// The warning a run prints when its explicit aggregation rule is not the strategy's own;
+/// `None` when they agree. Such a run is allowed (e.g. FedGS's baselines with data-size
+/// weights), but it no longer runs the strategy as its paper does, so it is never silent.
+pub fn aggregation_override(rule: AggregationRule, strategy: &str) -> Option<String> {
+    let own = own_aggregation(strategy);
+    (rule != AggregationRule::Auto && rule != own).then(|| {
+        format!(
+            "server.aggregation = {} overrides {strategy}'s own rule ({}, what `auto` gives)",
+            rule.name(),
+            own.name()
+        )
+    })
 }
 
 /// Builds the selector a config names.
@@ -323,8 +369,8 @@ pub(crate) mod testing {
         fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
             self.holdout_losses(clients)
         }
-        fn probe(&mut self, _: &[usize]) -> Result<Vec<f64>, Error> {
-            Ok(self.0.clone())
+        fn probe(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            self.holdout_losses(evaluate)
         }
     }
 
@@ -364,6 +410,36 @@ mod tests {
             let se = (p * (1.0 - p) / TRIALS as f64).sqrt();
             assert!((f - p).abs() < 5.0 * se, "frequency {f} vs probability {p}");
         }
+    }
+
+    #[test]
+    fn auto_aggregation_resolves_to_each_strategy_s_own_rule() {
+        use crate::config::Config;
+        let resolved = |strategy: &str, extra: &str| {
+            Config::from_toml_str(
+                &format!("[selection]\nstrategy = \"{strategy}\"\n{extra}"),
+                "test",
+                &[],
+            )
+            .unwrap()
+            .server
+            .aggregation
+        };
+        assert_eq!(resolved("f3ast", ""), AggregationRule::Selector);
+        assert_eq!(resolved("fedgs", ""), AggregationRule::DataSize);
+        assert_eq!(resolved("divfl", ""), AggregationRule::DataSize);
+        assert_eq!(resolved("uniform", ""), AggregationRule::Mean);
+        assert_eq!(resolved("hics", ""), AggregationRule::Mean);
+        // An explicit rule stays, and a contradicting one is named in a warning.
+        let explicit = "[server]\naggregation = \"data_size\"";
+        assert_eq!(resolved("f3ast", explicit), AggregationRule::DataSize);
+        let warning = aggregation_override(AggregationRule::DataSize, "f3ast").unwrap();
+        assert!(warning.contains("server.aggregation = data_size") && warning.contains("selector"));
+        assert_eq!(
+            aggregation_override(AggregationRule::DataSize, "fedgs"),
+            None
+        );
+        assert_eq!(aggregation_override(AggregationRule::Auto, "f3ast"), None);
     }
 
     #[test]

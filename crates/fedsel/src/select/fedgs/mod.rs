@@ -147,17 +147,28 @@ impl Selector for FedGs {
         self.state.counts = vec![0; self.n];
     }
 
+    /// FedGS §3.2 assumes every client is available in the initial phase, so that the
+    /// server has the 3DG before training starts; this is that phase.
+    fn initial_phase(&mut self, query: &mut dyn ClientQuery) -> Result<(), Error> {
+        self.build_graph(query, 0)
+    }
+
     fn select(
         &mut self,
         ctx: &RoundContext<'_>,
-        query: &mut dyn ClientQuery,
+        _: &mut dyn ClientQuery,
         _: &mut Rng,
     ) -> Result<Selection, Error> {
-        if self.state.distances.is_none() {
-            self.build_graph(query, ctx.round)?;
-        }
         let started = std::time::Instant::now();
-        let h = self.state.distances.as_ref().expect("built above");
+        let h = self
+            .state
+            .distances
+            .as_ref()
+            .ok_or_else(|| Error::Selection {
+                selector: "fedgs".into(),
+                round: ctx.round,
+                reason: "the 3DG is not built: the initial phase did not run".into(),
+            })?;
         let a = ctx.available;
         let k = ctx.budget.min(a.len());
         let n = self.n as f64;
