@@ -591,13 +591,16 @@ pub enum FedGsGraph {
     Update,
 }
 
-/// Which scaling of Eq. 16 FedGS optimises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Which of a method's two definitions a run follows (decisions.md): a paper's tables were
+/// produced by its authors' code, so where the text and the code differ, `paper` follows
+/// the text's equations and `code` what produced the tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum FedGsObjective {
-    /// Eq. 16: (α/N) Σ_{i≠j∈S} h_ij − Σ_{i∈S} z_i.
+pub enum Protocol {
+    /// The paper's equations and settings.
+    #[default]
     Paper,
-    /// The authors' code: α · mean_{i<j∈S} h_ij − Σ_{i∈S} z_i / (N − 1).
+    /// The authors' code, which produced the tables.
     Code,
 }
 
@@ -609,12 +612,15 @@ pub struct FedGsConfig {
     pub alpha: f64,
     /// Source of the 3DG.
     pub graph: FedGsGraph,
-    /// Edge threshold ε on the normalised similarity.
-    pub epsilon: f64,
-    /// σ² of the edge length e^{−V/σ²}.
-    pub sigma2: f64,
-    /// Scaling of the objective.
-    pub objective: FedGsObjective,
+    /// Paper or code (module docs of `select::fedgs`): the objective's scale, the
+    /// similarity, the edge rule and the edge length.
+    pub protocol: Protocol,
+    /// Edge threshold ε on the normalised similarity; unset means the protocol's
+    /// (paper 0.1, code 0.01).
+    pub epsilon: Option<f64>,
+    /// σ² of the paper's edge length e^{−V/σ²}, or σ of the code's exp(−V²/σ); unset
+    /// means the protocol's (paper 0.01, code 0.1).
+    pub sigma2: Option<f64>,
     /// Solve exactly by branch-and-bound when at most this many clients are available.
     pub exact_up_to: usize,
     /// Node budget of the branch-and-bound; past it the best found is kept and the gap reported.
@@ -633,15 +639,31 @@ impl Default for FedGsConfig {
         Self {
             alpha: 1.0,
             graph: FedGsGraph::Oracle,
-            epsilon: 0.1,
-            sigma2: 0.01,
-            objective: FedGsObjective::Paper,
+            protocol: Protocol::Paper,
+            epsilon: None,
+            sigma2: None,
             exact_up_to: 30,
             node_budget: 200_000,
             swap_budget: 10_000,
             noise_batch: 128,
             graph_quality: false,
         }
+    }
+}
+
+impl FedGsConfig {
+    /// (ε, σ) of the 3DG's edges: the configured values, or the protocol's (paper
+    /// ε = 0.1, σ² = 0.01 as its 3DG experiment states; code ε = 0.01, σ = 0.1, the
+    /// defaults the authors' code calls its graph builder with).
+    pub fn edge_parameters(&self) -> (f64, f64) {
+        let (epsilon, sigma) = match self.protocol {
+            Protocol::Paper => (0.1, 0.01),
+            Protocol::Code => (0.01, 0.1),
+        };
+        (
+            self.epsilon.unwrap_or(epsilon),
+            self.sigma2.unwrap_or(sigma),
+        )
     }
 }
 
@@ -663,8 +685,8 @@ pub struct F3astConfig {
     pub beta: f64,
     /// The variance proxy H.
     pub objective: F3astObjective,
-    /// Divide the aggregate by K_t as the authors' code does (the paper does not).
-    pub normalize_by_budget: bool,
+    /// `code` divides the aggregate by K_t as the authors' code does; `paper` does not.
+    pub protocol: Protocol,
 }
 
 impl Default for F3astConfig {
@@ -672,7 +694,7 @@ impl Default for F3astConfig {
         Self {
             beta: 0.001,
             objective: F3astObjective::Independent,
-            normalize_by_budget: false,
+            protocol: Protocol::Paper,
         }
     }
 }
@@ -816,9 +838,10 @@ pub enum AvailabilityConfig {
         /// β.
         #[serde(default = "nine_tenths")]
         beta: f64,
-        /// Period T_p in rounds.
-        #[serde(default = "twenty_four")]
-        period: usize,
+        /// Period T_p in rounds; unset means the authors' 10·L (one 10-round window per
+        /// label).
+        #[serde(default)]
+        period: Option<usize>,
     },
     /// FedGS LogNormal: c_k / max c, c_k ~ LogNormal(0, ln 1/(1−β)) drawn once.
     Ln {
@@ -987,7 +1010,11 @@ impl Config {
             A::Ln { beta } => check_prob(*beta, "availability.beta", true, true)?,
             A::Yc { beta, period } => {
                 check_prob(*beta, "availability.beta", false, false)?;
-                check(*period > 0, "availability.period", "must be at least 1")?;
+                check(
+                    period.is_none_or(|p| p > 0),
+                    "availability.period",
+                    "must be at least 1",
+                )?;
             }
             A::Sln { beta, period } => {
                 check_prob(*beta, "availability.beta", true, true)?;
@@ -1058,10 +1085,20 @@ impl Config {
             }
         })?;
         config.validate()?;
-        if config.server.aggregation == AggregationRule::Auto {
-            config.server.aggregation = crate::select::own_aggregation(&config.selection.strategy);
-        }
+        config.resolve();
         Ok(config)
+    }
+
+    /// Replaces every value left to the strategy or protocol (`aggregation = "auto"`,
+    /// FedGS's ε and σ) by the value it stands for, so the resolved config records what
+    /// ran. Loading a config does this.
+    pub fn resolve(&mut self) {
+        let (epsilon, sigma2) = self.selection.fedgs.edge_parameters();
+        self.selection.fedgs.epsilon = Some(epsilon);
+        self.selection.fedgs.sigma2 = Some(sigma2);
+        if self.server.aggregation == AggregationRule::Auto {
+            self.server.aggregation = crate::select::own_aggregation(&self.selection.strategy);
+        }
     }
 
     /// Reads a config file; `None` means the built-in default.
@@ -1238,8 +1275,12 @@ impl Config {
             "selection.fedgs.alpha",
             "must be >= 0",
         )?;
-        check_prob(gs.epsilon, "selection.fedgs.epsilon", false, false)?;
-        check_pos(gs.sigma2, "selection.fedgs.sigma2")?;
+        if let Some(epsilon) = gs.epsilon {
+            check_prob(epsilon, "selection.fedgs.epsilon", false, false)?;
+        }
+        if let Some(sigma2) = gs.sigma2 {
+            check_pos(sigma2, "selection.fedgs.sigma2")?;
+        }
         check(
             gs.noise_batch > 0,
             "selection.fedgs.noise_batch",
@@ -1324,7 +1365,8 @@ mod tests {
 
     #[test]
     fn default_round_trips_through_resolved_toml() {
-        let c = Config::default();
+        let mut c = Config::default();
+        c.resolve();
         c.validate().unwrap();
         let text = c.to_resolved_toml();
         let back = Config::from_toml_str(&text, "resolved", &[]).unwrap();

@@ -66,4 +66,27 @@ mod tests {
         assert!((s.rate(18, 2) - 0.1).abs() < 1e-12);
         assert!((s.rate(30, 2) - 0.9).abs() < 1e-12);
     }
+
+    /// HomeDevice: q_k = T_k / max T with T_k ~ LogNormal(0, σ), here σ = 0.5: the
+    /// largest rate is exactly 1, and for the same seed the log-rates are those of
+    /// σ = 0.25 doubled (the draws are shared), so the spread follows σ as specified.
+    #[test]
+    fn home_device_follows_its_lognormal() {
+        let n = 10;
+        let info = ClientInfo {
+            sizes: vec![10; n],
+            labels: vec![vec![0]; n],
+            classes: 2,
+        };
+        let home = |sigma| build(&AvailabilityConfig::HomeDevice { sigma }, &info, 4);
+        let (a, b) = (home(0.25), home(0.5));
+        let ra: Vec<f64> = (0..n).map(|k| a.rate(7, k)).collect();
+        let rb: Vec<f64> = (0..n).map(|k| b.rate(7, k)).collect();
+        assert_eq!(rb.iter().copied().fold(0.0, f64::max), 1.0);
+        for (x, y) in ra.iter().zip(&rb) {
+            assert!((2.0 * x.ln() - y.ln()).abs() < 1e-9, "{x} {y}");
+        }
+        // Constant over rounds.
+        assert_eq!(b.rate(0, 3), b.rate(99, 3));
+    }
 }

@@ -22,7 +22,11 @@ impl ActivityRate for SinLogNormal {
     }
 }
 
-/// YCycle: β · 1[∪_y (1 + t mod T_p)/T_p ∈ [y/numY, (y+1)/numY)] + (1 − β).
+/// YCycle: β · 1[∪_y ρ_t ∈ (y/L, (y+1)/L]] + (1 − β) with ρ_t = (1 + t mod T_p)/T_p, as
+/// the authors' code bins it. With their period T_p = 10·L every label owns exactly ten
+/// consecutive rounds of each cycle and every round belongs to one label. The bins are
+/// compared in integers, (1 + t mod T_p)·L ∈ (y·T_p, (y+1)·T_p], so no round falls
+/// between two bins by rounding.
 struct YCycle {
     beta: f64,
     period: usize,
@@ -32,11 +36,10 @@ struct YCycle {
 
 impl ActivityRate for YCycle {
     fn rate(&self, t: usize, k: usize) -> f64 {
-        let rho = (1 + t % self.period) as f64 / self.period as f64;
-        let c = self.classes as f64;
+        let x = (1 + t % self.period) * self.classes;
         let on = self.labels[k]
             .iter()
-            .any(|&y| rho >= y as f64 / c && rho < (y + 1) as f64 / c);
+            .any(|&y| x > y * self.period && x <= (y + 1) * self.period);
         self.beta * f64::from(u8::from(on)) + 1.0 - self.beta
     }
 }
@@ -74,7 +77,7 @@ pub fn build(cfg: &AvailabilityConfig, info: &ClientInfo, seed: u64) -> Box<dyn 
         }
         AvailabilityConfig::Yc { beta, period } => Box::new(YCycle {
             beta,
-            period,
+            period: period.unwrap_or(10 * info.classes),
             labels: info.labels.clone(),
             classes: info.classes,
         }),
@@ -111,17 +114,81 @@ mod tests {
         assert!((ymf.rate(0, 0) - 0.1).abs() < 1e-12);
         assert!((ymf.rate(0, 1) - (0.6 + 0.1)).abs() < 1e-12);
         // YC with T_p = 10: ρ_t = (1 + t)/10; client 0 holds labels 0 and 3, bins
-        // [0, 0.1) and [0.3, 0.4): on at ρ = 0.3 (t = 2) only, off at ρ = 0.1 (t = 0).
+        // (0, 0.1] and (0.3, 0.4]: on at ρ = 0.1 (t = 0) and 0.4 (t = 3), off at 0.3 (t = 2).
         let yc = build(
             &AvailabilityConfig::Yc {
                 beta: 0.9,
-                period: 10,
+                period: Some(10),
             },
             &info,
             1,
         );
-        assert!((yc.rate(2, 0) - 1.0).abs() < 1e-12);
-        assert!((yc.rate(0, 0) - 0.1).abs() < 1e-12);
-        assert!((yc.rate(12, 0) - 1.0).abs() < 1e-12);
+        assert!((yc.rate(0, 0) - 1.0).abs() < 1e-12);
+        assert!((yc.rate(3, 0) - 1.0).abs() < 1e-12);
+        assert!((yc.rate(2, 0) - 0.1).abs() < 1e-12);
+        assert!((yc.rate(13, 0) - 1.0).abs() < 1e-12);
+    }
+
+    /// The authors' period 10·L: each of the L labels is on for exactly ten consecutive
+    /// rounds of each cycle, in label order, and no round is on for no label.
+    #[test]
+    fn yc_gives_each_label_one_ten_round_window() {
+        let classes = 10;
+        let info = ClientInfo {
+            sizes: vec![1; classes],
+            labels: (0..classes).map(|y| vec![y]).collect(),
+            classes,
+        };
+        let yc = build(
+            &AvailabilityConfig::Yc {
+                beta: 0.9,
+                period: None,
+            },
+            &info,
+            1,
+        );
+        for t in 0..2 * 10 * classes {
+            let on: Vec<usize> = (0..classes)
+                .filter(|&k| (yc.rate(t, k) - 1.0).abs() < 1e-12)
+                .collect();
+            assert_eq!(on, vec![(t % (10 * classes)) / 10], "round {t}");
+        }
+    }
+
+    /// LN's rates are c_k / max c with c_k = exp(σ z_k), σ = ln(1/(1 − β)): so the
+    /// largest rate is exactly 1 and log-rates scale with σ for the same draws z_k. With
+    /// β = 0.5 (σ = ln 2) and β = 0.75 (σ = ln 4 = 2 ln 2), every log-rate doubles. SLN
+    /// multiplies the LN rate by 0.4 sin(2π (1 + t mod T)/T) + 0.5: with T = 24 that is
+    /// 0.9 at t = 5 (a quarter period), 0.1 at t = 17 and 0.5 at t = 23 and t = 11.
+    #[test]
+    fn lognormal_modes_match_their_formulas() {
+        let n = 8;
+        let info = ClientInfo {
+            sizes: vec![10; n],
+            labels: vec![vec![0]; n],
+            classes: 2,
+        };
+        let ln = |beta| build(&AvailabilityConfig::Ln { beta }, &info, 3);
+        let (half, three_quarters) = (ln(0.5), ln(0.75));
+        let r1: Vec<f64> = (0..n).map(|k| half.rate(0, k)).collect();
+        let r2: Vec<f64> = (0..n).map(|k| three_quarters.rate(0, k)).collect();
+        assert_eq!(r1.iter().copied().fold(0.0, f64::max), 1.0);
+        assert!(r1.iter().any(|&r| r < 0.9));
+        for (a, b) in r1.iter().zip(&r2) {
+            assert!((2.0 * a.ln() - b.ln()).abs() < 1e-9, "{a} {b}");
+        }
+        let sln = build(
+            &AvailabilityConfig::Sln {
+                beta: 0.5,
+                period: 24,
+            },
+            &info,
+            3,
+        );
+        for (t, factor) in [(5, 0.9), (17, 0.1), (23, 0.5), (11, 0.5), (29, 0.9)] {
+            for (k, r) in r1.iter().enumerate() {
+                assert!((sln.rate(t, k) - factor * r).abs() < 1e-12, "t {t} k {k}");
+            }
+        }
     }
 }

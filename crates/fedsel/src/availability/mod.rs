@@ -202,7 +202,7 @@ mod tests {
             AvailabilityConfig::Ymf { beta: 0.9 },
             AvailabilityConfig::Yc {
                 beta: 0.9,
-                period: 24,
+                period: None,
             },
             AvailabilityConfig::Ln { beta: 0.5 },
             AvailabilityConfig::Sln {

@@ -8,11 +8,19 @@
 //! r ← (1−β) r + β 1_S (Eq. 5, Alg. 1 line 5), and aggregates with the
 //! importance weights p_k / r_k of the updated r (Alg. 1 line 9), which make
 //! the update unbiased for Σ p_k v_k (Lemma 3.4). Ties go to the lowest id.
+//!
+//! Protocols (decisions.md): with r(0) = p and β = 0.001 the rates stay far below their
+//! steady state Σr → K for the whole run, so under `paper` Σ_S p_k/r_k is inflated by up to
+//! K; the authors' code divides the weights by K, which keeps Σ_S near 1 (`code`, what the
+//! tables ran). `f3ast_weights.csv` records Σ_S of each round's weights.
+//!
+//! With fewer than K_t clients available F3AST takes all of them (the paper); the authors'
+//! code pads the selection with unavailable low-id clients, which we do not.
 
 use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, RoundContext, Selection, Selector, Setup};
-use crate::config::{F3astConfig, F3astObjective};
+use crate::config::{F3astConfig, F3astObjective, Protocol};
 use crate::error::Error;
 use crate::rng::Rng;
 
@@ -28,6 +36,9 @@ pub struct F3ast {
 struct State {
     r: Vec<f64>,
     selected: Vec<u64>,
+    /// (round, K_t, Σ_S weights) of each round.
+    #[serde(default)]
+    weight_sums: Vec<(usize, usize, f64)>,
 }
 
 impl F3ast {
@@ -65,6 +76,7 @@ impl Selector for F3ast {
         self.state = State {
             r: setup.weights.clone(),
             selected: vec![0; setup.weights.len()],
+            weight_sums: Vec::new(),
         };
     }
 
@@ -87,15 +99,17 @@ impl Selector for F3ast {
             self.state.r[k] += beta;
             self.state.selected[k] += 1;
         }
-        let scale = if self.cfg.normalize_by_budget {
-            1.0 / ctx.budget.max(1) as f64
-        } else {
-            1.0
+        let scale = match self.cfg.protocol {
+            Protocol::Code => 1.0 / ctx.budget.max(1) as f64,
+            Protocol::Paper => 1.0,
         };
-        let weights = order
+        let weights: Vec<f64> = order
             .iter()
             .map(|&k| scale * self.p[k] / self.state.r[k])
             .collect();
+        self.state
+            .weight_sums
+            .push((ctx.round, ctx.budget, weights.iter().sum()));
         Ok(Selection {
             clients: order,
             weights: Some(weights),
@@ -116,7 +130,14 @@ impl Selector for F3ast {
         for (k, (p, r)) in self.p.iter().zip(&self.state.r).enumerate() {
             csv.push_str(&format!("{k},{p:.6},{r:.6},{}\n", self.state.selected[k]));
         }
-        vec![("f3ast_rates.csv".into(), csv)]
+        let mut sums = String::from("round,budget,weight_sum\n");
+        for (t, k, w) in &self.state.weight_sums {
+            sums.push_str(&format!("{t},{k},{w:.6}\n"));
+        }
+        vec![
+            ("f3ast_rates.csv".into(), csv),
+            ("f3ast_weights.csv".into(), sums),
+        ]
     }
 }
 
@@ -197,5 +218,91 @@ mod tests {
         let w = sel.weights.unwrap();
         assert!(w.iter().all(|&x| (x - 0.25 / 0.625).abs() < 1e-12), "{w:?}");
         assert!((s.rates()[0] - 0.125).abs() < 1e-12);
+    }
+
+    /// p = (0.6, 0.3, 0.1). With r = (0.6, 0.2, 0.08) the scores are p²/r² = (1, 2.25,
+    /// 1.5625), p/r² = (1.67, 7.5, 15.6) and 1/r = (1.67, 5, 12.5): budget 1 takes client 1
+    /// under the default H and client 2 under the correlated one (so does 1/r). With
+    /// r = (0.1, 0.2, 0.08), p/r² = (60, 7.5, 15.6) takes client 0 where 1/r takes 2.
+    #[test]
+    fn unequal_p_tells_the_scores_apart_and_weights_use_the_updated_rate() {
+        let pick = |objective, r: [f64; 3], budget, protocol| {
+            let mut s = F3ast::new(F3astConfig {
+                beta: 0.5,
+                objective,
+                protocol,
+            });
+            s.setup(&setup(&[0.6, 0.3, 0.1]));
+            s.state.r = r.to_vec();
+            let ctx = RoundContext {
+                round: 0,
+                available: &[0, 1, 2],
+                budget,
+            };
+            let sel = s
+                .select(
+                    &ctx,
+                    &mut FixedLosses(vec![]),
+                    &mut stream(1, Purpose::Selection, 0, 0),
+                )
+                .unwrap();
+            (sel.clients, sel.weights.unwrap())
+        };
+        use F3astObjective::{Correlated, Independent};
+        let a = [0.6, 0.2, 0.08];
+        assert_eq!(pick(Independent, a, 1, Protocol::Paper).0, vec![1]);
+        assert_eq!(pick(Correlated, a, 1, Protocol::Paper).0, vec![2]);
+        assert_eq!(
+            pick(Correlated, [0.1, 0.2, 0.08], 1, Protocol::Paper).0,
+            vec![0]
+        );
+        // Budget 2 under the default H takes {1, 2}; with β = ½ the updated rates are
+        // (0.3, 0.6, 0.54), so the weights are p/r = (0.5, 0.1/0.54), and half that
+        // under `code` (divided by K = 2).
+        let (clients, w) = pick(Independent, a, 2, Protocol::Paper);
+        assert_eq!(clients, vec![1, 2]);
+        assert!((w[0] - 0.5).abs() < 1e-12 && (w[1] - 0.1 / 0.54).abs() < 1e-12);
+        let (_, w) = pick(Independent, a, 2, Protocol::Code);
+        assert!((w[0] - 0.25).abs() < 1e-12 && (w[1] - 0.05 / 0.54).abs() < 1e-12);
+    }
+
+    /// Under `code` each round's weights are the `paper` weights divided by K_t; at round
+    /// 0 (r = p, all tied, so the K lowest ids) they are p_k/(0.999 p_k + 0.001) each.
+    #[test]
+    fn code_weights_are_paper_weights_over_k() {
+        let n = 20;
+        let p: Vec<f64> = (1..=n).map(|k| k as f64 / 210.0).collect();
+        let sums = |protocol| {
+            let mut s = F3ast::new(F3astConfig {
+                protocol,
+                ..F3astConfig::default()
+            });
+            s.setup(&setup(&p));
+            let all: Vec<usize> = (0..n).collect();
+            for t in 0..50 {
+                let ctx = RoundContext {
+                    round: t,
+                    available: &all,
+                    budget: 5,
+                };
+                s.select(
+                    &ctx,
+                    &mut FixedLosses(vec![]),
+                    &mut stream(1, Purpose::Selection, 0, 0),
+                )
+                .unwrap();
+            }
+            s.state.weight_sums
+        };
+        let (code, paper) = (sums(Protocol::Code), sums(Protocol::Paper));
+        for (c, q) in code.iter().zip(&paper) {
+            assert!((c.2 - q.2 / 5.0).abs() < 1e-12);
+        }
+        let first: f64 = p[..5].iter().map(|p| p / (0.999 * p + 0.001)).sum();
+        assert!(
+            (paper[0].2 - first).abs() < 1e-12,
+            "{} vs {first}",
+            paper[0].2
+        );
     }
 }

@@ -1,17 +1,26 @@
 //! FedGS (Wang et al., AAAI 2023; seed 002): federated graph-based sampling
 //! under arbitrary client availability.
 //!
-//! Before the first round the server builds the 3DG once (Alg. 1 lines 2–3):
-//! client features (oracle, oracle through secure scalar products, functional
-//! similarity Eq. 12, or update cosine Eq. 11) → similarities → edges of
-//! length e^{−V/σ²} where V ≥ ε → Floyd–Warshall distances H. Each round it
-//! solves Eq. 16–17 over the available clients A_t with |S| = min(M, |A_t|):
+//! In the initial phase, when every client is reachable (§3.2), the server builds the 3DG
+//! once (Alg. 1 lines 2–3): client features → similarities V → edges → Floyd–Warshall
+//! distances H. Each round it solves Eq. 16–17 over the available clients A_t with
+//! |S| = min(M, |A_t|), which balances the sampling counts v (Alg. 1 line 15) while
+//! spreading the sample over the graph. Aggregation is by data size over the selected
+//! (Eq. 18), what `aggregation = "auto"` gives.
 //!
-//!   max (α/N) Σ_{i≠j∈S} h_ij − Σ_{i∈S} z_i,  z_i = 2(v_i − v̄ − M/N) + 1,
+//! Two protocols (decisions.md), because Table 2 was produced by the authors' code:
+//! - `paper`: maximise (α/N) Σ_{i≠j∈S} h_ij − Σ_{i∈S} z_i with z_i = 2(v_i − v̄ − M/N) + 1
+//!   (Eq. 16). The pair term has weight 2α/N per unordered pair against 1 per count, so it
+//!   can only break ties unless α > N/(k − 1). The oracle and SSPP similarity is the inner
+//!   product; update and response similarities are cosines clipped at 0 (Eq. 11–12); an
+//!   edge joins V ≥ ε = 0.1 with length e^{−V/σ²}, σ² = 0.01 (Eq. 13).
+//! - `code`: maximise α · mean_{i<j∈S} h_ij − Σ_{i∈S} z_i / (N − 1), i.e. pair weight
+//!   2α/(M(M − 1)), so α trades the mean spread against count balance on one scale; every
+//!   similarity is the unclipped cosine; an edge joins V > ε = 0.01 with length
+//!   exp(−V²/σ), σ = 0.1.
 //!
-//! where v counts past selections (Alg. 1 line 15), which balances the
-//! sampling counts while spreading the sample over the graph. Aggregation is
-//! by data size over the selected (Eq. 18): use `aggregation = "data_size"`.
+//! `fedgs_solver.csv` records, per round, the solver's value, bound, gap and the mean graph
+//! distance among the selected clients, which is what α buys.
 
 pub mod graph;
 pub mod solver;
@@ -19,7 +28,7 @@ pub mod solver;
 use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, Needs, RoundContext, Selection, Selector, Setup};
-use crate::config::{FedGsConfig, FedGsGraph, FedGsObjective};
+use crate::config::{FedGsConfig, FedGsGraph, Protocol};
 use crate::error::Error;
 use crate::rng::Rng;
 
@@ -52,6 +61,8 @@ struct SolveRecord {
     upper_bound: f64,
     proven: bool,
     nodes: usize,
+    /// Mean graph distance h_ij over the selected pairs (0 with fewer than two).
+    spread: f64,
     ms: f64,
 }
 
@@ -73,54 +84,66 @@ impl FedGs {
         self.state.distances.as_deref()
     }
 
-    /// Similarities of all clients from the configured source.
+    /// Similarities of all clients from the configured source, as the protocol computes
+    /// them (module docs).
     fn similarity(
         &self,
         query: &mut dyn ClientQuery,
         round: usize,
     ) -> Result<Vec<Vec<f64>>, Error> {
+        use graph::Similarity::{ClippedCosine, Cosine, InnerProduct};
         let all: Vec<usize> = (0..self.n).collect();
+        let code = self.cfg.protocol == Protocol::Code;
+        let (features_kind, learned_kind) = if code {
+            (Cosine, Cosine)
+        } else {
+            (InnerProduct, ClippedCosine)
+        };
         Ok(match self.cfg.graph {
-            FedGsGraph::Oracle => {
-                graph::cosine_similarity(self.oracle.as_ref().ok_or_else(|| Error::Selection {
-                    selector: "fedgs".into(),
-                    round,
-                    reason: "the oracle graph needs oracle features".into(),
-                })?)
-            }
-            FedGsGraph::Sspp => {
-                let gram = query.secure_gram(&all)?;
-                let sq: Vec<f64> = (0..self.n).map(|i| gram[i][i]).collect();
-                graph::similarity_from_gram(&gram, &sq)
-            }
+            FedGsGraph::Oracle => graph::similarity(self.oracle_features(round)?, features_kind),
+            FedGsGraph::Sspp => graph::from_gram(&query.secure_gram(&all)?, features_kind),
             FedGsGraph::Update => {
                 let updates = query.local_updates(&all)?;
                 let f: Vec<Vec<f64>> = updates
                     .iter()
                     .map(|u| u.iter().map(|&x| f64::from(x)).collect())
                     .collect();
-                graph::cosine_similarity(&f)
+                graph::similarity(&f, learned_kind)
             }
             FedGsGraph::Functional => {
                 let updates = query.local_updates(&all)?;
                 let e = query.noise_responses(&updates, self.cfg.noise_batch)?;
-                graph::cosine_similarity(&e)
+                graph::similarity(&e, learned_kind)
             }
         })
     }
 
+    fn oracle_features(&self, round: usize) -> Result<&[Vec<f64>], Error> {
+        self.oracle.as_deref().ok_or_else(|| Error::Selection {
+            selector: "fedgs".into(),
+            round,
+            reason: "the oracle graph needs oracle features".into(),
+        })
+    }
+
+    /// The 3DG's edge lengths from similarities, with the protocol's rule.
+    fn adjacency(&self, similarity: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let (epsilon, sigma) = self.cfg.edge_parameters();
+        graph::adjacency(similarity, epsilon, sigma, self.cfg.protocol)
+    }
+
     fn build_graph(&mut self, query: &mut dyn ClientQuery, round: usize) -> Result<(), Error> {
         let sim = self.similarity(query, round)?;
-        let adj = graph::adjacency(&sim, self.cfg.epsilon, self.cfg.sigma2);
+        let adj = self.adjacency(&sim);
         self.state.edges = (0..self.n)
             .map(|i| (i + 1..self.n).filter(|&j| adj[i][j].is_finite()).count())
             .sum();
         if self.cfg.graph_quality {
-            let oracle = graph::adjacency(
-                &graph::cosine_similarity(self.oracle.as_ref().expect("asked for at setup")),
-                self.cfg.epsilon,
-                self.cfg.sigma2,
-            );
+            let kind = match self.cfg.protocol {
+                Protocol::Paper => graph::Similarity::InnerProduct,
+                Protocol::Code => graph::Similarity::Cosine,
+            };
+            let oracle = self.adjacency(&graph::similarity(self.oracle_features(round)?, kind));
             self.state.quality = Some(graph::edge_quality(&adj, &oracle));
         }
         self.state.distances = Some(graph::shortest_paths(&adj));
@@ -178,10 +201,10 @@ impl Selector for FedGs {
             .iter()
             .map(|&i| 2.0 * (self.state.counts[i] as f64 - mean_v - m / n) + 1.0)
             .collect();
-        let (pair_weight, linear): (f64, Vec<f64>) = match self.cfg.objective {
+        let (pair_weight, linear): (f64, Vec<f64>) = match self.cfg.protocol {
             // Eq. 16: sᵀHs counts each unordered pair twice.
-            FedGsObjective::Paper => (2.0 * self.cfg.alpha / n, z.iter().map(|z| -z).collect()),
-            FedGsObjective::Code => (
+            Protocol::Paper => (2.0 * self.cfg.alpha / n, z.iter().map(|z| -z).collect()),
+            Protocol::Code => (
                 if k > 1 {
                     2.0 * self.cfg.alpha / (k * (k - 1)) as f64
                 } else {
@@ -207,7 +230,20 @@ impl Selector for FedGs {
                 swap_budget: self.cfg.swap_budget,
             },
         );
+        let pairs = sol.chosen.len() * sol.chosen.len().saturating_sub(1) / 2;
+        let spread = if pairs == 0 {
+            0.0
+        } else {
+            let mut sum = 0.0;
+            for (x, &i) in sol.chosen.iter().enumerate() {
+                for &j in &sol.chosen[x + 1..] {
+                    sum += dist[i][j];
+                }
+            }
+            sum / pairs as f64
+        };
         self.solves.push(SolveRecord {
+            spread,
             round: ctx.round,
             available: a.len(),
             k,
@@ -239,11 +275,12 @@ impl Selector for FedGs {
     }
 
     fn reports(&self) -> Vec<(String, String)> {
-        let mut solves =
-            String::from("round,available,k,value,upper_bound,gap,proven,nodes,solve_ms\n");
+        let mut solves = String::from(
+            "round,available,k,value,upper_bound,gap,proven,nodes,mean_distance,solve_ms\n",
+        );
         for s in &self.solves {
             solves.push_str(&format!(
-                "{},{},{},{:.6},{:.6},{:.6},{},{},{:.3}\n",
+                "{},{},{},{:.6},{:.6},{:.6},{},{},{:.6},{:.3}\n",
                 s.round,
                 s.available,
                 s.k,
@@ -252,6 +289,7 @@ impl Selector for FedGs {
                 s.upper_bound - s.value,
                 s.proven,
                 s.nodes,
+                s.spread,
                 s.ms
             ));
         }
@@ -272,5 +310,98 @@ impl Selector for FedGs {
         }
         files.push(("fedgs_graph.csv".into(), g));
         files
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{Purpose, stream};
+    use crate::select::testing::{FixedLosses, setup};
+    use crate::select::{Feedback, RoundContext};
+
+    /// A FedGS selector on a given distance matrix H, with every count 0.
+    fn on_graph(h: Vec<Vec<f64>>, alpha: f64, protocol: Protocol) -> FedGs {
+        let n = h.len();
+        let mut s = FedGs::new(FedGsConfig {
+            alpha,
+            protocol,
+            ..FedGsConfig::default()
+        });
+        s.setup(&Setup {
+            per_round: 2,
+            ..setup(&vec![1.0 / n as f64; n])
+        });
+        s.state.distances = Some(h);
+        s
+    }
+
+    fn pick(s: &mut FedGs, round: usize, available: &[usize], budget: usize) -> Vec<usize> {
+        let ctx = RoundContext {
+            round,
+            available,
+            budget,
+        };
+        let mut rng = stream(1, Purpose::Selection, round as u64, 0);
+        let sel = s
+            .select(&ctx, &mut FixedLosses(vec![]), &mut rng)
+            .unwrap()
+            .clients;
+        s.observe(&Feedback {
+            round,
+            selected: &sel,
+            train_losses: &vec![0.0; sel.len()],
+            updates: None,
+        });
+        sel
+    }
+
+    /// Two clusters {0, 1} and {2, 3}: 0.1 inside a cluster, 1 across.
+    fn two_clusters() -> Vec<Vec<f64>> {
+        (0..4)
+            .map(|i| {
+                (0..4)
+                    .map(|j| match (i == j, i / 2 == j / 2) {
+                        (true, _) => 0.0,
+                        (false, true) => 0.1,
+                        (false, false) => 1.0,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn under_code_alpha_spreads_the_selection_over_the_graph() {
+        // Counts are tied, so with α = 0 every pair scores the same and the lowest ids,
+        // the adjacent pair {0, 1}, win; any α > 0 under `code` takes one client of each
+        // cluster, whatever the counts' tie.
+        let mut s = on_graph(two_clusters(), 0.0, Protocol::Code);
+        assert_eq!(pick(&mut s, 0, &[0, 1, 2, 3], 2), vec![0, 1]);
+        for alpha in [0.1, 1.0, 5.0] {
+            let mut s = on_graph(two_clusters(), alpha, Protocol::Code);
+            let sel = pick(&mut s, 0, &[0, 1, 2, 3], 2);
+            assert_ne!(sel[0] / 2, sel[1] / 2, "α = {alpha}: {sel:?}");
+        }
+        // Under `paper` the pair weight is 2α/N, enough to break the counts' tie.
+        let mut s = on_graph(two_clusters(), 0.1, Protocol::Paper);
+        let sel = pick(&mut s, 0, &[0, 1, 2, 3], 2);
+        assert_ne!(sel[0] / 2, sel[1] / 2);
+    }
+
+    #[test]
+    fn counts_steer_towards_the_least_selected_and_the_budget_is_min_m_available() {
+        // z_i = 2(v_i − v̄ − M/N) + 1 grows with v_i: after round 0 picks {0, 1} (α = 0,
+        // ties to the lowest ids), round 1 must pick {2, 3}, the unpicked ones.
+        let mut s = on_graph(two_clusters(), 0.0, Protocol::Paper);
+        assert_eq!(pick(&mut s, 0, &[0, 1, 2, 3], 2), vec![0, 1]);
+        assert_eq!(s.state.counts, vec![1, 1, 0, 0]);
+        assert_eq!(pick(&mut s, 1, &[0, 1, 2, 3], 2), vec![2, 3]);
+        assert_eq!(s.state.counts, vec![1, 1, 1, 1]);
+        // Only available clients, and |S| = min(M, |A_t|).
+        assert_eq!(pick(&mut s, 2, &[3], 2), vec![3]);
+        let sel = pick(&mut s, 3, &[0, 2, 3], 2);
+        assert_eq!(sel.len(), 2);
+        assert!(sel.iter().all(|k| [0, 2, 3].contains(k)));
     }
 }
