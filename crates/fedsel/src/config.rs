@@ -642,7 +642,7 @@ impl Default for FedGsConfig {
             protocol: Protocol::Paper,
             epsilon: None,
             sigma2: None,
-            exact_up_to: 30,
+            exact_up_to: 1000,
             node_budget: 200_000,
             swap_budget: 10_000,
             noise_batch: 128,

@@ -294,6 +294,39 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (m, v.sqrt())
 }
 
+/// FedGS's solver record of a run (`fedgs_solver.csv`): (rounds proven optimal, rounds,
+/// summed gap, summed mean selected distance), or `None` for other strategies.
+fn solver_record(dir: &Path) -> Result<Option<(usize, usize, f64, f64)>> {
+    let path = dir.join("fedgs_solver.csv");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| bad(&path, e))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| bad(&path, format!("no `{name}` column")))
+    };
+    let (gap, proven, spread) = (col("gap")?, col("proven")?, col("mean_distance")?);
+    let mut out = (0, 0, 0.0, 0.0);
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        let num = |i: usize| -> Result<f64> {
+            f.get(i)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| bad(&path, format!("bad row `{line}`")))
+        };
+        out.0 += usize::from(f.get(proven) == Some(&"true"));
+        out.1 += 1;
+        out.2 += num(gap)?;
+        out.3 += num(spread)?;
+    }
+    Ok(Some(out))
+}
+
 fn pm(xs: &[f64], digits: usize) -> String {
     let (m, s) = mean_std(xs);
     format!("{m:.digits$} ± {s:.digits$}")
@@ -590,7 +623,40 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         },
         baseline.as_deref().unwrap_or("-")
     );
-    for t in [&rtt, &bf, &sp, &sel] {
+    let mut solver = Table {
+        title: "FedGS solver: rounds proven optimal, mean gap to the upper bound, mean graph distance among the selected".into(),
+        file: "fedgs_solver_summary.csv",
+        header: ["setting", "strategy", "rounds proven", "rounds", "mean gap", "mean selected distance"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        rows: Vec::new(),
+    };
+    for ((_, setting), strategies) in &groups {
+        for ((_, strategy), runs) in strategies {
+            let mut total = (0, 0, 0.0, 0.0);
+            for r in runs {
+                if let Some(x) = solver_record(&r.dir)? {
+                    total = (total.0 + x.0, total.1 + x.1, total.2 + x.2, total.3 + x.3);
+                }
+            }
+            if total.1 > 0 {
+                solver.rows.push(vec![
+                    setting.clone(),
+                    strategy.clone(),
+                    total.0.to_string(),
+                    total.1.to_string(),
+                    format!("{:.6}", total.2 / total.1 as f64),
+                    format!("{:.4}", total.3 / total.1 as f64),
+                ]);
+            }
+        }
+    }
+    let tables: Vec<&Table> = [&rtt, &bf, &sp, &sel, &solver]
+        .into_iter()
+        .filter(|t| !t.rows.is_empty() || t.file != "fedgs_solver_summary.csv")
+        .collect();
+    for t in tables {
         t.write_csv(dir)?;
         md.push_str(&t.markdown());
     }
