@@ -272,15 +272,15 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         "uniform" => Ok(Box::new(uniform::Uniform)),
         "md" => Ok(Box::new(md::MdSampling::default())),
         "powd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.d,
+            cfg.powd.clone(),
             powd::LossSource::Holdout,
         ))),
         "cpowd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.d,
+            cfg.powd.clone(),
             powd::LossSource::MiniBatch,
         ))),
         "rpowd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.d,
+            cfg.powd.clone(),
             powd::LossSource::Stale,
         ))),
         "afl" => Ok(Box::new(afl::ActiveFl::new(cfg.afl.clone()))),
@@ -346,6 +346,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{FixedLosses, setup};
     use super::*;
+    use crate::config::PowdConfig;
     use crate::rng::{Purpose, stream};
 
     /// Inclusion probabilities of 2 draws without replacement from weights (0.5, 0.3, 0.2),
@@ -390,7 +391,8 @@ mod tests {
         let mut counts = [0; 3];
         let mut rng = stream(2, Purpose::Selection, 0, 0);
         for _ in 0..TRIALS {
-            let mut s = powd::PowerOfChoice::new(2, powd::LossSource::Stale);
+            let mut s =
+                powd::PowerOfChoice::new(PowdConfig { d: 2, d_per_m: 0 }, powd::LossSource::Stale);
             s.setup(&setup(&[0.5, 0.3, 0.2]));
             for k in s
                 .select(&ctx, &mut FixedLosses(vec![0.0; 3]), &mut rng)
@@ -402,7 +404,8 @@ mod tests {
         }
         assert_close(&counts, &INCLUSION);
         // pow-d with d = all keeps the m highest held-out losses.
-        let mut s = powd::PowerOfChoice::new(0, powd::LossSource::Holdout);
+        let mut s =
+            powd::PowerOfChoice::new(PowdConfig { d: 0, d_per_m: 0 }, powd::LossSource::Holdout);
         s.setup(&setup(&[0.25; 4]));
         let ctx = RoundContext {
             round: 0,

@@ -8,11 +8,15 @@
 //! - `rpowd`: the training loss a client reported when it last trained, +∞ if it never
 //!   did (no extra cost).
 //!
-//! `d = 0` uses every available client ("ideal" pow-d of HiCS-FL, d = N).
+//! d is resolved each round by [`PowdConfig::candidates`]: `d_per_m · K_t` (FedCor App. C.1
+//! runs d = 2m), an absolute `d`, or every available client for `d = 0` ("ideal" pow-d of
+//! HiCS-FL, d = N). With d ≤ K_t every candidate is kept and pow-d is only the ∝ p_k draw,
+//! which [`crate::config::Config::warnings`] flags.
 
 use super::{
     ClientQuery, Feedback, RoundContext, Selection, Selector, Setup, weighted_without_replacement,
 };
+use crate::config::PowdConfig;
 use crate::error::Error;
 use crate::rng::Rng;
 
@@ -30,17 +34,17 @@ pub enum LossSource {
 /// The Power-of-choice selector.
 #[derive(Debug, Clone)]
 pub struct PowerOfChoice {
-    d: usize,
+    cfg: PowdConfig,
     source: LossSource,
     weights: Vec<f64>,
     stale: Vec<f64>,
 }
 
 impl PowerOfChoice {
-    /// A selector with `d` candidates (0 = all available).
-    pub fn new(d: usize, source: LossSource) -> Self {
+    /// A selector drawing the candidates `cfg` sets, ranked by `source`.
+    pub fn new(cfg: PowdConfig, source: LossSource) -> Self {
         Self {
-            d,
+            cfg,
             source,
             weights: Vec::new(),
             stale: Vec::new(),
@@ -69,11 +73,7 @@ impl Selector for PowerOfChoice {
         rng: &mut Rng,
     ) -> Result<Selection, Error> {
         let avail = ctx.available;
-        let d = if self.d == 0 {
-            avail.len()
-        } else {
-            self.d.min(avail.len())
-        };
+        let d = self.cfg.candidates(ctx.budget, avail.len());
         let w: Vec<f64> = avail.iter().map(|&k| self.weights[k]).collect();
         let candidates = weighted_without_replacement(avail, &w, d, rng);
         let losses = match self.source {
