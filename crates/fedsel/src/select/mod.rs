@@ -328,6 +328,48 @@ pub(crate) mod testing {
         }
     }
 
+    /// A query that answers held-out losses from `holdout` and mini-batch losses from
+    /// `minibatch` (indexed by client), and records which clients each call names.
+    pub struct Recording {
+        pub holdout: Vec<f64>,
+        pub minibatch: Vec<f64>,
+        /// (query, clients) per call, in call order.
+        pub calls: Vec<(&'static str, Vec<usize>)>,
+    }
+
+    impl Recording {
+        pub fn new(holdout: Vec<f64>, minibatch: Vec<f64>) -> Self {
+            Self {
+                holdout,
+                minibatch,
+                calls: Vec::new(),
+            }
+        }
+
+        /// Every client named by any call so far.
+        pub fn named(&self) -> Vec<usize> {
+            let mut all: Vec<usize> = self.calls.iter().flat_map(|c| c.1.clone()).collect();
+            all.sort_unstable();
+            all.dedup();
+            all
+        }
+    }
+
+    impl ClientQuery for Recording {
+        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            self.calls.push(("holdout", clients.to_vec()));
+            Ok(clients.iter().map(|&k| self.holdout[k]).collect())
+        }
+        fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            self.calls.push(("minibatch", clients.to_vec()));
+            Ok(clients.iter().map(|&k| self.minibatch[k]).collect())
+        }
+        fn probe(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            self.calls.push(("probe", clients.to_vec()));
+            Ok(self.holdout.clone())
+        }
+    }
+
     pub fn setup(weights: &[f64]) -> Setup {
         Setup {
             sizes: weights.iter().map(|w| (w * 1000.0) as usize).collect(),
