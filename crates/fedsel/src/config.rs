@@ -754,10 +754,21 @@ impl Default for HicsConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DivflRefresh {
-    /// Every available client sends a one-step gradient every round.
+    /// Every available client sends its gradient every round.
     Ideal,
     /// All clients once, then only the selected, at the model they receive.
     Stale,
+}
+
+/// Which training examples a client's gradient of the global model covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradientScope {
+    /// The mean loss over all of the client's training examples (the full-batch gradient
+    /// of the DivFL code, algorithms.md §8).
+    Full,
+    /// The mean loss over one random mini-batch of the training batch size.
+    Minibatch,
 }
 
 /// DivFL (Balakrishnan et al. 2022).
@@ -766,6 +777,9 @@ pub enum DivflRefresh {
 pub struct DivflConfig {
     /// Gradient refresh.
     pub refresh: DivflRefresh,
+    /// What each client gradient covers: `full` (all local training data at the received
+    /// global model, as the DivFL code computes it) or `minibatch` (one batch, cheaper).
+    pub gradient: GradientScope,
     /// Stochastic greedy: scan a random subset of candidates per step.
     pub stochastic: bool,
     /// Size of that subset as a fraction of the available clients (at least m).
@@ -776,6 +790,7 @@ impl Default for DivflConfig {
     fn default() -> Self {
         Self {
             refresh: DivflRefresh::Ideal,
+            gradient: GradientScope::Full,
             stochastic: false,
             fraction: 0.1,
         }

@@ -3,8 +3,8 @@
 //! A selector sees only what a real server sees: client ids, training-set
 //! sizes, availability, and whatever it asks clients to report. It declares
 //! standing needs once ([`Needs`]: which part of each update to keep, oracle
-//! features), and asks for on-demand reports (held-out losses, one-step
-//! gradients, probe trainings) through [`ClientQuery`] while it selects. The engine performs every such request
+//! features), and asks for on-demand reports (held-out losses, gradients,
+//! probe trainings) through [`ClientQuery`] while it selects. The engine performs every such request
 //! and books its cost in the run's [`Ledger`](crate::ledger::Ledger).
 
 pub mod afl;
@@ -19,7 +19,7 @@ pub mod powd;
 pub mod uniform;
 pub mod ward;
 
-use crate::config::SelectionConfig;
+use crate::config::{GradientScope, SelectionConfig};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
 
@@ -131,10 +131,15 @@ pub trait ClientQuery {
         Err(unsupported("secure scalar products"))
     }
 
-    /// A one-step mini-batch gradient of the current global model from each named client
-    /// (DivFL's client gradients, on demand). Each costs a broadcast, a gradient and an upload.
-    fn gradients(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, Error> {
-        let _ = clients;
+    /// The gradient of the current global model's mean training loss from each named
+    /// client, over the examples `scope` names (DivFL's client gradients, on demand). Each
+    /// costs a broadcast, a gradient and an upload, and the examples it passed over.
+    fn gradients(
+        &mut self,
+        clients: &[usize],
+        scope: GradientScope,
+    ) -> Result<Vec<Vec<f32>>, Error> {
+        let _ = (clients, scope);
         Err(unsupported("gradients"))
     }
 }
@@ -367,6 +372,22 @@ pub(crate) mod testing {
         fn probe(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
             self.calls.push(("probe", clients.to_vec()));
             Ok(self.holdout.clone())
+        }
+        /// Client k's gradient is (held-out loss of k, k).
+        fn gradients(
+            &mut self,
+            clients: &[usize],
+            scope: GradientScope,
+        ) -> Result<Vec<Vec<f32>>, Error> {
+            let name = match scope {
+                GradientScope::Full => "full_gradients",
+                GradientScope::Minibatch => "minibatch_gradients",
+            };
+            self.calls.push((name, clients.to_vec()));
+            Ok(clients
+                .iter()
+                .map(|&k| vec![self.holdout[k] as f32, k as f32])
+                .collect())
         }
     }
 
