@@ -1293,12 +1293,13 @@ impl Config {
         Ok(())
     }
 
-    /// The budgets K_t the budget schedule can give with `clients` clients.
+    /// The budgets K_t the budget schedule can give with `clients` clients. A random
+    /// budget's range stops at `clients`: a larger K_t selects everyone all the same.
     fn budgets(&self, clients: usize) -> Vec<usize> {
         match &self.budget {
             BudgetConfig::Constant => vec![self.selection.per_round(clients)],
             BudgetConfig::Periodic { values, .. } => values.clone(),
-            BudgetConfig::Random { min, max } => (*min..=*max).collect(),
+            BudgetConfig::Random { min, max } => (*min..=(*max).min(clients)).collect(),
         }
     }
 
@@ -1515,6 +1516,14 @@ mod tests {
             "budget.values=[5, 12]",
         ]);
         assert!(c.warnings(100)[0].message.contains("m = 12"));
+        // So does a random budget whose range reaches 10; a range far beyond N is cut at N.
+        let c = powd(&[
+            "selection.powd.d=10",
+            "budget.kind=\"random\"",
+            "budget.min=3",
+            "budget.max=1000000000000",
+        ]);
+        assert!(c.warnings(100)[0].message.contains("m = 10"));
         // The default m = 0.2 · N: 20 of 100 clients is above the default d = 10, while
         // 6 of 30 is below it.
         assert_eq!(powd(&[]).warnings(100).len(), 1);
