@@ -491,17 +491,49 @@ impl Default for SelectionConfig {
     }
 }
 
-/// Power-of-choice (Cho et al.).
+/// Power-of-choice (Cho et al.): how many candidates d a round draws.
+///
+/// The papers give d either absolutely (F3AST's pool of 30, HiCS-FL's ideal d = N) or
+/// relative to the budget (FedCor App. C.1: d = 2m, so 10 with m = 5 and 20 with m = 10;
+/// Cho et al. Fig. 4: d ∈ {2m, 3m, 5m}). `d_per_m > 0` wins over `d`. Rejecting configs
+/// that set both is impossible: `d` has a default that TOML has no null to unset, so such
+/// a rule would reject every config that sets only `d_per_m`. [`Config::warnings`] names a
+/// non-default `d` that `d_per_m` overrides.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PowdConfig {
     /// Candidates drawn ∝ p_k without replacement; 0 means all available clients ("ideal").
+    /// Ignored when `d_per_m` > 0.
     pub d: usize,
+    /// Candidates per unit of the round's budget: d = d_per_m · K_t each round. 0 = use `d`.
+    pub d_per_m: usize,
 }
 
 impl Default for PowdConfig {
     fn default() -> Self {
-        Self { d: 10 }
+        Self { d: 10, d_per_m: 0 }
+    }
+}
+
+impl PowdConfig {
+    /// d for a round with budget K_t = `budget` and `available` clients: d_per_m · K_t
+    /// when `d_per_m` > 0, else `d` (0 = all), never more than the available count.
+    pub fn candidates(&self, budget: usize, available: usize) -> usize {
+        let d = match (self.d_per_m, self.d) {
+            (0, 0) => available,
+            (0, d) => d,
+            (per_m, _) => per_m.saturating_mul(budget),
+        };
+        d.min(available)
+    }
+
+    /// The key that sets d: `d_per_m` when in effect, else `d`.
+    fn key(&self) -> &'static str {
+        if self.d_per_m > 0 {
+            "selection.powd.d_per_m"
+        } else {
+            "selection.powd.d"
+        }
     }
 }
 
@@ -764,10 +796,21 @@ impl Default for HicsConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DivflRefresh {
-    /// Every available client sends a one-step gradient every round.
+    /// Every available client sends its gradient every round.
     Ideal,
     /// All clients once, then only the selected, at the model they receive.
     Stale,
+}
+
+/// Which training examples a client's gradient of the global model covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradientScope {
+    /// The mean loss over all of the client's training examples (the full-batch gradient
+    /// of the DivFL code, algorithms.md §8).
+    Full,
+    /// The mean loss over one random mini-batch of the training batch size.
+    Minibatch,
 }
 
 /// DivFL (Balakrishnan et al. 2022).
@@ -776,6 +819,9 @@ pub enum DivflRefresh {
 pub struct DivflConfig {
     /// Gradient refresh.
     pub refresh: DivflRefresh,
+    /// What each client gradient covers: `full` (all local training data at the received
+    /// global model, as the DivFL code computes it) or `minibatch` (one batch, cheaper).
+    pub gradient: GradientScope,
     /// Stochastic greedy: scan a random subset of candidates per step.
     pub stochastic: bool,
     /// Size of that subset as a fraction of the available clients (at least m).
@@ -786,6 +832,7 @@ impl Default for DivflConfig {
     fn default() -> Self {
         Self {
             refresh: DivflRefresh::Ideal,
+            gradient: GradientScope::Full,
             stochastic: false,
             fraction: 0.1,
         }
@@ -1310,6 +1357,58 @@ impl Config {
         Ok(())
     }
 
+    /// The budgets K_t the budget schedule can give with `clients` clients. A random
+    /// budget's range stops at `clients`: a larger K_t selects everyone all the same.
+    fn budgets(&self, clients: usize) -> Vec<usize> {
+        match &self.budget {
+            BudgetConfig::Constant => vec![self.selection.per_round(clients)],
+            BudgetConfig::Periodic { values, .. } => values.clone(),
+            BudgetConfig::Random { min, max } => (*min..=(*max).min(clients)).collect(),
+        }
+    }
+
+    /// Settings that run but almost certainly not as meant, for a run over `clients`
+    /// clients (a natural partition's count is known only once its data is read). The
+    /// CLI logs each with `tracing::warn!`; [`Config::validate`] rejects what cannot run.
+    ///
+    /// - Pow-d with an effective d ≤ K_t (other than d = 0, all clients) for some budget
+    ///   K_t keeps every candidate, so its selection is just the ∝ p_k draw: FedCor's
+    ///   configs once did this with d = 10 and m = 10 (FedCor App. C.1 uses d = 2m).
+    /// - A non-default `selection.powd.d` beside `selection.powd.d_per_m`, which wins.
+    pub fn warnings(&self, clients: usize) -> Vec<ConfigWarning> {
+        let mut out = Vec::new();
+        let sel = &self.selection;
+        if matches!(sel.strategy.as_str(), "powd" | "cpowd" | "rpowd") {
+            let p = &sel.powd;
+            if p.d_per_m > 0 && p.d != PowdConfig::default().d {
+                out.push(ConfigWarning {
+                    key: "selection.powd.d".into(),
+                    message: format!(
+                        "{} is ignored: selection.powd.d_per_m = {} sets d = {} · K_t each round",
+                        p.d, p.d_per_m, p.d_per_m
+                    ),
+                });
+            }
+            let all = p.d == 0 && p.d_per_m == 0;
+            let degenerate = self.budgets(clients).into_iter().find_map(|k| {
+                let d = p.candidates(k, clients);
+                (k > 0 && d <= k && d < clients).then_some((d, k))
+            });
+            if let (false, Some((d, k))) = (all, degenerate) {
+                out.push(ConfigWarning {
+                    key: p.key().into(),
+                    message: format!(
+                        "gives d = {d} candidates for a budget of m = {k}: every candidate is \
+                         kept and {} reduces to sampling ∝ p_k; use d > m (FedCor App. C.1: \
+                         selection.powd.d_per_m = 2) or d = 0 (all clients)",
+                        sel.strategy
+                    ),
+                });
+            }
+        }
+        out
+    }
+
     /// Hex SHA-256 of the resolved config without its version stamp: two configs with
     /// the same hash run the same experiment (sweep cells and checkpoints are keyed by it).
     pub fn hash(&self) -> String {
@@ -1327,6 +1426,21 @@ impl Config {
         let mut c = self.clone();
         c.fedsel_version = Some(crate::VERSION.to_string());
         toml::to_string_pretty(&c).expect("a Config always serializes")
+    }
+}
+
+/// A setting that runs but is probably a mistake (see [`Config::warnings`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// Dotted path of the key concerned.
+    pub key: String,
+    /// What the setting does and what to use instead.
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "config key `{}`: {}", self.key, self.message)
     }
 }
 
@@ -1424,6 +1538,111 @@ mod tests {
         assert_eq!(c.train.work, LocalWork::Steps(20));
         assert_eq!(c.seed, 7);
         assert_eq!(c.name, "bare-string");
+    }
+
+    fn powd(overrides: &[&str]) -> Config {
+        let mut o = vec!["selection.strategy=\"powd\"".to_string()];
+        o.extend(overrides.iter().map(|s| s.to_string()));
+        Config::from_toml_str("", "d", &o).unwrap()
+    }
+
+    #[test]
+    fn powd_candidates_resolve_per_round() {
+        let rel = PowdConfig { d: 10, d_per_m: 2 };
+        // d_per_m wins over d: 2 · 10 = 20 candidates with m = 10, capped by availability.
+        assert_eq!(rel.candidates(10, 100), 20);
+        assert_eq!(rel.candidates(5, 100), 10);
+        assert_eq!(rel.candidates(10, 13), 13);
+        let abs = PowdConfig { d: 10, d_per_m: 0 };
+        assert_eq!((abs.candidates(5, 100), abs.candidates(5, 7)), (10, 7));
+        let all = PowdConfig { d: 0, d_per_m: 0 };
+        assert_eq!(all.candidates(5, 37), 37);
+    }
+
+    #[test]
+    fn powd_with_d_at_most_m_warns_naming_the_key() {
+        // FedCor 1SPC as once shipped: d = 10 with m = 10 of 100 clients.
+        let w = powd(&["selection.clients_per_round=10", "selection.powd.d=10"]).warnings(100);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].key, "selection.powd.d");
+        assert!(
+            w[0].message
+                .contains("d = 10 candidates for a budget of m = 10")
+        );
+        assert!(w[0].to_string().contains("`selection.powd.d`"));
+        // d_per_m = 1 is d = m whatever m is.
+        let w = powd(&["selection.clients_per_round=5", "selection.powd.d_per_m=1"]).warnings(100);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].key, "selection.powd.d_per_m");
+        // A periodic budget that reaches 12 makes d = 10 degenerate in those rounds.
+        let c = powd(&[
+            "selection.powd.d=10",
+            "budget.kind=\"periodic\"",
+            "budget.values=[5, 12]",
+        ]);
+        assert!(c.warnings(100)[0].message.contains("m = 12"));
+        // So does a random budget whose range reaches 10; a range far beyond N is cut at N.
+        let c = powd(&[
+            "selection.powd.d=10",
+            "budget.kind=\"random\"",
+            "budget.min=3",
+            "budget.max=1000000000000",
+        ]);
+        assert!(c.warnings(100)[0].message.contains("m = 10"));
+        // The default m = 0.2 · N: 20 of 100 clients is above the default d = 10, while
+        // 6 of 30 is below it.
+        assert_eq!(powd(&[]).warnings(100).len(), 1);
+        assert!(powd(&[]).warnings(30).is_empty());
+    }
+
+    #[test]
+    fn powd_without_degeneracy_does_not_warn() {
+        for (o, n) in [
+            (
+                vec!["selection.clients_per_round=10", "selection.powd.d_per_m=2"],
+                100,
+            ),
+            (
+                vec!["selection.clients_per_round=5", "selection.powd.d=10"],
+                100,
+            ),
+            // d = 0: all available clients, the "ideal" pow-d.
+            (
+                vec!["selection.clients_per_round=10", "selection.powd.d=0"],
+                100,
+            ),
+            // d_per_m · m reaches every client: also all of them.
+            (
+                vec!["selection.clients_per_round=10", "selection.powd.d_per_m=2"],
+                15,
+            ),
+        ] {
+            assert!(powd(&o).warnings(n).is_empty(), "{o:?}");
+        }
+        // Other strategies ignore the pow-d table.
+        let c = Config::from_toml_str(
+            "",
+            "d",
+            &[
+                "selection.clients_per_round=10".into(),
+                "selection.powd.d=10".into(),
+            ],
+        )
+        .unwrap();
+        assert!(c.warnings(100).is_empty());
+    }
+
+    #[test]
+    fn a_d_that_d_per_m_overrides_is_named() {
+        let w = powd(&[
+            "selection.clients_per_round=10",
+            "selection.powd.d=30",
+            "selection.powd.d_per_m=2",
+        ])
+        .warnings(100);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].key, "selection.powd.d");
+        assert!(w[0].message.contains("30 is ignored"));
     }
 
     #[test]

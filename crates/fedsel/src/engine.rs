@@ -471,16 +471,21 @@ impl ClientQuery for Query<'_> {
             .collect())
     }
 
-    fn gradients(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
+    fn gradients(
+        &mut self,
+        clients: &[usize],
+        scope: crate::config::GradientScope,
+    ) -> Result<Vec<Vec<f32>>> {
         let exp = self.exp;
         let trainer = exp.trainer();
         let (seed, t, n) = (exp.config.seed, self.round as u64, exp.clients.len());
-        let g: Vec<Vec<f32>> = clients
+        let g: Vec<train::Gradient> = clients
             .par_iter()
             .map(|&k| {
                 trainer.gradient(
                     self.global,
                     &exp.clients[k].train,
+                    scope,
                     &mut stream(seed, Purpose::Probe, t, (3 * n + k) as u64),
                 )
             })
@@ -488,8 +493,9 @@ impl ClientQuery for Query<'_> {
         let m = clients.len() as u64;
         self.ledger.broadcasts += m;
         self.ledger.gradients += m;
+        self.ledger.gradient_examples += g.iter().map(|g| g.examples as u64).sum::<u64>();
         self.ledger.uploads += m;
-        Ok(g)
+        Ok(g.into_iter().map(|g| g.values).collect())
     }
 
     fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>> {
@@ -583,9 +589,13 @@ impl ClientQuery for AvailableOnly<'_> {
         self.inner.secure_gram(clients)
     }
 
-    fn gradients(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
+    fn gradients(
+        &mut self,
+        clients: &[usize],
+        scope: crate::config::GradientScope,
+    ) -> Result<Vec<Vec<f32>>> {
         self.check(clients)?;
-        self.inner.gradients(clients)
+        self.inner.gradients(clients, scope)
     }
 }
 

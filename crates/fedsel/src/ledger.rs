@@ -26,8 +26,11 @@ pub struct Ledger {
     pub eval_examples: u64,
     /// Scalar reports (losses) sent by clients.
     pub scalar_reports: u64,
-    /// One-step gradient computations.
+    /// Gradient computations of the global model (DivFL's client gradients).
     pub gradients: u64,
+    /// Training examples those gradients passed over: one batch each for a mini-batch
+    /// gradient, the client's whole training set for a full one.
+    pub gradient_examples: u64,
     /// Messages of privacy protocols (FedGS's secure scalar products), each a vector
     /// or scalar sent to or from a client.
     pub protocol_messages: u64,
@@ -35,7 +38,7 @@ pub struct Ledger {
 
 impl Ledger {
     /// Column names, in the order of [`Ledger::values`].
-    pub const COLUMNS: [&'static str; 10] = [
+    pub const COLUMNS: [&'static str; 11] = [
         "broadcasts",
         "uploads",
         "trainings",
@@ -45,11 +48,12 @@ impl Ledger {
         "eval_examples",
         "scalar_reports",
         "gradients",
+        "gradient_examples",
         "protocol_messages",
     ];
 
     /// The counts, in the order of [`Ledger::COLUMNS`].
-    pub fn values(&self) -> [u64; 10] {
+    pub fn values(&self) -> [u64; 11] {
         [
             self.broadcasts,
             self.uploads,
@@ -60,6 +64,7 @@ impl Ledger {
             self.eval_examples,
             self.scalar_reports,
             self.gradients,
+            self.gradient_examples,
             self.protocol_messages,
         ]
     }
@@ -75,6 +80,38 @@ impl Ledger {
         self.eval_examples += other.eval_examples;
         self.scalar_reports += other.scalar_reports;
         self.gradients += other.gradients;
+        self.gradient_examples += other.gradient_examples;
         self.protocol_messages += other.protocol_messages;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_values_and_add_agree() {
+        // Distinct counts per field, so a field out of place or missed shows.
+        let a = Ledger {
+            broadcasts: 1,
+            uploads: 2,
+            trainings: 3,
+            probe_trainings: 4,
+            train_steps: 5,
+            evaluations: 6,
+            eval_examples: 7,
+            scalar_reports: 8,
+            gradients: 9,
+            gradient_examples: 10,
+            protocol_messages: 11,
+        };
+        assert_eq!(a.values(), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        let json = serde_json::to_value(a).unwrap();
+        for (name, v) in Ledger::COLUMNS.iter().zip(a.values()) {
+            assert_eq!(json[name], v, "{name}");
+        }
+        let mut b = a;
+        b.add(&a);
+        assert_eq!(b.values(), a.values().map(|v| 2 * v));
     }
 }

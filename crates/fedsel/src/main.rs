@@ -191,6 +191,9 @@ fn run(args: RunArgs) -> Result<()> {
     let dir = locate::data_dir(args.data_dir, config.data_dir.clone());
     let exp = Experiment::prepare(config.clone(), &dir)
         .with_context(|| format!("preparing `{}`", config.name))?;
+    for w in config.warnings(exp.clients.len()) {
+        tracing::warn!("{w}");
+    }
     println!(
         "fedsel {}: {} on {} ({} clients, {} train / {} test examples, {} parameters), {} rounds -> {}",
         fedsel::VERSION,

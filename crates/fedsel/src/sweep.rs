@@ -450,6 +450,9 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
 /// one for this exact config, and otherwise starts over, discarding any half-written files.
 fn run_cell(cell: &Cell, dir: &Path, data_dir: &Path) -> Result<()> {
     let exp = Experiment::prepare(cell.config.clone(), data_dir)?;
+    for w in cell.config.warnings(exp.clients.len()) {
+        tracing::warn!(cell = %cell.label, "{w}");
+    }
     let checkpoint = crate::checkpoint::load(dir)
         .ok()
         .filter(|cp| cp.config_hash == cell.config.hash());

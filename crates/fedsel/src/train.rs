@@ -9,7 +9,7 @@
 use burn::tensor::{Device, Int, Tensor};
 use rand::seq::SliceRandom;
 
-use crate::config::{LocalOptimizer, LocalWork, TrainConfig};
+use crate::config::{GradientScope, LocalOptimizer, LocalWork, TrainConfig};
 use crate::data::Dataset;
 use crate::model::{self, Architecture, Dropout, ParamLayout};
 use crate::rng::Rng;
@@ -192,28 +192,66 @@ impl Trainer<'_> {
         }
     }
 
-    /// The gradient of the mean loss on one shuffled mini-batch at `global`
-    /// (the "one-step gradient" DivFL and Pow-d variants ask every client for).
-    pub fn gradient(&self, global: &[f32], idx: &[usize], rng: &mut Rng) -> Vec<f32> {
-        let dev = self.device;
-        let mut order = idx.to_vec();
-        order.shuffle(rng);
-        order.truncate(self.cfg.batch_size);
-        let ad: Vec<Tensor<1>> = self
-            .layout
-            .to_tensors(global, dev)
-            .into_iter()
-            .map(|p| p.autodiff().require_grad())
-            .collect();
-        let (x, y) = model::batch(self.data, &order, dev);
-        let loss = model::cross_entropy(self.arch.forward(&ad, x, None), y);
-        let grads = loss.backward();
-        self.layout.to_flat(
-            ad.iter()
-                .map(|p| p.grad(&grads).expect("every parameter takes part"))
+    /// The gradient at `global` of the mean training loss over the examples `scope` names
+    /// among `idx` (no dropout, no local step: the gradient of the model as received).
+    ///
+    /// - [`GradientScope::Full`]: all of `idx`, the full-batch gradient of the DivFL code
+    ///   (algorithms.md §8). It runs in batches of the training batch size, each batch's
+    ///   mean-loss gradient weighted by |batch| / |idx|, so the sum equals the gradient of
+    ///   the mean over the concatenated batch; `rng` is unused.
+    /// - [`GradientScope::Minibatch`]: one batch of the training batch size, shuffled
+    ///   from `idx` with `rng`.
+    pub fn gradient(
+        &self,
+        global: &[f32],
+        idx: &[usize],
+        scope: GradientScope,
+        rng: &mut Rng,
+    ) -> Gradient {
+        let batches: Vec<Vec<usize>> = match scope {
+            GradientScope::Full => idx
+                .chunks(self.cfg.batch_size)
+                .map(<[usize]>::to_vec)
                 .collect(),
-        )
+            GradientScope::Minibatch => {
+                let mut order = idx.to_vec();
+                order.shuffle(rng);
+                order.truncate(self.cfg.batch_size);
+                vec![order]
+            }
+        };
+        let dev = self.device;
+        let params = self.layout.to_tensors(global, dev);
+        let examples: usize = batches.iter().map(Vec::len).sum();
+        let mut sum: Vec<Tensor<1>> = params.iter().map(Tensor::zeros_like).collect();
+        for b in batches.iter().filter(|b| !b.is_empty()) {
+            let ad: Vec<Tensor<1>> = params
+                .iter()
+                .map(|p| p.clone().autodiff().require_grad())
+                .collect();
+            let (x, y) = model::batch(self.data, b, dev);
+            let loss = model::cross_entropy(self.arch.forward(&ad, x, None), y);
+            let grads = loss.backward();
+            let share = b.len() as f64 / examples as f64;
+            for (s, p) in sum.iter_mut().zip(&ad) {
+                let g = p.grad(&grads).expect("every parameter takes part");
+                *s = s.clone() + g * share;
+            }
+        }
+        Gradient {
+            values: self.layout.to_flat(sum),
+            examples,
+        }
     }
+}
+
+/// A client's gradient of the global model and what it cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gradient {
+    /// The flat gradient.
+    pub values: Vec<f32>,
+    /// Training examples it passed over.
+    pub examples: usize,
 }
 
 /// Loss and accuracy of a model on some examples.
@@ -414,6 +452,68 @@ mod tests {
         let state = run(&sgd, None).1.state.unwrap();
         assert!(state.m.is_empty() && state.v.is_empty());
         assert_eq!(run(&sgd, Some(state)).1.state.unwrap().step, 8);
+    }
+
+    fn relative_error(a: &[f32], b: &[f32]) -> f64 {
+        let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+        (diff / norm).sqrt()
+    }
+
+    #[test]
+    fn the_full_gradient_is_the_gradient_of_the_concatenated_batch() {
+        let data = separable();
+        let arch = LogReg {
+            inputs: 4,
+            classes: 2,
+        };
+        let layout = ParamLayout::of(&arch);
+        let device = Device::flex();
+        let small = TrainConfig {
+            batch_size: 10,
+            ..TrainConfig::default()
+        };
+        let whole = TrainConfig {
+            batch_size: 25,
+            ..TrainConfig::default()
+        };
+        let trainer = |cfg| Trainer {
+            arch: &arch,
+            layout: &layout,
+            data: &data,
+            cfg,
+            dropout: 0.0,
+            device: &device,
+        };
+        let w = layout.init(1);
+        let mut rng = stream(2, Purpose::Training, 0, 0);
+        // 25 examples in batches of 10, 10 and 5.
+        let idx: Vec<usize> = (0..25).collect();
+        let full = trainer(&small).gradient(&w, &idx, GradientScope::Full, &mut rng);
+        // One mini-batch of all 25 examples (shuffled, which a mean does not see).
+        let one = trainer(&whole).gradient(&w, &idx, GradientScope::Minibatch, &mut rng);
+        assert_eq!((full.examples, one.examples), (25, 25));
+        assert!(relative_error(&full.values, &one.values) < 1e-5);
+        // It is the mean of the per-batch gradients weighted 10 : 10 : 5, not the plain mean.
+        let parts: Vec<Vec<f32>> = idx
+            .chunks(10)
+            .map(|c| {
+                trainer(&whole)
+                    .gradient(&w, c, GradientScope::Full, &mut rng)
+                    .values
+            })
+            .collect();
+        let mix = |weights: [f32; 3]| -> Vec<f32> {
+            (0..full.values.len())
+                .map(|i| (0..3).map(|b| weights[b] * parts[b][i]).sum())
+                .collect()
+        };
+        assert!(relative_error(&full.values, &mix([0.4, 0.4, 0.2])) < 1e-5);
+        assert!(relative_error(&full.values, &mix([1.0 / 3.0; 3])) > 1e-3);
+        // A mini-batch gradient passes over one batch.
+        let mb = trainer(&small).gradient(&w, &idx, GradientScope::Minibatch, &mut rng);
+        assert_eq!(mb.examples, 10);
+        assert!(relative_error(&mb.values, &full.values) > 1e-3);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use fedsel::config::Config;
+use fedsel::config::{BudgetConfig, Config, DatasetConfig, PartitionScheme};
 use fedsel::sweep::Sweep;
 
 fn toml_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -15,6 +15,69 @@ fn toml_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(p);
         }
     }
+}
+
+/// Every shipped run config, and every cell of every shipped sweep, with its file.
+fn shipped() -> Vec<(PathBuf, Config)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+    let mut files = Vec::new();
+    toml_files(&root, &mut files);
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let table: toml::Table = std::fs::read_to_string(&f).unwrap().parse().unwrap();
+        if table.contains_key("axes") {
+            let s = Sweep::load(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            for c in s.cells().unwrap() {
+                out.push((f.clone(), c.config));
+            }
+        } else {
+            let c = Config::load(Some(&f), &[]).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            out.push((f, c));
+        }
+    }
+    out
+}
+
+/// N as the run will see it: a natural partition has one client per user of the data set.
+fn clients(c: &Config) -> usize {
+    match (&c.partition.scheme, &c.dataset) {
+        (PartitionScheme::Natural, DatasetConfig::Synthetic { users, .. }) => *users,
+        (PartitionScheme::Natural, DatasetConfig::Shakespeare { max_clients, .. }) => {
+            assert!(
+                *max_clients > 0,
+                "{}: N is known only from the data",
+                c.name
+            );
+            *max_clients
+        }
+        _ => c.partition.clients,
+    }
+}
+
+#[test]
+fn shipped_powd_runs_draw_more_candidates_than_they_keep() {
+    let mut checked = 0;
+    for (f, c) in shipped() {
+        if !matches!(c.selection.strategy.as_str(), "powd" | "cpowd" | "rpowd") {
+            continue;
+        }
+        let n = clients(&c);
+        assert_eq!(c.budget, BudgetConfig::Constant, "{}", f.display());
+        let m = c.selection.per_round(n);
+        let p = &c.selection.powd;
+        let d = p.candidates(m, n);
+        let all = (p.d == 0 && p.d_per_m == 0) || d == n;
+        assert!(
+            all || d > m,
+            "{} ({}): pow-d keeps all d = {d} candidates with m = {m}",
+            f.display(),
+            c.name
+        );
+        assert!(c.warnings(n).is_empty(), "{}: {:?}", c.name, c.warnings(n));
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked} pow-d configs");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::Collect;
-use fedsel::config::Config;
+use fedsel::config::{Config, GradientScope};
 use fedsel::data::{self, locate};
 use fedsel::engine::{self, Experiment, RoundRecord};
 use fedsel::error::Error;
@@ -231,9 +231,10 @@ impl Selector for Probe {
         q: &mut dyn ClientQuery,
         _: &mut Rng,
     ) -> Result<Selection, Error> {
-        let g = q.gradients(ctx.available)?;
+        let g = q.gradients(ctx.available, GradientScope::Full)?;
         assert_eq!(g.len(), ctx.available.len());
         let cand = &ctx.available[..4];
+        assert_eq!(q.gradients(cand, GradientScope::Minibatch)?.len(), 4);
         let losses = q.holdout_losses(cand)?;
         assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0));
         self.losses_seen += losses.len();
@@ -263,19 +264,28 @@ fn reports_a_selector_asks_for_are_provided_and_booked() {
         updates_seen: 0,
     };
     let summary = engine::run_with(&exp, Box::new(probe), &mut c, None).unwrap();
+    // Full gradients pass over every training example of the 30 clients, mini-batch
+    // ones over one batch (10 examples) of each of the 4 candidates.
+    let sizes = exp.sizes();
+    assert!(sizes.iter().all(|&n| n > 10));
     let per_round = Ledger {
-        // 30 gradient requests + 4 loss requests + 2 trainings.
-        broadcasts: 30 + 4 + 2,
-        uploads: 30 + 2,
+        // 30 full and 4 mini-batch gradient requests + 4 loss requests + 2 trainings.
+        broadcasts: 30 + 4 + 4 + 2,
+        uploads: 30 + 4 + 2,
         trainings: 2,
         evaluations: 4,
         scalar_reports: 4,
-        gradients: 30,
+        gradients: 30 + 4,
+        gradient_examples: sizes.iter().sum::<usize>() as u64 + 4 * 10,
         ..c.0[0].cost
     };
     assert_eq!(c.0[0].cost, per_round);
     assert_eq!(summary.cost.evaluations, 12);
-    assert_eq!(summary.cost.gradients, 90);
+    assert_eq!(summary.cost.gradients, 3 * 34);
+    assert_eq!(
+        summary.cost.gradient_examples,
+        3 * per_round.gradient_examples
+    );
 }
 
 /// What an [`Asker`] asks of the engine in a round.
@@ -312,7 +322,10 @@ fn a_query_for_an_unavailable_client_is_an_error() {
     let asks: [Ask; 5] = [
         |ctx, q| q.holdout_losses(&[away(ctx)]).map(drop),
         |ctx, q| q.minibatch_losses(&[away(ctx)]).map(drop),
-        |ctx, q| q.gradients(&[away(ctx)]).map(drop),
+        |ctx, q| {
+            q.gradients(&[away(ctx)], fedsel::config::GradientScope::Full)
+                .map(drop)
+        },
         |ctx, q| q.probe(&ctx.available[..1], &[away(ctx)]).map(drop),
         |ctx, q| q.advance(&[away(ctx)], ctx.available).map(drop),
     ];
@@ -601,11 +614,27 @@ fn hics_selection_ignores_its_oracle_diagnostic_and_divfl_books_its_gradients() 
     let mut seen: Vec<usize> = with[..5].iter().flat_map(|r| r.selected.clone()).collect();
     seen.sort();
     assert_eq!(seen, (0..30).collect::<Vec<_>>());
-    let divfl = run_in_pool(2, &synthetic(&["rounds=3", "selection.strategy=\"divfl\""]));
+    // DivFL's gradients cover each client's whole training set by default (the DivFL
+    // code), one batch of 10 with `gradient = "minibatch"`: the ledger shows the difference.
+    let full = synthetic(&["rounds=3", "selection.strategy=\"divfl\""]);
+    let examples = full.sizes().iter().sum::<usize>() as u64;
+    assert!(examples > 30 * 10);
+    let divfl = run_in_pool(2, &full);
+    assert!(divfl.iter().all(|r| r.cost.gradients == 30
+        && r.cost.gradient_examples == examples
+        && r.n_selected == 6));
+    let one_batch = run_in_pool(
+        2,
+        &synthetic(&[
+            "rounds=3",
+            "selection.strategy=\"divfl\"",
+            "selection.divfl.gradient=\"minibatch\"",
+        ]),
+    );
     assert!(
-        divfl
+        one_batch
             .iter()
-            .all(|r| r.cost.gradients == 30 && r.n_selected == 6)
+            .all(|r| r.cost.gradients == 30 && r.cost.gradient_examples == 30 * 10)
     );
 }
 

@@ -12,12 +12,14 @@
 //!   update of each client, zero until first seen), arccos of their cosine
 //!   (0 when either is zero), Ward on the rows of that matrix, a cut into
 //!   maximal subtrees of weight ≤ 1/m; the m heaviest clusters seed the
-//!   buckets and the rest are poured in, smallest first.
+//!   buckets and the rest are poured in, smallest cluster first, each cluster's
+//!   members in a random order (Fraboni's code shuffles them, algorithms.md §7.2).
 //!
 //! Under partial availability a bucket draws among its available members; a
 //! bucket with none is skipped (the paper assumes full availability).
 
 use rand::Rng as _;
+use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -77,8 +79,17 @@ pub fn sizes_buckets(sizes: &[usize], m: usize) -> Buckets {
     buckets
 }
 
-/// Algorithm 2's buckets from clusters (each a list of clients).
-pub fn cluster_buckets(clusters: &[Vec<usize>], sizes: &[usize], m: usize) -> Buckets {
+/// Algorithm 2's buckets from clusters (each a list of clients): the m heaviest seed one
+/// bucket each (bucket 0 the lightest of them), and the others are poured from bucket 0 on,
+/// lightest cluster first, each cluster's members shuffled with `rng` as in Fraboni's
+/// `get_clusters_with_alg2`. Which member tops up a bucket decides which bucket it shares
+/// with a seed cluster, so a fixed order would always put the same ids together.
+pub fn cluster_buckets(
+    clusters: &[Vec<usize>],
+    sizes: &[usize],
+    m: usize,
+    rng: &mut Rng,
+) -> Buckets {
     let capacity: u128 = sizes.iter().map(|&s| s as u128).sum();
     let units = |i: usize| m as u128 * sizes[i] as u128;
     let weight = |c: &Vec<usize>| c.iter().map(|&i| units(i)).sum::<u128>();
@@ -101,21 +112,30 @@ pub fn cluster_buckets(clusters: &[Vec<usize>], sizes: &[usize], m: usize) -> Bu
             }
         }
     }
-    let remaining = spill
-        .into_iter()
-        .chain(rest.iter().flat_map(|c| c.iter().map(|&i| (i, units(i)))));
+    let mut remaining = spill;
+    for c in rest {
+        let mut members = c.to_vec();
+        members.shuffle(rng);
+        remaining.extend(members.into_iter().map(|i| (i, units(i))));
+    }
     pour(remaining, &mut buckets, &mut fill, capacity);
     buckets
 }
 
 /// Algorithm 2's buckets for m draws: Ward on the rows of `distance`, cut into
-/// maximal subtrees of weight ≤ 1/m under the weights p ∝ `sizes`.
-pub fn similarity_buckets(distance: &[Vec<f64>], sizes: &[usize], m: usize) -> Buckets {
+/// maximal subtrees of weight ≤ 1/m under the weights p ∝ `sizes`, then
+/// [`cluster_buckets`] with `rng`.
+pub fn similarity_buckets(
+    distance: &[Vec<f64>],
+    sizes: &[usize],
+    m: usize,
+    rng: &mut Rng,
+) -> Buckets {
     let merges = ward::linkage(distance);
     let total: f64 = sizes.iter().sum::<usize>() as f64;
     let p: Vec<f64> = sizes.iter().map(|&s| s as f64 / total).collect();
     let clusters = ward::cut_by_weight(&merges, &p, 1.0 / m.max(1) as f64);
-    cluster_buckets(&clusters, sizes, m)
+    cluster_buckets(&clusters, sizes, m, rng)
 }
 
 /// One client per bucket, drawn in proportion to its units among the bucket's
@@ -237,7 +257,9 @@ impl Selector for ClusteredSampling {
         if self.variant == Variant::Similarity || self.buckets.len() != m {
             self.buckets = match self.variant {
                 Variant::Sizes => sizes_buckets(&self.sizes, m),
-                Variant::Similarity => similarity_buckets(&self.state.distance, &self.sizes, m),
+                Variant::Similarity => {
+                    similarity_buckets(&self.state.distance, &self.sizes, m, rng)
+                }
             };
         }
         Ok(Selection {
@@ -290,6 +312,7 @@ impl Selector for ClusteredSampling {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::{Purpose, stream};
 
     fn check_masses(b: &Buckets, sizes: &[usize], m: usize) {
         let cap: u128 = sizes.iter().map(|&s| s as u128).sum();
@@ -321,10 +344,45 @@ mod tests {
 
     #[test]
     fn algorithm_2_buckets_carry_exactly_m_p() {
+        let mut rng = stream(1, Purpose::Selection, 0, 0);
         let sizes = [10, 20, 30, 40, 50, 60];
         let clusters = vec![vec![0, 5], vec![1, 4], vec![2], vec![3]];
-        check_masses(&cluster_buckets(&clusters, &sizes, 3), &sizes, 3);
+        check_masses(&cluster_buckets(&clusters, &sizes, 3, &mut rng), &sizes, 3);
         let one_each: Vec<Vec<usize>> = (0..6).map(|i| vec![i]).collect();
-        check_masses(&cluster_buckets(&one_each, &sizes, 4), &sizes, 4);
+        check_masses(&cluster_buckets(&one_each, &sizes, 4, &mut rng), &sizes, 4);
+    }
+
+    #[test]
+    fn algorithm_2_pours_each_cluster_in_shuffled_order() {
+        // m = 2, Σn = 80 units per bucket, client i holds 2·n_i units: (20, 20, 20, 10, 30,
+        // 20, 20, 20). Clusters {0, 1, 2} and {5, 6, 7} (60 each) seed buckets 0 and 1;
+        // {3, 4} (40) is poured into the 20 units left in each. Whichever of 3 and 4 comes
+        // first tops up bucket 0: 3 first gives bucket 0 = 3 (10) + 4 (10), bucket 1 = 4
+        // (20); 4 first gives bucket 0 = 4 (20), bucket 1 = 4 (10) + 3 (10).
+        let sizes = [10, 10, 10, 5, 15, 10, 10, 10];
+        let clusters = vec![vec![0, 1, 2], vec![3, 4], vec![5, 6, 7]];
+        let mut first = [0; 2];
+        for seed in 0..40 {
+            let mut rng = stream(seed, Purpose::Selection, 0, 0);
+            let b = cluster_buckets(&clusters, &sizes, 2, &mut rng);
+            check_masses(&b, &sizes, 2);
+            let seeds = |k: usize| b[k].iter().filter(|x| x.0 != 3 && x.0 != 4).count();
+            assert_eq!((seeds(0), seeds(1)), (3, 3));
+            match b[0][3] {
+                (3, 10) => {
+                    assert_eq!(&b[0][4..], &[(4, 10)]);
+                    assert_eq!(&b[1][3..], &[(4, 20)]);
+                    first[0] += 1;
+                }
+                (4, 20) => {
+                    assert_eq!(b[0].len(), 4);
+                    assert_eq!(&b[1][3..], &[(4, 10), (3, 10)]);
+                    first[1] += 1;
+                }
+                other => panic!("bucket 0 topped up with {other:?}"),
+            }
+        }
+        // Each order has probability 1/2: 40 seeds see both.
+        assert!(first[0] > 0 && first[1] > 0, "{first:?}");
     }
 }

@@ -7,8 +7,13 @@
 //! largest gain, which guarantees F(S) ≥ (1 − 1/e) F(S*). The first pick is the
 //! column with the smallest sum. Ties go to the lowest index.
 //!
-//! Refresh (decisions.md): "ideal" asks every available client for a one-step
-//! gradient each round (the HiCS-FL comparison); "stale" asks all clients once
+//! A client's gradient is, as in the DivFL code (algorithms.md §8), the full-batch
+//! gradient of its mean loss over all its local training data at the global model it
+//! receives; `gradient = "minibatch"` takes one batch instead, which is cheaper. The
+//! ledger books the examples either passed over.
+//!
+//! Refresh (decisions.md): "ideal" asks every available client for its gradient
+//! each round (the HiCS-FL comparison); "stale" asks all clients once
 //! and afterwards only the selected ones, at the model they receive (the DivFL
 //! code). Stochastic greedy evaluates a random subset of max(m, ⌊fraction·n⌋)
 //! candidates per step.
@@ -146,7 +151,7 @@ impl Selector for DivFl {
         let fresh: Vec<Vec<f32>>;
         let g: Vec<&[f32]> = match self.cfg.refresh {
             DivflRefresh::Ideal => {
-                fresh = query.gradients(a)?;
+                fresh = query.gradients(a, self.cfg.gradient)?;
                 fresh.iter().map(Vec::as_slice).collect()
             }
             DivflRefresh::Stale => {
@@ -156,7 +161,10 @@ impl Selector for DivFl {
                     .filter(|&k| self.state.gradients[k].is_empty())
                     .collect();
                 if !missing.is_empty() {
-                    for (k, v) in missing.iter().zip(query.gradients(&missing)?) {
+                    for (k, v) in missing
+                        .iter()
+                        .zip(query.gradients(&missing, self.cfg.gradient)?)
+                    {
                         self.state.gradients[*k] = v;
                     }
                 }
@@ -177,7 +185,10 @@ impl Selector for DivFl {
         clients.sort_unstable();
         if self.cfg.refresh == DivflRefresh::Stale && !clients.is_empty() {
             // The selected compute their gradient at the model they receive (DivFL code).
-            for (k, v) in clients.iter().zip(query.gradients(&clients)?) {
+            for (k, v) in clients
+                .iter()
+                .zip(query.gradients(&clients, self.cfg.gradient)?)
+            {
                 self.state.gradients[*k] = v;
             }
         }
@@ -256,6 +267,44 @@ mod tests {
         let mut s = facility_location(&dist, 3, None, &mut rng);
         s.sort();
         assert_eq!(s, vec![1, 3, 6]);
+    }
+
+    #[test]
+    fn client_gradients_cover_the_configured_examples() {
+        use crate::config::Config;
+        use crate::select::testing::{Recording, setup};
+        for (overrides, refresh, scope) in [
+            (vec![], "ideal", "full_gradients"),
+            (
+                vec!["selection.divfl.refresh=\"stale\""],
+                "stale",
+                "full_gradients",
+            ),
+            (
+                vec!["selection.divfl.gradient=\"minibatch\""],
+                "ideal",
+                "minibatch_gradients",
+            ),
+        ] {
+            let overrides: Vec<String> = overrides.into_iter().map(String::from).collect();
+            let cfg = Config::from_toml_str("", "d", &overrides).unwrap();
+            let mut s = DivFl::new(cfg.selection.divfl);
+            s.setup(&setup(&[0.25; 4]));
+            let mut q = Recording::new(vec![0.1, 0.2, 0.3, 0.4], vec![]);
+            let mut rng = stream(1, Purpose::Selection, 0, 0);
+            let ctx = RoundContext {
+                round: 0,
+                available: &[0, 1, 2, 3],
+                budget: 2,
+            };
+            s.select(&ctx, &mut q, &mut rng).unwrap();
+            assert!(!q.calls.is_empty());
+            assert!(
+                q.calls.iter().all(|c| c.0 == scope),
+                "{refresh}: {:?}",
+                q.calls
+            );
+        }
     }
 
     #[test]

@@ -244,7 +244,7 @@ impl Selector for Hics {
         };
         let distances = self.distances(&h);
         if self.cfg.cs_switch > 0.0 && variance(&h) >= self.cfg.cs_switch {
-            let buckets = clustered::similarity_buckets(&distances, &self.sizes, k);
+            let buckets = clustered::similarity_buckets(&distances, &self.sizes, k, rng);
             return Ok(Selection {
                 clients: clustered::draw(&buckets, ctx.available, rng),
                 weights: None,
@@ -409,10 +409,14 @@ mod tests {
                 .clients
         };
         let reference = selector(0.0);
-        let buckets =
-            clustered::similarity_buckets(&reference.distances(&est), &reference.sizes, ctx.budget);
         for seed in 0..50 {
             let mut rng = crate::rng::stream(seed, crate::rng::Purpose::Selection, 5, 0);
+            let buckets = clustered::similarity_buckets(
+                &reference.distances(&est),
+                &reference.sizes,
+                ctx.budget,
+                &mut rng,
+            );
             assert_eq!(
                 pick(0.1, seed),
                 clustered::draw(&buckets, ctx.available, &mut rng)

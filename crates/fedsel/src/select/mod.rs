@@ -3,8 +3,8 @@
 //! A selector sees only what a real server sees: client ids, training-set
 //! sizes, availability, and whatever it asks clients to report. It declares
 //! standing needs once ([`Needs`]: which part of each update to keep, oracle
-//! features), and asks for on-demand reports (held-out losses, one-step
-//! gradients, probe trainings) through [`ClientQuery`] while it selects. The engine performs every such request
+//! features), and asks for on-demand reports (held-out losses, gradients,
+//! probe trainings) through [`ClientQuery`] while it selects. The engine performs every such request
 //! and books its cost in the run's [`Ledger`](crate::ledger::Ledger).
 
 pub mod afl;
@@ -19,7 +19,7 @@ pub mod powd;
 pub mod uniform;
 pub mod ward;
 
-use crate::config::{AggregationRule, SelectionConfig};
+use crate::config::{AggregationRule, GradientScope, SelectionConfig};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
 
@@ -141,10 +141,15 @@ pub trait ClientQuery {
         Err(unsupported("secure scalar products"))
     }
 
-    /// A one-step mini-batch gradient of the current global model from each named client
-    /// (DivFL's client gradients, on demand). Each costs a broadcast, a gradient and an upload.
-    fn gradients(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, Error> {
-        let _ = clients;
+    /// The gradient of the current global model's mean training loss from each named
+    /// client, over the examples `scope` names (DivFL's client gradients, on demand). Each
+    /// costs a broadcast, a gradient and an upload, and the examples it passed over.
+    fn gradients(
+        &mut self,
+        clients: &[usize],
+        scope: GradientScope,
+    ) -> Result<Vec<Vec<f32>>, Error> {
+        let _ = (clients, scope);
         Err(unsupported("gradients"))
     }
 }
@@ -318,15 +323,15 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         "uniform" => Ok(Box::new(uniform::Uniform)),
         "md" => Ok(Box::new(md::MdSampling::default())),
         "powd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.d,
+            cfg.powd.clone(),
             powd::LossSource::Holdout,
         ))),
         "cpowd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.d,
+            cfg.powd.clone(),
             powd::LossSource::MiniBatch,
         ))),
         "rpowd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.d,
+            cfg.powd.clone(),
             powd::LossSource::Stale,
         ))),
         "afl" => Ok(Box::new(afl::ActiveFl::new(cfg.afl.clone()))),
@@ -374,6 +379,64 @@ pub(crate) mod testing {
         }
     }
 
+    /// A query that answers held-out losses from `holdout` and mini-batch losses from
+    /// `minibatch` (indexed by client), and records which clients each call names.
+    pub struct Recording {
+        pub holdout: Vec<f64>,
+        pub minibatch: Vec<f64>,
+        /// (query, clients) per call, in call order.
+        pub calls: Vec<(&'static str, Vec<usize>)>,
+    }
+
+    impl Recording {
+        pub fn new(holdout: Vec<f64>, minibatch: Vec<f64>) -> Self {
+            Self {
+                holdout,
+                minibatch,
+                calls: Vec::new(),
+            }
+        }
+
+        /// Every client named by any call so far.
+        pub fn named(&self) -> Vec<usize> {
+            let mut all: Vec<usize> = self.calls.iter().flat_map(|c| c.1.clone()).collect();
+            all.sort_unstable();
+            all.dedup();
+            all
+        }
+    }
+
+    impl ClientQuery for Recording {
+        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            self.calls.push(("holdout", clients.to_vec()));
+            Ok(clients.iter().map(|&k| self.holdout[k]).collect())
+        }
+        fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            self.calls.push(("minibatch", clients.to_vec()));
+            Ok(clients.iter().map(|&k| self.minibatch[k]).collect())
+        }
+        fn probe(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            self.calls.push(("probe", [clients, evaluate].concat()));
+            Ok(evaluate.iter().map(|&k| self.holdout[k]).collect())
+        }
+        /// Client k's gradient is (held-out loss of k, k).
+        fn gradients(
+            &mut self,
+            clients: &[usize],
+            scope: GradientScope,
+        ) -> Result<Vec<Vec<f32>>, Error> {
+            let name = match scope {
+                GradientScope::Full => "full_gradients",
+                GradientScope::Minibatch => "minibatch_gradients",
+            };
+            self.calls.push((name, clients.to_vec()));
+            Ok(clients
+                .iter()
+                .map(|&k| vec![self.holdout[k] as f32, k as f32])
+                .collect())
+        }
+    }
+
     pub fn setup(weights: &[f64]) -> Setup {
         Setup {
             sizes: weights.iter().map(|w| (w * 1000.0) as usize).collect(),
@@ -392,6 +455,7 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{FixedLosses, setup};
     use super::*;
+    use crate::config::PowdConfig;
     use crate::rng::{Purpose, stream};
 
     /// Inclusion probabilities of 2 draws without replacement from weights (0.5, 0.3, 0.2),
@@ -466,7 +530,8 @@ mod tests {
         let mut counts = [0; 3];
         let mut rng = stream(2, Purpose::Selection, 0, 0);
         for _ in 0..TRIALS {
-            let mut s = powd::PowerOfChoice::new(2, powd::LossSource::Stale);
+            let mut s =
+                powd::PowerOfChoice::new(PowdConfig { d: 2, d_per_m: 0 }, powd::LossSource::Stale);
             s.setup(&setup(&[0.5, 0.3, 0.2]));
             for k in s
                 .select(&ctx, &mut FixedLosses(vec![0.0; 3]), &mut rng)
@@ -478,7 +543,8 @@ mod tests {
         }
         assert_close(&counts, &INCLUSION);
         // pow-d with d = all keeps the m highest held-out losses.
-        let mut s = powd::PowerOfChoice::new(0, powd::LossSource::Holdout);
+        let mut s =
+            powd::PowerOfChoice::new(PowdConfig { d: 0, d_per_m: 0 }, powd::LossSource::Holdout);
         s.setup(&setup(&[0.25; 4]));
         let ctx = RoundContext {
             round: 0,

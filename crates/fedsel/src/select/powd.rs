@@ -8,11 +8,15 @@
 //! - `rpowd`: the training loss a client reported when it last trained, +∞ if it never
 //!   did (no extra cost).
 //!
-//! `d = 0` uses every available client ("ideal" pow-d of HiCS-FL, d = N).
+//! d is resolved each round by [`PowdConfig::candidates`]: `d_per_m · K_t` (FedCor App. C.1
+//! runs d = 2m), an absolute `d`, or every available client for `d = 0` ("ideal" pow-d of
+//! HiCS-FL, d = N). With d ≤ K_t every candidate is kept and pow-d is only the ∝ p_k draw,
+//! which [`crate::config::Config::warnings`] flags.
 
 use super::{
     ClientQuery, Feedback, RoundContext, Selection, Selector, Setup, weighted_without_replacement,
 };
+use crate::config::PowdConfig;
 use crate::error::Error;
 use crate::rng::Rng;
 
@@ -30,17 +34,17 @@ pub enum LossSource {
 /// The Power-of-choice selector.
 #[derive(Debug, Clone)]
 pub struct PowerOfChoice {
-    d: usize,
+    cfg: PowdConfig,
     source: LossSource,
     weights: Vec<f64>,
     stale: Vec<f64>,
 }
 
 impl PowerOfChoice {
-    /// A selector with `d` candidates (0 = all available).
-    pub fn new(d: usize, source: LossSource) -> Self {
+    /// A selector drawing the candidates `cfg` sets, ranked by `source`.
+    pub fn new(cfg: PowdConfig, source: LossSource) -> Self {
         Self {
-            d,
+            cfg,
             source,
             weights: Vec::new(),
             stale: Vec::new(),
@@ -69,11 +73,7 @@ impl Selector for PowerOfChoice {
         rng: &mut Rng,
     ) -> Result<Selection, Error> {
         let avail = ctx.available;
-        let d = if self.d == 0 {
-            avail.len()
-        } else {
-            self.d.min(avail.len())
-        };
+        let d = self.cfg.candidates(ctx.budget, avail.len());
         let w: Vec<f64> = avail.iter().map(|&k| self.weights[k]).collect();
         let candidates = weighted_without_replacement(avail, &w, d, rng);
         let losses = match self.source {
@@ -113,5 +113,129 @@ impl Selector for PowerOfChoice {
             .map(|l| l.unwrap_or(f64::INFINITY))
             .collect();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{Purpose, stream};
+    use crate::select::testing::{Recording, setup};
+
+    fn ctx(round: usize, available: &[usize], budget: usize) -> RoundContext<'_> {
+        RoundContext {
+            round,
+            available,
+            budget,
+        }
+    }
+
+    fn powd(d: usize, d_per_m: usize, source: LossSource, weights: &[f64]) -> PowerOfChoice {
+        let mut s = PowerOfChoice::new(PowdConfig { d, d_per_m }, source);
+        s.setup(&setup(weights));
+        s
+    }
+
+    #[test]
+    fn only_candidates_are_ranked_and_the_top_losses_among_them_win() {
+        // Clients 4 and 5 have p = 0, so the d = 4 candidates are exactly {0, 1, 2, 3}
+        // (zero weights are drawn only once every positive one is taken). The highest losses
+        // overall are 4 and 5 (9, 8), but among the candidates (0.3, 0.9, 0.1, 0.5) the
+        // top m = 2 are clients 1 and 3.
+        let losses = vec![0.3, 0.9, 0.1, 0.5, 9.0, 8.0];
+        let weights = [0.25, 0.25, 0.25, 0.25, 0.0, 0.0];
+        let avail = [0, 1, 2, 3, 4, 5];
+        for seed in 0..20 {
+            let mut rng = stream(seed, Purpose::Selection, 0, 0);
+            let mut q = Recording::new(losses.clone(), vec![f64::NAN; 6]);
+            let mut s = powd(4, 0, LossSource::Holdout, &weights);
+            let mut picked = s
+                .select(&ctx(0, &avail, 2), &mut q, &mut rng)
+                .unwrap()
+                .clients;
+            picked.sort_unstable();
+            assert_eq!(picked, vec![1, 3]);
+            assert_eq!(q.calls.len(), 1);
+            assert_eq!(
+                q.named(),
+                vec![0, 1, 2, 3],
+                "only the candidates are evaluated"
+            );
+        }
+    }
+
+    #[test]
+    fn d_per_m_scales_the_candidates_with_each_rounds_budget() {
+        // d = 2 · K_t: 4 candidates of 7 with K_t = 2, all 7 (capped) with K_t = 4. Whatever
+        // is drawn, the picks are the K_t highest held-out losses among the evaluated.
+        let losses = vec![0.7, 0.1, 0.4, 0.9, 0.2, 0.6, 0.3];
+        let avail = [0, 1, 2, 3, 4, 5, 6];
+        let mut s = powd(1, 2, LossSource::Holdout, &[1.0 / 7.0; 7]);
+        let mut rng = stream(5, Purpose::Selection, 0, 0);
+        for (budget, d) in [(2, 4), (4, 7), (1, 2)] {
+            let mut q = Recording::new(losses.clone(), vec![f64::NAN; 7]);
+            let picked = s.select(&ctx(0, &avail, budget), &mut q, &mut rng).unwrap();
+            let evaluated = &q.calls[0].1;
+            assert_eq!(evaluated.len(), d);
+            let mut by_loss = evaluated.clone();
+            by_loss.sort_by(|&a, &b| losses[b].total_cmp(&losses[a]));
+            assert_eq!(picked.clients, by_loss[..budget]);
+        }
+    }
+
+    #[test]
+    fn cpow_d_ranks_by_mini_batch_losses() {
+        // Held-out and mini-batch losses disagree: with every client a candidate (d = 0)
+        // cpow-d must follow the mini-batch ones and never ask for held-out losses.
+        let mut q = Recording::new(vec![0.9, 0.8, 0.1, 0.2], vec![0.1, 0.2, 0.9, 0.8]);
+        let mut s = powd(0, 0, LossSource::MiniBatch, &[0.25; 4]);
+        let mut rng = stream(6, Purpose::Selection, 0, 0);
+        let mut picked = s
+            .select(&ctx(0, &[0, 1, 2, 3], 2), &mut q, &mut rng)
+            .unwrap()
+            .clients;
+        picked.sort_unstable();
+        assert_eq!(picked, vec![2, 3]);
+        assert!(q.calls.iter().all(|c| c.0 == "minibatch"), "{:?}", q.calls);
+        assert_eq!(q.named(), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn rpow_d_prefers_the_unseen_then_follows_reported_training_losses() {
+        // One selector over rounds, d = all, m = 1. Never-seen clients (+∞) win until every
+        // client has reported; then the highest last-reported training loss wins, and a
+        // client that reports a low loss stops being picked. No query is ever made.
+        let mut s = powd(0, 0, LossSource::Stale, &[1.0 / 3.0; 3]);
+        let mut q = Recording::new(vec![f64::NAN; 3], vec![f64::NAN; 3]);
+        let mut rng = stream(7, Purpose::Selection, 0, 0);
+        let avail = [0, 1, 2];
+        let mut round = |s: &mut PowerOfChoice, t: usize, loss: f64| -> usize {
+            let k = s
+                .select(&ctx(t, &avail, 1), &mut q, &mut rng)
+                .unwrap()
+                .clients[0];
+            s.observe(&Feedback {
+                round: t,
+                selected: &[k],
+                train_losses: &[loss],
+                updates: None,
+            });
+            k
+        };
+        let order: Vec<usize> = [(0, 0.5), (1, 0.2), (2, 0.9)]
+            .iter()
+            .map(|&(t, l)| round(&mut s, t, l))
+            .collect();
+        let (a, b, c) = (order[0], order[1], order[2]);
+        let mut seen = order.clone();
+        seen.sort_unstable();
+        assert_eq!(seen, vec![0, 1, 2], "each unseen client goes first once");
+        // Losses now: a 0.5, b 0.2, c 0.9. c wins, then reports 0.1 and drops below a.
+        assert_eq!(round(&mut s, 3, 0.1), c);
+        // a 0.5, b 0.2, c 0.1: a, which reports 0.05.
+        assert_eq!(round(&mut s, 4, 0.05), a);
+        // a 0.05, b 0.2, c 0.1: b.
+        assert_eq!(round(&mut s, 5, 0.3), b);
+        assert!(q.calls.is_empty());
     }
 }
