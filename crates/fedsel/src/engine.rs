@@ -285,7 +285,7 @@ struct Query<'a> {
 impl Query<'_> {
     /// Local trainings a strategy asks for beyond the round's own (probes, FedGP's extra
     /// step, FedGS's graph building), with their broadcasts and uploads: booked as
-    /// `trainings` when they feed the global model, as `probe_trainings` otherwise. They draw
+    /// `extra_trainings` when they feed the global model, as `probe_trainings` otherwise. They draw
     /// from Probe streams keyed by `key_offset + k` and start without persistent optimizer
     /// state, so they leave the round's own trainings untouched.
     fn train_extra(
@@ -314,7 +314,7 @@ impl Query<'_> {
         self.ledger.broadcasts += m;
         self.ledger.uploads += m;
         if feeds_global {
-            self.ledger.trainings += m;
+            self.ledger.extra_trainings += m;
         } else {
             self.ledger.probe_trainings += m;
         }

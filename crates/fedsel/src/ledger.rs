@@ -14,8 +14,11 @@ pub struct Ledger {
     pub broadcasts: u64,
     /// Models or updates sent back by clients.
     pub uploads: u64,
-    /// Local training runs that fed the global model.
+    /// Local training runs of the round's own selection.
     pub trainings: u64,
+    /// Local training runs a strategy adds to a round that also fed the global model
+    /// (FedGP's uniform K^r on its GP-training rounds).
+    pub extra_trainings: u64,
     /// Local training runs whose result was discarded (probes).
     pub probe_trainings: u64,
     /// Mini-batch steps of all local training.
@@ -38,10 +41,11 @@ pub struct Ledger {
 
 impl Ledger {
     /// Column names, in the order of [`Ledger::values`].
-    pub const COLUMNS: [&'static str; 11] = [
+    pub const COLUMNS: [&'static str; 12] = [
         "broadcasts",
         "uploads",
         "trainings",
+        "extra_trainings",
         "probe_trainings",
         "train_steps",
         "evaluations",
@@ -53,11 +57,12 @@ impl Ledger {
     ];
 
     /// The counts, in the order of [`Ledger::COLUMNS`].
-    pub fn values(&self) -> [u64; 11] {
+    pub fn values(&self) -> [u64; 12] {
         [
             self.broadcasts,
             self.uploads,
             self.trainings,
+            self.extra_trainings,
             self.probe_trainings,
             self.train_steps,
             self.evaluations,
@@ -74,6 +79,7 @@ impl Ledger {
         self.broadcasts += other.broadcasts;
         self.uploads += other.uploads;
         self.trainings += other.trainings;
+        self.extra_trainings += other.extra_trainings;
         self.probe_trainings += other.probe_trainings;
         self.train_steps += other.train_steps;
         self.evaluations += other.evaluations;
@@ -96,6 +102,7 @@ mod tests {
             broadcasts: 1,
             uploads: 2,
             trainings: 3,
+            extra_trainings: 12,
             probe_trainings: 4,
             train_steps: 5,
             evaluations: 6,
@@ -105,7 +112,7 @@ mod tests {
             gradient_examples: 10,
             protocol_messages: 11,
         };
-        assert_eq!(a.values(), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(a.values(), [1, 2, 3, 12, 4, 5, 6, 7, 8, 9, 10, 11]);
         let json = serde_json::to_value(a).unwrap();
         for (name, v) in Ledger::COLUMNS.iter().zip(a.values()) {
             assert_eq!(json[name], v, "{name}");

@@ -563,7 +563,8 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
                 .map(|r| {
                     (r.summary.cost.evaluations
                         + r.summary.cost.gradients
-                        + r.summary.cost.probe_trainings) as f64
+                        + r.summary.cost.probe_trainings
+                        + r.summary.cost.extra_trainings) as f64
                 })
                 .sum::<f64>()
                 / rounds;
@@ -660,7 +661,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         t.write_csv(dir)?;
         md.push_str(&t.markdown());
     }
-    md.push_str("Extra communication per round counts broadcasts, uploads and scalar reports beyond the two messages of each training client; extra computation counts client evaluations, one-step gradients and discarded probe trainings.\n");
+    md.push_str("Extra communication per round counts broadcasts, uploads and scalar reports beyond the two messages of each training client; extra computation counts client evaluations, one-step gradients, discarded probe trainings and the extra trainings a strategy adds to a round (FedGP).\n");
     md.push_str("\n## Figures\n\n");
     match crate::plot::ensure_font() {
         Ok(()) => {

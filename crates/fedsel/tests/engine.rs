@@ -375,8 +375,8 @@ fn probes_and_extra_steps_are_booked_and_an_extra_step_moves_the_model() {
     assert_eq!(cost.scalar_reports, 3 * n);
     assert_eq!(cost.broadcasts, 3 * n + 2 + 1);
     assert_eq!(cost.uploads, 2 + 1);
-    // FedGP's extra step feeds the global model: its trainings count as trainings, and
-    // the model the round's selection trains from has moved.
+    // FedGP's extra step feeds the global model: its trainings count as extra trainings,
+    // and the model the round's selection trains from has moved.
     let mut c = Collect::default();
     let advancing = Asker(|ctx, q| {
         let before = q.holdout_losses(ctx.available)?;
@@ -388,7 +388,7 @@ fn probes_and_extra_steps_are_booked_and_an_extra_step_moves_the_model() {
     engine::run_with(&exp, Box::new(advancing), &mut c, None).unwrap();
     let cost = c.0[0].cost;
     assert_eq!(cost.probe_trainings, 0);
-    assert_eq!(cost.trainings, 2 + 1);
+    assert_eq!((cost.trainings, cost.extra_trainings), (1, 2));
     assert_eq!(cost.evaluations, 3 * n);
     assert_eq!(cost.broadcasts, 3 * n + 2 + 1);
 }

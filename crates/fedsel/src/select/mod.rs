@@ -104,7 +104,7 @@ pub trait ClientQuery {
     /// the current global model, their models are aggregated by the run's rule and the
     /// server step is applied, so the round's own selection then trains from the advanced
     /// model. Returns the advanced model's held-out loss on each of `evaluate`. Books the
-    /// trainings as `trainings` (they fed the global model) and the evaluations.
+    /// trainings as `extra_trainings` (they fed the global model) and the evaluations.
     fn advance(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
         let _ = (clients, evaluate);
         Err(unsupported("an extra training step"))
