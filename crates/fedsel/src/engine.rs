@@ -123,6 +123,17 @@ impl Experiment {
     pub fn from_data(config: Config, data: FederatedData) -> Result<Self> {
         config.validate()?;
         let clients = partition::build(&config.partition, &data, config.seed)?;
+        let m = config.selection.clients_per_round;
+        if m > clients.len() {
+            return Err(ConfigError::invalid(
+                "selection.clients_per_round",
+                format!(
+                    "{m} is more than the {} clients of the partition",
+                    clients.len()
+                ),
+            )
+            .into());
+        }
         let arch = model::build(&config.model, &data.train)?;
         let layout = ParamLayout::of(arch.as_ref());
         let device = device_for(&config.device)?;

@@ -109,6 +109,15 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A run would write into a directory that already holds files of another run.
+    #[error(
+        "{}: already holds a run; pass --overwrite to replace it, or --resume to continue it",
+        dir.display()
+    )]
+    RunExists {
+        /// The output directory.
+        dir: PathBuf,
+    },
     /// A figure could not be drawn.
     #[error("{path}: {reason}")]
     Plot {

@@ -119,7 +119,8 @@ impl Observer for Progress {
                 let every = (self.rounds / 10).max(1);
                 if (r.round + 1).is_multiple_of(every) || r.round + 1 == self.rounds {
                     println!(
-                        "round {:>5}/{} {msg} ({:.1}s)",
+                        "round {:>5} ({}/{} done) {msg} ({:.1}s)",
+                        r.round,
                         r.round + 1,
                         self.rounds,
                         r.elapsed_s
@@ -159,6 +160,16 @@ struct RunArgs {
     /// Continue the run in DIR from its last checkpoint.
     #[arg(long, value_name = "DIR")]
     resume: Option<PathBuf>,
+    /// Replace the run already in the output directory (it is cleared first).
+    #[arg(long)]
+    overwrite: bool,
+}
+
+/// The rounds of the run in `dir` when its `summary.json` says it finished.
+fn finished_rounds(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    (v["status"] == "finished").then(|| v["rounds"].as_u64().unwrap_or(0))
 }
 
 fn run(args: RunArgs) -> Result<()> {
@@ -167,11 +178,19 @@ fn run(args: RunArgs) -> Result<()> {
         Some(dir) => {
             anyhow::ensure!(
                 args.config.is_none()
+                    && !args.overwrite
                     && args.set.is_empty()
                     && args.seed.is_none()
                     && args.out.is_none(),
-                "--resume takes the config and output directory of the run it continues; drop CONFIG, --set, --seed and --out"
+                "--resume takes the config and output directory of the run it continues; drop CONFIG, --set, --seed, --out and --overwrite"
             );
+            if let Some(rounds) = finished_rounds(dir) {
+                println!(
+                    "{}: the run is finished ({rounds} rounds); nothing to resume",
+                    dir.display()
+                );
+                return Ok(());
+            }
             let config = Config::load(Some(&dir.join("config.resolved.toml")), &[])?;
             let cp = fedsel::checkpoint::load(dir)?;
             (config, dir.clone(), Some(cp))
@@ -182,9 +201,20 @@ fn run(args: RunArgs) -> Result<()> {
                 set.push(format!("seed={s}"));
             }
             let config = Config::load(args.config.as_deref(), &set)?;
+            // The default directory carries a short hash of the resolved config, so runs
+            // that differ only by --set overrides do not share it.
             let out = args.out.unwrap_or_else(|| {
-                PathBuf::from("runs").join(format!("{}-s{}", config.name, config.seed))
+                PathBuf::from("runs").join(format!(
+                    "{}-s{}-{}",
+                    config.name,
+                    config.seed,
+                    &config.hash()[..8]
+                ))
             });
+            if args.overwrite && out.exists() {
+                std::fs::remove_dir_all(&out)
+                    .with_context(|| format!("clearing {} for --overwrite", out.display()))?;
+            }
             (config, out, None)
         }
     };
@@ -210,7 +240,7 @@ fn run(args: RunArgs) -> Result<()> {
         Some(cp) => {
             println!(
                 "resuming at round {} from {}",
-                cp.next_round + 1,
+                cp.next_round,
                 fedsel::checkpoint::dir(&out).display()
             );
             RunWriter::resume(&out, cp.next_round)?
@@ -253,12 +283,12 @@ fn run(args: RunArgs) -> Result<()> {
     progress.writer.finish(&summary)?;
     let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.4}"));
     println!(
-        "done in {:.1}s (training {:.1}s): final acc {}, best acc {} (round {}), final loss {}, best loss {}",
+        "done in {:.1}s ({:.1}s of rounds over every session of the run): final acc {}, best acc {} (round {}), final loss {}, best loss {}",
         t0.elapsed().as_secs_f64(),
         summary.wall_s,
         f(summary.final_acc),
         f(summary.best_acc),
-        summary.best_acc_round + 1,
+        summary.best_acc_round,
         f(summary.final_loss),
         f(summary.best_loss)
     );
@@ -292,11 +322,12 @@ fn run(args: RunArgs) -> Result<()> {
         );
     }
     println!(
-        "  cost: {} broadcasts, {} uploads, {} trainings, {} evaluations; outputs in {}",
+        "  cost ledger: {} model broadcasts, {} uploads, {} client trainings, {} client loss reports (held-out evaluations a strategy asked for); the server evaluated the test set {} times; outputs in {}",
         summary.cost.broadcasts,
         summary.cost.uploads,
-        summary.cost.trainings,
+        summary.cost.trainings + summary.cost.extra_trainings + summary.cost.probe_trainings,
         summary.cost.evaluations,
+        config.rounds.div_ceil(config.eval.every),
         out.display()
     );
     Ok(())
@@ -534,6 +565,7 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match Cli::parse().command {
         None => run(RunArgs::default()),

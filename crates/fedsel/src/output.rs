@@ -54,8 +54,15 @@ pub fn metric_columns() -> Vec<&'static str> {
 }
 
 impl RunWriter {
-    /// Creates `dir` and writes the resolved config and the CSV headers.
+    /// Creates `dir` and writes the resolved config and the CSV headers. A directory that
+    /// already holds anything is refused ([`Error::RunExists`]): a finished run is never
+    /// overwritten by accident, and no file of an earlier run stays beside a new one.
     pub fn create(dir: &Path, config: &Config) -> Result<Self> {
+        if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
+            return Err(Error::RunExists {
+                dir: dir.to_path_buf(),
+            });
+        }
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let cfg_path = dir.join("config.resolved.toml");
         std::fs::write(&cfg_path, config.to_resolved_toml()).map_err(io(&cfg_path))?;

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 use crate::ledger::Ledger;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -107,8 +107,17 @@ fn band(
     runs: &[Run],
     pick: fn(&(f64, f64, f64)) -> f64,
     smooth: Option<usize>,
-) -> Vec<(f64, f64, f64)> {
+) -> Result<Vec<(f64, f64, f64)>> {
     let len = runs.iter().map(|r| r.curve.len()).min().unwrap_or(0);
+    if let Some(w) = smooth
+        && w > len
+    {
+        return Err(ConfigError::invalid(
+            "--smooth",
+            format!("a window of {w} is longer than the {len} evaluated rounds of the runs"),
+        )
+        .into());
+    }
     let mut pts: Vec<(f64, f64, f64)> = (0..len)
         .map(|i| {
             let v: Vec<f64> = runs.iter().map(|r| pick(&r.curve[i])).collect();
@@ -124,7 +133,7 @@ fn band(
             p.2 = s.max(0.0);
         }
     }
-    pts
+    Ok(pts)
 }
 
 fn slug(s: &str) -> String {
@@ -154,12 +163,14 @@ fn figures(
     })?;
     let stem = |kind: &str| plots.join(format!("{}-{kind}", slug(setting)));
     let smoothed = smooth.map_or(String::new(), |w| format!(", Savitzky-Golay window {w}"));
-    let curves = |pick: fn(&(f64, f64, f64)) -> f64| -> Vec<Curve> {
+    let curves = |pick: fn(&(f64, f64, f64)) -> f64| -> Result<Vec<Curve>> {
         strategies
             .iter()
-            .map(|((_, s), runs)| Curve {
-                label: format!("{s} (n={})", runs.len()),
-                points: band(runs, pick, smooth),
+            .map(|((_, s), runs)| {
+                Ok(Curve {
+                    label: format!("{s} (n={})", runs.len()),
+                    points: band(runs, pick, smooth)?,
+                })
             })
             .collect()
     };
@@ -167,13 +178,13 @@ fn figures(
         &stem("accuracy"),
         &format!("{setting}: test accuracy (mean ± std{smoothed})"),
         "test accuracy",
-        &curves(|p| p.1),
+        &curves(|p| p.1)?,
     )?;
     crate::plot::curves(
         &stem("loss"),
         &format!("{setting}: test loss (mean ± std{smoothed})"),
         "test loss",
-        &curves(|p| p.2),
+        &curves(|p| p.2)?,
     )?;
     let series: Vec<Series> = strategies
         .iter()
@@ -377,6 +388,24 @@ impl Table {
 ///
 /// `smooth` applies Savitzky–Golay smoothing of that window to the curves in the figures.
 pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
+    if let Some(w) = smooth
+        && (w < 3 || w.is_multiple_of(2))
+    {
+        return Err(ConfigError::invalid(
+            "--smooth",
+            format!("{w} is not a Savitzky–Golay window: use an odd number of rounds, at least 3"),
+        )
+        .into());
+    }
+    if !dir.join("sweep.json").is_file() {
+        return Err(Error::Output {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not a sweep directory: it has no sweep.json (`fedsel sweep` writes one; a single run's results are its metrics.csv and summary.json)",
+            ),
+        });
+    }
     let index: Index = read_json(&dir.join("sweep.json"))?;
     // setting → strategy → runs (seeds), in first-appearance order.
     let mut groups: BTreeMap<(usize, String), ByStrategy> = BTreeMap::new();

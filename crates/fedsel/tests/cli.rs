@@ -1,0 +1,177 @@
+//! The command line as a user meets it: results are never overwritten by accident, a
+//! finished run is not resumed, and bad inputs are errors that name them.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn fedsel(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fedsel"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("the fedsel binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn a_run_never_overwrites_another_without_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let out_s = out.to_str().unwrap();
+    let first = fedsel(&["run", "--set", "rounds=3", "--out", out_s], dir.path());
+    assert!(first.status.success(), "{}", text(&first));
+    let metrics = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+    // A stale file of another strategy, which must not outlive an overwrite.
+    std::fs::write(out.join("gp_fits.csv"), "stale").unwrap();
+    // Into the same directory: refused, and nothing of the finished run changes.
+    let again = fedsel(&["run", "--set", "rounds=3", "--out", out_s], dir.path());
+    assert!(!again.status.success());
+    assert!(
+        text(&again).contains("already holds a run"),
+        "{}",
+        text(&again)
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("metrics.csv")).unwrap(),
+        metrics
+    );
+    // --overwrite clears it first.
+    let over = fedsel(
+        &["run", "--set", "rounds=4", "--out", out_s, "--overwrite"],
+        dir.path(),
+    );
+    assert!(over.status.success(), "{}", text(&over));
+    assert!(!out.join("gp_fits.csv").exists());
+    assert_eq!(
+        std::fs::read_to_string(out.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .count(),
+        5
+    );
+    // --resume on a finished run says so and changes nothing.
+    let before = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    let resume = fedsel(&["run", "--resume", out_s], dir.path());
+    assert!(resume.status.success(), "{}", text(&resume));
+    assert!(text(&resume).contains("finished"), "{}", text(&resume));
+    assert_eq!(
+        std::fs::read_to_string(out.join("summary.json")).unwrap(),
+        before
+    );
+}
+
+#[test]
+fn default_directories_differ_by_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    for lr in ["0.01", "0.02"] {
+        let o = fedsel(
+            &[
+                "run",
+                "--set",
+                "rounds=2",
+                "--set",
+                &format!("train.lr={lr}"),
+            ],
+            dir.path(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.iter().all(|r| r.starts_with("default-s1-")));
+}
+
+#[test]
+fn mistakes_are_errors_that_name_them_and_logs_carry_no_colour() {
+    let dir = tempfile::tempdir().unwrap();
+    // More clients per round than clients.
+    let o = fedsel(
+        &[
+            "run",
+            "--set",
+            "selection.clients_per_round=31",
+            "--set",
+            "rounds=1",
+        ],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("selection.clients_per_round"),
+        "{}",
+        text(&o)
+    );
+    // A report of a directory that is not a sweep.
+    let o = fedsel(&["report", dir.path().to_str().unwrap()], dir.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("not a sweep directory"), "{}", text(&o));
+    // Smoothing windows that are not odd, or too short.
+    for w in ["0", "4"] {
+        let o = fedsel(
+            &["report", dir.path().to_str().unwrap(), "--smooth", w],
+            dir.path(),
+        );
+        assert!(!o.status.success());
+        assert!(text(&o).contains("--smooth"), "{}", text(&o));
+    }
+    // A warning (an aggregation rule that is not the strategy's own) goes to a pipe
+    // without ANSI colour codes.
+    let o = fedsel(
+        &[
+            "run",
+            "--set",
+            "rounds=1",
+            "--set",
+            "server.aggregation=\"data_size\"",
+            "--out",
+            dir.path().join("w").to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("overrides uniform's own rule"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+}
+
+#[test]
+fn a_smoothing_window_longer_than_the_runs_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("s.toml");
+    std::fs::write(
+        &sweep,
+        "name = \"t\"\n[config]\nrounds = 5\n[axes]\nseed = [1]\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = fedsel(
+        &[
+            "sweep",
+            sweep.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = fedsel(
+        &["report", out.to_str().unwrap(), "--smooth", "7"],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("longer than the 5 evaluated rounds"),
+        "{}",
+        text(&o)
+    );
+}
