@@ -1123,6 +1123,8 @@ impl Config {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
+        let defaults = toml::Table::try_from(Config::default()).expect("the default serializes");
+        inherit_kinds(&mut table, &defaults);
         let de = toml::Value::Table(table);
         let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
@@ -1445,6 +1447,26 @@ impl std::fmt::Display for ConfigWarning {
 }
 
 /// Sets `a.b.c = value` in a TOML table; the value is parsed as TOML, else taken as a string.
+/// A table that names no `kind` takes the built-in default's, at any depth, so that a partial
+/// override such as `--set dataset.users=50` refines the default dataset instead of naming
+/// none. A key the inherited kind does not have is still an error that names it.
+fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
+    for (key, value) in table.iter_mut() {
+        let (Some(t), Some(d)) = (
+            value.as_table_mut(),
+            defaults.get(key).and_then(toml::Value::as_table),
+        ) else {
+            continue;
+        };
+        if !t.contains_key("kind")
+            && let Some(kind) = d.get("kind")
+        {
+            t.insert("kind".into(), kind.clone());
+        }
+        inherit_kinds(t, d);
+    }
+}
+
 fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), ConfigError> {
     let (key, raw) = spec
         .split_once('=')
@@ -1476,6 +1498,21 @@ fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), ConfigError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn partial_overrides_refine_the_default_kind() {
+        let c = Config::load(None, &["dataset.users=50".into()]).unwrap();
+        assert!(matches!(
+            c.dataset,
+            DatasetConfig::Synthetic { users: 50, .. }
+        ));
+        // A key the inherited kind does not have is named.
+        let e = Config::load(None, &["availability.beta=0.5".into()]).unwrap_err();
+        assert!(e.to_string().contains("beta"), "{e}");
+        // An explicit kind still replaces the default's table.
+        let c = Config::load(None, &["availability={ kind = \"ln\", beta = 0.5 }".into()]).unwrap();
+        assert_eq!(c.availability, AvailabilityConfig::Ln { beta: 0.5 });
+    }
 
     #[test]
     fn default_round_trips_through_resolved_toml() {

@@ -631,6 +631,11 @@ pub struct RunSummary {
     pub best_loss: Option<f64>,
     /// For each configured target: rounds needed to first reach it (round index + 1), if reached.
     pub rounds_to_target: Vec<(f64, Option<usize>)>,
+    /// The first round whose test loss exceeded ten times ln C, the loss of predicting every
+    /// class alike: the run diverged although its parameters stayed finite (a learning rate
+    /// far too high).
+    #[serde(default)]
+    pub diverged_at: Option<usize>,
     /// Wall-clock seconds.
     pub wall_s: f64,
     /// Cost totals.
@@ -638,6 +643,9 @@ pub struct RunSummary {
     /// fedsel version.
     pub version: String,
 }
+
+/// A test loss this many times ln C (C classes) flags the run as diverged.
+pub const DIVERGENCE_FACTOR: f64 = 10.0;
 
 /// Runs every round of `exp` with the configured selector, reporting each to `observer`.
 pub fn run(exp: &Experiment, observer: &mut dyn Observer) -> Result<RunSummary> {
@@ -737,6 +745,7 @@ pub fn run_with(
                 best_acc_round: 0,
                 best_loss: None,
                 rounds_to_target: cfg.targets.iter().map(|&t| (t, None)).collect(),
+                diverged_at: None,
                 wall_s: 0.0,
                 cost: Ledger::default(),
                 version: crate::VERSION.into(),
@@ -958,6 +967,14 @@ pub fn run_with(
             if summary.best_acc.is_none_or(|b| e.accuracy > b) {
                 summary.best_acc = Some(e.accuracy);
                 summary.best_acc_round = t;
+            }
+            let uniform = (exp.data.train.classes as f64).ln();
+            if summary.diverged_at.is_none() && e.loss > DIVERGENCE_FACTOR * uniform {
+                summary.diverged_at = Some(t);
+                tracing::warn!(
+                    "round {t}: test loss {:.4e} is over {DIVERGENCE_FACTOR} times ln C = {uniform:.3}, the loss of predicting every class alike: the run is diverging (lower the learning rate)",
+                    e.loss
+                );
             }
             summary.best_loss = Some(summary.best_loss.map_or(e.loss, |b| b.min(e.loss)));
             for (target, reached) in &mut summary.rounds_to_target {

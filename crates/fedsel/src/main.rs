@@ -292,6 +292,12 @@ fn run(args: RunArgs) -> Result<()> {
         f(summary.final_loss),
         f(summary.best_loss)
     );
+    if let Some(t) = summary.diverged_at {
+        println!(
+            "  DIVERGED: from round {t} the test loss is over {} times ln C, the loss of predicting every class alike (summary.json: diverged_at); lower the learning rate",
+            engine::DIVERGENCE_FACTOR
+        );
+    }
     for (t, r) in &summary.rounds_to_target {
         println!(
             "  rounds to {:.0}%: {}",

@@ -175,3 +175,34 @@ fn a_smoothing_window_longer_than_the_runs_is_refused() {
         text(&o)
     );
 }
+
+#[test]
+fn a_diverging_run_is_flagged_in_its_summary_and_on_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("d");
+    let o = fedsel(
+        &[
+            "run",
+            "--set",
+            "rounds=5",
+            "--set",
+            "train.lr=1e4",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["diverged_at"].is_u64(), "{}\n{summary}", text(&o));
+    assert!(text(&o).contains("DIVERGED"), "{}", text(&o));
+    // A sound run is not flagged.
+    let ok = dir.path().join("ok");
+    let o = fedsel(
+        &["run", "--set", "rounds=5", "--out", ok.to_str().unwrap()],
+        dir.path(),
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ok.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["diverged_at"].is_null(), "{}", text(&o));
+}
