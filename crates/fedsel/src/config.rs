@@ -1125,6 +1125,7 @@ impl Config {
         }
         let defaults = toml::Table::try_from(Config::default()).expect("the default serializes");
         inherit_kinds(&mut table, &defaults);
+        let given = table.clone();
         let de = toml::Value::Table(table);
         let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
@@ -1133,6 +1134,8 @@ impl Config {
                 message: format!("key `{path}`: {}", e.into_inner()),
             }
         })?;
+        let read = toml::Table::try_from(&config).expect("a Config always serializes");
+        reject_ignored_keys(&given, &read, "")?;
         config.validate()?;
         config.resolve();
         Ok(config)
@@ -1465,6 +1468,42 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
         }
         inherit_kinds(t, d);
     }
+}
+
+/// Every key given must have been read: serde ignores extra keys beside a kind that takes
+/// none (`kind = "always"`, `"iid"`, `"fmnist"`), so the keys of what was read back are
+/// compared with the keys given, and one that was dropped is an error that names it.
+fn reject_ignored_keys(
+    given: &toml::Table,
+    read: &toml::Table,
+    prefix: &str,
+) -> Result<(), ConfigError> {
+    for (key, value) in given {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match (value, read.get(key)) {
+            (_, None) => {
+                let kind = read.get("kind").and_then(toml::Value::as_str);
+                return Err(ConfigError::invalid(
+                    path,
+                    match kind {
+                        Some(k) => {
+                            format!("is not a key of kind `{k}`, which takes no such setting")
+                        }
+                        None => "is not a key here".into(),
+                    },
+                ));
+            }
+            (toml::Value::Table(g), Some(toml::Value::Table(r))) => {
+                reject_ignored_keys(g, r, &path)?
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), ConfigError> {
