@@ -254,7 +254,8 @@ pub enum PartitionScheme {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// `logreg`, `mlp`, `cnn_fmnist`, `cnn_cifar` or `char_lstm`.
+    /// `logreg`, `mlp`, `cnn_fmnist`, `cnn_hics` (HiCS-FL paper), `cnn_hics_code` (HiCS-FL code,
+    /// with BatchNorm), `cnn_cifar` or `char_lstm`.
     pub kind: String,
     /// Dropout probability where the architecture has dropout (MLP).
     pub dropout: f64,
@@ -939,6 +940,7 @@ const MODELS: &[&str] = &[
     "mlp",
     "cnn_fmnist",
     "cnn_hics",
+    "cnn_hics_code",
     "cnn_cifar",
     "char_lstm",
 ];

@@ -425,7 +425,8 @@ fn datasets(data_dir: Option<PathBuf>) {
 fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
     use fedsel::bench::{random_dataset, step_time};
     use fedsel::model::{
-        cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, logreg::LogReg, lstm::CharLstm, mlp::Mlp,
+        cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
+        lstm::CharLstm, mlp::Mlp,
     };
     let device = burn::tensor::Device::flex();
     let threads = rayon::current_num_threads();
@@ -464,6 +465,21 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
                 classes: 10,
                 hidden: Some(512),
             }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_hics",
+            Box::new(CnnFmnist {
+                classes: 10,
+                hidden: None,
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_hics_code",
+            Box::new(CnnHicsCode { classes: 10 }),
             random_dataset(&[1, 28, 28], None, 640, 10),
             64,
         ),
