@@ -277,6 +277,18 @@ fn run(args: RunArgs) -> Result<()> {
             "  estimated vs true label entropy, Spearman: {r0:.3} at round {t0} (after warm-up), {r1:.3} at round {t1} (entropy.png), mean {:.3} over rounds {t0}-{t1}",
             c.mean
         );
+        if let Some(g) = c.group {
+            let ((t0, a0), (t1, a1)) = (g.auc_first, g.auc_last);
+            println!(
+                "  high-entropy group ({} of {} clients, true entropy > {:.3}): AUC of the estimate {a0:.3} at round {t0}, {a1:.3} at round {t1}, mean {:.3}; mean share of selections {:.3} (of clients {:.3})",
+                g.size,
+                g.clients,
+                g.threshold,
+                g.auc_mean,
+                g.share_mean,
+                g.size as f64 / g.clients as f64
+            );
+        }
     }
     if let Ok(t) = std::fs::read_to_string(out.join("selector_time.csv"))
         && let Some((fit, sel)) = t.lines().nth(1).and_then(|l| l.split_once(','))
