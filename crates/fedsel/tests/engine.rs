@@ -278,6 +278,79 @@ fn reports_a_selector_asks_for_are_provided_and_booked() {
     assert_eq!(summary.cost.gradients, 90);
 }
 
+/// Selects client 0 every round and keeps the output-layer updates it is sent.
+struct OutputLayerRecorder(std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>);
+
+impl Selector for OutputLayerRecorder {
+    fn name(&self) -> &'static str {
+        "output-layer-recorder"
+    }
+    fn needs(&self) -> Needs {
+        Needs {
+            updates: UpdateKind::OutputLayer,
+            ..Needs::default()
+        }
+    }
+    fn select(
+        &mut self,
+        _: &RoundContext<'_>,
+        _: &mut dyn ClientQuery,
+        _: &mut Rng,
+    ) -> Result<Selection, Error> {
+        Ok(Selection {
+            clients: vec![0],
+            weights: None,
+        })
+    }
+    fn observe(&mut self, f: &Feedback<'_>) {
+        self.0.lock().unwrap().push(f.updates.unwrap()[0].clone());
+    }
+}
+
+/// Keeps the global model of every checkpoint.
+#[derive(Default)]
+struct Globals(Vec<Vec<f32>>);
+
+impl engine::Observer for Globals {
+    fn on_round(&mut self, _: &RoundRecord) -> fedsel::error::Result<()> {
+        Ok(())
+    }
+    fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
+        self.0.push(cp.global.clone());
+        Ok(())
+    }
+}
+
+/// `UpdateKind::OutputLayer` sends [Δb, ΔW] with Δ = local − global (HiCS-FL reads Δb
+/// first). With one client selected and its model averaged alone, the global model after
+/// round 1 minus the one after round 0 is that client's update, so on the logistic
+/// regression (weight 60 × 10 = flat 0..600, bias 600..610) the first 10 values sent must
+/// be the bias's change and the next 600 the weight's, with the same sign.
+#[test]
+fn the_output_layer_update_is_bias_then_weight_local_minus_global() {
+    let exp = synthetic(&["rounds=3", "checkpoint_every=1"]);
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut globals = Globals::default();
+    engine::run_with(
+        &exp,
+        Box::new(OutputLayerRecorder(sent.clone())),
+        &mut globals,
+        None,
+    )
+    .unwrap();
+    let sent = sent.lock().unwrap();
+    let (before, after) = (&globals.0[0], &globals.0[1]);
+    let change: Vec<f32> = [600..610, 0..600]
+        .into_iter()
+        .flat_map(|r| r.map(|i| after[i] - before[i]))
+        .collect();
+    assert_eq!(sent[1].len(), change.len());
+    assert!(change.iter().any(|d| d.abs() > 1e-3));
+    for (s, c) in sent[1].iter().zip(&change) {
+        assert!((s - c).abs() < 1e-6, "sent {s}, global moved {c}");
+    }
+}
+
 /// What an [`Asker`] asks of the engine in a round.
 type Ask = fn(&RoundContext<'_>, &mut dyn ClientQuery) -> Result<(), Error>;
 
