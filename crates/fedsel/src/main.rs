@@ -23,7 +23,7 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
   [partition.scheme] kind = natural | iid | shards (shards_per_client) | dirichlet_qp (alpha)
                        | class_dirichlet (alphas = [..]) | labels (labels_per_client)
                        | lognormal_dirichlet (sigma, alpha)
-  [model]         kind = logreg | mlp | cnn_fmnist | cnn_hics | cnn_cifar | char_lstm, dropout
+  [model]         kind = logreg | mlp | cnn_fmnist | cnn_hics | cnn_hics_code | cnn_cifar | char_lstm, dropout
   [train]         optimizer = sgd|adam, lr, momentum, weight_decay, beta1, beta2, eps,
                   work = { steps = N } | { epochs = N }, batch_size, prox_mu, persistent_state,
                   schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
