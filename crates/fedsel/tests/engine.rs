@@ -654,6 +654,41 @@ fn selectors_with_state_resume_exactly() {
     }
 }
 
+/// HiCS-FL under protocol `code` with frozen updates resumes exactly: the frozen updates
+/// are checkpointed, and whether a round is a warm-up round is decided anew by `select`.
+#[test]
+fn hics_code_protocol_with_frozen_updates_resumes_exactly() {
+    let exp = synthetic(&[
+        "rounds=16",
+        "checkpoint_every=5",
+        "selection.strategy=\"hics\"",
+        "selection.hics.protocol=\"code\"",
+        "selection.hics.statistic=\"weight_rows\"",
+        "selection.hics.temperature=0.001",
+        "selection.hics.lambda=10",
+        "selection.hics.clusters=3",
+        "selection.hics.cs_switch=0.1",
+        "selection.hics.several_alpha_groups=true",
+    ]);
+    let whole = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
+    engine::run(&exp, &mut w).unwrap();
+    let broken = tempfile::tempdir().unwrap();
+    let mut crash = CrashAfter {
+        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
+        round: 12,
+    };
+    assert!(engine::run(&exp, &mut crash).is_err());
+    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
+    assert_eq!(cp.next_round, 10);
+    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
+    engine::resume(&exp, &mut w, cp).unwrap();
+    assert_eq!(
+        metrics_without_time(whole.path()),
+        metrics_without_time(broken.path())
+    );
+}
+
 /// HiCS-FL asks for the oracle label histograms only to write `entropy.csv`: its
 /// selections are the same with the report switched off, and the ideal DivFL's one-step
 /// gradients are booked for every client every round.
