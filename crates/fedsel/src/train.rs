@@ -222,11 +222,13 @@ impl Trainer<'_> {
         self.layout.to_flat(
             ad.iter()
                 .zip(specs)
-                .map(|(p, s)| match s.trainable {
-                    true => p
-                        .grad(&grads)
-                        .expect("every trainable parameter takes part"),
-                    false => p.clone().inner().zeros_like(),
+                .map(|(p, s)| {
+                    if s.trainable {
+                        p.grad(&grads)
+                            .expect("every trainable parameter takes part")
+                    } else {
+                        p.clone().inner().zeros_like()
+                    }
                 })
                 .collect(),
         )

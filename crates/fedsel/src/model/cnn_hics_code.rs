@@ -107,10 +107,8 @@ impl CnnHicsCode {
         for (cin, cout, has_bias, pool) in BLOCKS {
             let weight = p[at].clone().reshape([cout, cin, 3, 3]);
             at += 1;
-            let bias = has_bias.then(|| {
-                at += 1;
-                p[at - 1].clone()
-            });
+            let bias = has_bias.then(|| p[at].clone());
+            at += usize::from(has_bias);
             let y = conv2d(h, weight, bias, ConvOptions::new([1, 1], [1, 1], [1, 1], 1));
             let y = prelu(y, p[at].clone());
             let (y, running) = batch_norm(

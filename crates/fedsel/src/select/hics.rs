@@ -30,6 +30,9 @@
 //! (`get_matrix_similarity_from_grads_entropy`); and when the config says the partition
 //! has several α groups, the updates stop being refreshed after warm-up (the code's
 //! `multialpha` branch), so Ĥ and the clusters rest on each client's warm-up update.
+//! The code's other choices (ΔW's row means at T = 0.001, M = 5 for K = 10, the switch at
+//! 0.1, one epoch of FedProx, its CNN) are keys of their own, which the
+//! `configs/hics/*_code.toml` configs set ([`HicsProtocol`]).
 //!
 //! The estimates see only the output-layer part of the uploaded updates. The
 //! **oracle** label histograms this selector asks for feed the diagnostic
