@@ -23,7 +23,7 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
   [partition.scheme] kind = natural | iid | shards (shards_per_client) | dirichlet_qp (alpha)
                        | class_dirichlet (alphas = [..]) | labels (labels_per_client)
                        | lognormal_dirichlet (sigma, alpha)
-  [model]         kind = logreg | mlp | cnn_fmnist | cnn_hics | cnn_cifar | char_lstm, dropout
+  [model]         kind = logreg | mlp | cnn_fmnist | cnn_hics | cnn_hics_code | cnn_cifar | char_lstm, dropout
   [train]         optimizer = sgd|adam, lr, momentum, weight_decay, beta1, beta2, eps,
                   work = { steps = N } | { epochs = N }, batch_size, prox_mu, persistent_state,
                   schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
@@ -316,6 +316,18 @@ fn run(args: RunArgs) -> Result<()> {
             "  estimated vs true label entropy, Spearman: {r0:.3} at round {t0} (after warm-up), {r1:.3} at round {t1} (entropy.png), mean {:.3} over rounds {t0}-{t1}",
             c.mean
         );
+        if let Some(g) = c.group {
+            let ((t0, a0), (t1, a1)) = (g.auc_first, g.auc_last);
+            println!(
+                "  high-entropy group ({} of {} clients, true entropy > {:.3}): AUC of the estimate {a0:.3} at round {t0}, {a1:.3} at round {t1}, mean {:.3}; mean share of selections {:.3} (of clients {:.3})",
+                g.size,
+                g.clients,
+                g.threshold,
+                g.auc_mean,
+                g.share_mean,
+                g.size as f64 / g.clients as f64
+            );
+        }
     }
     if let Ok(t) = std::fs::read_to_string(out.join("selector_time.csv"))
         && let Some((fit, sel)) = t.lines().nth(1).and_then(|l| l.split_once(','))
@@ -465,7 +477,8 @@ fn datasets(data_dir: Option<PathBuf>) {
 fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
     use fedsel::bench::{random_dataset, step_time};
     use fedsel::model::{
-        cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, logreg::LogReg, lstm::CharLstm, mlp::Mlp,
+        cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
+        lstm::CharLstm, mlp::Mlp,
     };
     let device = burn::tensor::Device::flex();
     let threads = rayon::current_num_threads();
@@ -504,6 +517,21 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
                 classes: 10,
                 hidden: Some(512),
             }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_hics",
+            Box::new(CnnFmnist {
+                classes: 10,
+                hidden: None,
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_hics_code",
+            Box::new(CnnHicsCode { classes: 10 }),
             random_dataset(&[1, 28, 28], None, 640, 10),
             64,
         ),

@@ -110,27 +110,45 @@ impl Trainer<'_> {
             Some(s) => (s.step, unflatten(&s.m), unflatten(&s.v)),
             None => (0, Vec::new(), Vec::new()),
         };
+        let adam = cfg.optimizer == LocalOptimizer::Adam;
+        let zeros = || params.iter().map(Tensor::zeros_like).collect::<Vec<_>>();
+        if (adam || cfg.momentum > 0.0) && m.is_empty() {
+            m = zeros();
+        }
+        if adam && v.is_empty() {
+            v = zeros();
+        }
+        let trainable = |i: usize| layout.specs[i].trainable;
         let plan = batches(idx, cfg.work, cfg.batch_size, rng);
         let mut loss_sum = Tensor::<1>::zeros([1], dev);
         for b in &plan {
             let ad: Vec<Tensor<1>> = params
                 .iter()
-                .map(|p| p.clone().autodiff().require_grad())
+                .enumerate()
+                .map(|(i, p)| {
+                    let p = p.clone().autodiff();
+                    if trainable(i) { p.require_grad() } else { p }
+                })
                 .collect();
             let (x, y) = model::batch(self.data, b, dev);
             let mut drop = Dropout {
                 p: self.dropout,
                 rng,
             };
-            let logits = self.arch.forward(&ad, x, Some(&mut drop));
+            let (logits, running) = self.arch.forward_train(&ad, x, &mut drop);
             let loss = model::cross_entropy(logits, y);
             loss_sum = loss_sum + loss.clone().inner();
             let grads = loss.backward();
             step += 1;
-            for i in 0..n {
+            // Running statistics take the forward pass's values: no gradient, weight
+            // decay, proximal term or optimizer step touches them.
+            for (i, value) in running {
+                params[i] = value;
+            }
+            for i in (0..n).filter(|&i| trainable(i)) {
                 let mut g = ad[i]
                     .grad(&grads)
-                    .expect("every parameter takes part in the forward pass");
+                    .expect("every trainable parameter takes part in the forward pass");
                 let p = params[i].clone();
                 if cfg.weight_decay > 0.0 {
                     g = g + p.clone() * cfg.weight_decay;
@@ -140,25 +158,12 @@ impl Trainer<'_> {
                 }
                 params[i] = match cfg.optimizer {
                     LocalOptimizer::Sgd if cfg.momentum > 0.0 => {
-                        let buf = if m.len() == n {
-                            m[i].clone() * cfg.momentum + g
-                        } else {
-                            g
-                        };
-                        if m.len() == n {
-                            m[i] = buf.clone()
-                        } else {
-                            m.push(buf.clone())
-                        }
-                        p - buf * lr
+                        m[i] = m[i].clone() * cfg.momentum + g;
+                        p - m[i].clone() * lr
                     }
                     LocalOptimizer::Sgd => p - g * lr,
                     LocalOptimizer::Adam => {
                         let (b1, b2) = (cfg.beta1, cfg.beta2);
-                        if m.len() < n {
-                            m.push(g.zeros_like());
-                            v.push(g.zeros_like());
-                        }
                         m[i] = m[i].clone() * b1 + g.clone() * (1.0 - b1);
                         v[i] = v[i].clone() * b2 + g.clone() * g * (1.0 - b2);
                         let c1 = 1.0 - b1.powi(step as i32);
@@ -224,18 +229,28 @@ impl Trainer<'_> {
         let params = self.layout.to_tensors(global, dev);
         let examples: usize = batches.iter().map(Vec::len).sum();
         let mut sum: Vec<Tensor<1>> = params.iter().map(Tensor::zeros_like).collect();
+        let specs = &self.layout.specs;
         for b in batches.iter().filter(|b| !b.is_empty()) {
             let ad: Vec<Tensor<1>> = params
                 .iter()
-                .map(|p| p.clone().autodiff().require_grad())
+                .zip(specs)
+                .map(|(p, spec)| {
+                    let p = p.clone().autodiff();
+                    if spec.trainable { p.require_grad() } else { p }
+                })
                 .collect();
             let (x, y) = model::batch(self.data, b, dev);
             let loss = model::cross_entropy(self.arch.forward(&ad, x, None), y);
             let grads = loss.backward();
             let share = b.len() as f64 / examples as f64;
-            for (s, p) in sum.iter_mut().zip(&ad) {
-                let g = p.grad(&grads).expect("every parameter takes part");
-                *s = s.clone() + g * share;
+            // Non-trainable entries (BatchNorm's running statistics) keep a zero gradient.
+            for ((s, p), spec) in sum.iter_mut().zip(&ad).zip(specs) {
+                if spec.trainable {
+                    let g = p
+                        .grad(&grads)
+                        .expect("every trainable parameter takes part");
+                    *s = s.clone() + g * share;
+                }
             }
         }
         Gradient {
@@ -514,6 +529,87 @@ mod tests {
         let mb = trainer(&small).gradient(&w, &idx, GradientScope::Minibatch, &mut rng);
         assert_eq!(mb.examples, 10);
         assert!(relative_error(&mb.values, &full.values) > 1e-3);
+    }
+
+    /// The running statistics of the HiCS code's CNN leave local training with the values
+    /// the forward pass gives them: weight decay, the proximal term and momentum, all
+    /// large here, would move them if the optimizer touched them. The one-step gradient
+    /// is zero there and not elsewhere.
+    #[test]
+    fn running_statistics_take_no_gradient_and_no_optimizer_step() {
+        use crate::model::cnn_hics_code::CnnHicsCode;
+        use burn::tensor::TensorData;
+        let arch = CnnHicsCode { classes: 2 };
+        let layout = ParamLayout::of(&arch);
+        let values: Vec<f32> = (0..4 * 784)
+            .map(|i| ((i * 53) % 97) as f32 / 97.0)
+            .collect();
+        let data = Dataset {
+            inputs: Inputs::Dense {
+                shape: vec![1, 28, 28],
+                values: values.clone(),
+            },
+            labels: vec![0, 1, 1, 0],
+            classes: 2,
+        };
+        let cfg = TrainConfig {
+            lr: 0.5,
+            momentum: 0.9,
+            weight_decay: 1.0,
+            prox_mu: 1.0,
+            work: LocalWork::Steps(1),
+            batch_size: 4,
+            ..TrainConfig::default()
+        };
+        let device = Device::flex();
+        let t = Trainer {
+            arch: &arch,
+            layout: &layout,
+            data: &data,
+            cfg: &cfg,
+            dropout: 0.0,
+            device: &device,
+        };
+        let start = layout.init(2);
+        let idx = [0, 1, 2, 3];
+        let u = t.train(
+            &start,
+            &idx,
+            cfg.lr,
+            &mut stream(1, Purpose::Training, 0, 0),
+            None,
+        );
+        let x = model::Batch::Dense(Tensor::<2>::from_data(
+            TensorData::new(values, [4, 784]),
+            &device,
+        ));
+        let mut rng = stream(1, Purpose::Training, 0, 0);
+        let mut drop = Dropout {
+            p: 0.0,
+            rng: &mut rng,
+        };
+        let (_, running) = arch.forward_train(&layout.to_tensors(&start, &device), x, &mut drop);
+        assert_eq!(running.len(), 6);
+        for (i, value) in running {
+            assert!(!layout.specs[i].trainable);
+            let want = value.into_data().try_into_vec::<f32>().unwrap();
+            for (a, b) in u.params[layout.range(i)].iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "{}: {a} vs {b}", layout.specs[i].name);
+            }
+        }
+        assert_ne!(u.params[layout.range(0)], start[layout.range(0)]);
+        let g = t
+            .gradient(
+                &start,
+                &idx,
+                GradientScope::Full,
+                &mut stream(1, Purpose::Training, 0, 0),
+            )
+            .values;
+        for (i, spec) in layout.specs.iter().enumerate() {
+            let zero = g[layout.range(i)].iter().all(|&v| v == 0.0);
+            assert_eq!(zero, !spec.trainable, "{}", spec.name);
+        }
     }
 
     #[test]

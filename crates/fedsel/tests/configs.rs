@@ -120,3 +120,49 @@ fn fedcor_table1_cases_carry_their_own_m_and_target() {
     );
     assert_eq!(one.config.seed, 3);
 }
+
+/// The HiCS-FL Table 1 sweeps run the paper's protocol, the positive part and the code's
+/// protocol side by side; only the code's cells change K, the statistic and local work, and
+/// its frozen updates follow the setting's α groups.
+#[test]
+fn hics_table1_runs_paper_positive_part_and_code_side_by_side() {
+    use fedsel::config::{HicsEstimator, HicsProtocol, HicsStatistic, LocalWork};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/hics");
+    for (file, model) in [
+        ("table1_fmnist_cpu.toml", "mlp"),
+        ("table1_fmnist.toml", "cnn_hics_code"),
+    ] {
+        let cells = Sweep::load(&root.join(file)).unwrap().cells().unwrap();
+        assert_eq!(cells.len(), 63, "{file}");
+        let cell = |label: &str| &cells.iter().find(|c| c.label == label).unwrap().config;
+        let paper = cell("setting2-hics-s1");
+        assert_eq!(paper.selection.hics.protocol, HicsProtocol::Paper);
+        assert_eq!(paper.selection.hics.statistic, HicsStatistic::Bias);
+        assert_eq!(paper.selection.fraction, 0.1);
+        assert_eq!(
+            cell("setting2-hics-positive-s1").selection.hics.estimator,
+            HicsEstimator::PositivePart
+        );
+        let code = cell("setting2-hics-code-s1");
+        let h = &code.selection.hics;
+        assert_eq!(h.protocol, HicsProtocol::Code);
+        assert_eq!(h.statistic, HicsStatistic::WeightRows);
+        assert_eq!(
+            (h.temperature, h.lambda, h.clusters, h.cs_switch),
+            (0.001, 10.0, 5, 0.1)
+        );
+        assert!(h.several_alpha_groups);
+        assert_eq!(code.selection.fraction, 0.2);
+        assert_eq!(
+            (code.train.work, code.train.prox_mu),
+            (LocalWork::Epochs(1), 0.5)
+        );
+        assert_eq!(code.model.kind, model);
+        assert!(
+            !cell("setting3-hics-code-s1")
+                .selection
+                .hics
+                .several_alpha_groups
+        );
+    }
+}

@@ -288,6 +288,79 @@ fn reports_a_selector_asks_for_are_provided_and_booked() {
     );
 }
 
+/// Selects client 0 every round and keeps the output-layer updates it is sent.
+struct OutputLayerRecorder(std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>);
+
+impl Selector for OutputLayerRecorder {
+    fn name(&self) -> &'static str {
+        "output-layer-recorder"
+    }
+    fn needs(&self) -> Needs {
+        Needs {
+            updates: UpdateKind::OutputLayer,
+            ..Needs::default()
+        }
+    }
+    fn select(
+        &mut self,
+        _: &RoundContext<'_>,
+        _: &mut dyn ClientQuery,
+        _: &mut Rng,
+    ) -> Result<Selection, Error> {
+        Ok(Selection {
+            clients: vec![0],
+            weights: None,
+        })
+    }
+    fn observe(&mut self, f: &Feedback<'_>) {
+        self.0.lock().unwrap().push(f.updates.unwrap()[0].clone());
+    }
+}
+
+/// Keeps the global model of every checkpoint.
+#[derive(Default)]
+struct Globals(Vec<Vec<f32>>);
+
+impl engine::Observer for Globals {
+    fn on_round(&mut self, _: &RoundRecord) -> fedsel::error::Result<()> {
+        Ok(())
+    }
+    fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
+        self.0.push(cp.global.clone());
+        Ok(())
+    }
+}
+
+/// `UpdateKind::OutputLayer` sends [Δb, ΔW] with Δ = local − global (HiCS-FL reads Δb
+/// first). With one client selected and its model averaged alone, the global model after
+/// round 1 minus the one after round 0 is that client's update, so on the logistic
+/// regression (weight 60 × 10 = flat 0..600, bias 600..610) the first 10 values sent must
+/// be the bias's change and the next 600 the weight's, with the same sign.
+#[test]
+fn the_output_layer_update_is_bias_then_weight_local_minus_global() {
+    let exp = synthetic(&["rounds=3", "checkpoint_every=1"]);
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut globals = Globals::default();
+    engine::run_with(
+        &exp,
+        Box::new(OutputLayerRecorder(sent.clone())),
+        &mut globals,
+        None,
+    )
+    .unwrap();
+    let sent = sent.lock().unwrap();
+    let (before, after) = (&globals.0[0], &globals.0[1]);
+    let change: Vec<f32> = [600..610, 0..600]
+        .into_iter()
+        .flat_map(|r| r.map(|i| after[i] - before[i]))
+        .collect();
+    assert_eq!(sent[1].len(), change.len());
+    assert!(change.iter().any(|d| d.abs() > 1e-3));
+    for (s, c) in sent[1].iter().zip(&change) {
+        assert!((s - c).abs() < 1e-6, "sent {s}, global moved {c}");
+    }
+}
+
 /// What an [`Asker`] asks of the engine in a round.
 type Ask = fn(&RoundContext<'_>, &mut dyn ClientQuery) -> Result<(), Error>;
 
@@ -592,6 +665,41 @@ fn selectors_with_state_resume_exactly() {
             "{strategy}"
         );
     }
+}
+
+/// HiCS-FL under protocol `code` with frozen updates resumes exactly: the frozen updates
+/// are checkpointed, and whether a round is a warm-up round is decided anew by `select`.
+#[test]
+fn hics_code_protocol_with_frozen_updates_resumes_exactly() {
+    let exp = synthetic(&[
+        "rounds=16",
+        "checkpoint_every=5",
+        "selection.strategy=\"hics\"",
+        "selection.hics.protocol=\"code\"",
+        "selection.hics.statistic=\"weight_rows\"",
+        "selection.hics.temperature=0.001",
+        "selection.hics.lambda=10",
+        "selection.hics.clusters=3",
+        "selection.hics.cs_switch=0.1",
+        "selection.hics.several_alpha_groups=true",
+    ]);
+    let whole = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
+    engine::run(&exp, &mut w).unwrap();
+    let broken = tempfile::tempdir().unwrap();
+    let mut crash = CrashAfter {
+        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
+        round: 12,
+    };
+    assert!(engine::run(&exp, &mut crash).is_err());
+    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
+    assert_eq!(cp.next_round, 10);
+    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
+    engine::resume(&exp, &mut w, cp).unwrap();
+    assert_eq!(
+        metrics_without_time(whole.path()),
+        metrics_without_time(broken.path())
+    );
 }
 
 /// HiCS-FL asks for the oracle label histograms only to write `entropy.csv`: its

@@ -68,28 +68,16 @@ impl Architecture for CharLstm {
         let b = Init::Uniform(1.0 / (h as f32).sqrt());
         let lstm = |l: usize, fan_in: usize| {
             [
-                ParamSpec {
-                    name: format!("lstm{l}.w_ih"),
-                    shape: vec![fan_in, 4 * h],
-                    init: b,
-                },
-                ParamSpec {
-                    name: format!("lstm{l}.w_hh"),
-                    shape: vec![h, 4 * h],
-                    init: b,
-                },
-                ParamSpec {
-                    name: format!("lstm{l}.bias"),
-                    shape: vec![4 * h],
-                    init: b,
-                },
+                ParamSpec::new(&format!("lstm{l}.w_ih"), &[fan_in, 4 * h], b),
+                ParamSpec::new(&format!("lstm{l}.w_hh"), &[h, 4 * h], b),
+                ParamSpec::new(&format!("lstm{l}.bias"), &[4 * h], b),
             ]
         };
-        let mut v = vec![ParamSpec {
-            name: "embed".into(),
-            shape: vec![self.vocab, self.embed],
-            init: Init::Normal(1.0),
-        }];
+        let mut v = vec![ParamSpec::new(
+            "embed",
+            &[self.vocab, self.embed],
+            Init::Normal(1.0),
+        )];
         v.extend(lstm(1, self.embed));
         v.extend(lstm(2, h));
         v.extend(ParamSpec::linear("out", h, self.vocab));

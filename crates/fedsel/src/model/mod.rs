@@ -11,9 +11,16 @@
 //! By convention the last two parameters of every architecture are the
 //! output layer's weight and bias, so strategies such as HiCS-FL can address
 //! the output layer's update.
+//!
+//! A parameter may be non-trainable ([`ParamSpec::trainable`]): BatchNorm's running
+//! statistics, which PyTorch keeps as buffers in the model's state dict. They travel in
+//! the flat vector and are averaged with the parameters, as the state dict is in the
+//! HiCS-FL code, but take no gradient and no optimizer step: the forward pass in
+//! training mode computes their new values ([`Architecture::forward_train`]).
 
 pub mod cnn_cifar;
 pub mod cnn_fmnist;
+pub mod cnn_hics_code;
 pub mod logreg;
 pub mod lstm;
 pub mod mlp;
@@ -37,6 +44,16 @@ pub enum Init {
     Uniform(f32),
     /// N(0, σ²); PyTorch's embedding default is σ = 1.
     Normal(f32),
+    /// Every entry the same (BatchNorm's scale 1 and shift 0, PReLU's slope 0.25).
+    Constant(f32),
+}
+
+impl Init {
+    /// Xavier (Glorot) uniform with `gain`: U(−b, b), b = gain·√(6 / (fan_in + fan_out)),
+    /// as PyTorch's `xavier_uniform_`.
+    pub fn xavier(fan_in: usize, fan_out: usize, gain: f32) -> Self {
+        Self::Uniform(gain * (6.0 / (fan_in + fan_out) as f32).sqrt())
+    }
 }
 
 /// One named parameter tensor.
@@ -48,6 +65,9 @@ pub struct ParamSpec {
     pub shape: Vec<usize>,
     /// Initialisation.
     pub init: Init,
+    /// Whether the optimizer trains it; `false` for running statistics, which only the
+    /// forward pass in training mode changes.
+    pub trainable: bool,
 }
 
 impl ParamSpec {
@@ -56,6 +76,15 @@ impl ParamSpec {
             name: name.into(),
             shape: shape.to_vec(),
             init,
+            trainable: true,
+        }
+    }
+
+    /// A non-trainable entry (a running statistic) of `n` values, all `value` at first.
+    pub(crate) fn running(name: &str, n: usize, value: f32) -> Self {
+        Self {
+            trainable: false,
+            ..Self::new(name, &[n], Init::Constant(value))
         }
     }
 
@@ -132,6 +161,18 @@ pub trait Architecture: Send + Sync {
     fn params(&self) -> Vec<ParamSpec>;
     /// Logits `[batch, classes]`; `dropout` is `Some` only while training.
     fn forward(&self, p: &[Tensor<1>], x: Batch, dropout: Option<&mut Dropout<'_>>) -> Tensor<2>;
+
+    /// Logits in training mode and the new values of the non-trainable parameters that
+    /// the pass updates, as (parameter index, value) without autodiff. Architectures
+    /// without non-trainable parameters keep this default.
+    fn forward_train(
+        &self,
+        p: &[Tensor<1>],
+        x: Batch,
+        dropout: &mut Dropout<'_>,
+    ) -> (Tensor<2>, Vec<(usize, Tensor<1>)>) {
+        (self.forward(p, x, Some(dropout)), Vec::new())
+    }
 }
 
 /// Where each parameter lives in the flat vector.
@@ -188,6 +229,7 @@ impl ParamLayout {
                     let z: f32 = StandardNormal.sample(&mut rng);
                     z * sd
                 })),
+                Init::Constant(v) => out.extend(std::iter::repeat_n(v, s.numel())),
             }
         }
         out
@@ -252,7 +294,10 @@ pub fn build(cfg: &ModelConfig, data: &Dataset) -> Result<Box<dyn Architecture>,
                 hidden: None,
             }))
         }
-        (_, "cnn_fmnist" | "cnn_hics") => Err(mismatch("1×28×28 images")),
+        (Inputs::Dense { shape, .. }, "cnn_hics_code") if shape[..] == [1, 28, 28] => {
+            Ok(Box::new(cnn_hics_code::CnnHicsCode { classes }))
+        }
+        (_, "cnn_fmnist" | "cnn_hics" | "cnn_hics_code") => Err(mismatch("1×28×28 images")),
         (Inputs::Dense { shape, .. }, "cnn_cifar") if shape[..] == [3, 32, 32] => {
             Ok(Box::new(cnn_cifar::CnnCifar { classes }))
         }

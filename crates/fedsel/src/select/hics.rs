@@ -13,8 +13,8 @@
 //!   has the scale T was tuned for: with momentum, longer local work or a model
 //!   that already fits a client's classes, the softmax saturates to one-hot or
 //!   flattens to uniform. The positive part keeps Eq. 5's linearity and has no
-//!   scale to tune; on FMNIST setting (2) it ranks clients by true entropy at
-//!   ρ ≈ 0.9 where the softmax reaches ρ ≈ 0.5–0.6 (README, issue 6 note).
+//!   scale to tune (README, "HiCS-FL's entropy estimate", for how each estimate
+//!   separates the mixed clients on FMNIST).
 //! - Distance (Eq. 9): λ·arccos(cos(Δb_u, Δb_k)) + (1 − λ)·|Ĥ_u − Ĥ_k|.
 //! - Ward clustering of the rows of that matrix into M groups (decisions.md).
 //! - Optionally (`cs_switch`, the authors' code, off by default): in a round where
@@ -24,9 +24,21 @@
 //!   γ⁰(1 − t/T), then a member ∝ p_k; a round never holds a client twice, so
 //!   a group without unpicked members is redrawn.
 //!
-//! The estimates see only the bias (or weight) part of the uploaded updates.
-//! The **oracle** label histograms this selector asks for feed the diagnostic
-//! `entropy.csv` (true vs estimated entropy) and nothing else.
+//! Protocol `code` ([`HicsProtocol::Code`]) changes three of these as the authors'
+//! `server_hics.py` does: the member is drawn uniformly (`np.random.choice` without `p`);
+//! the distance is arccos over the whole output-layer update [ΔW, Δb] plus λ|Ĥ_u − Ĥ_k|
+//! (`get_matrix_similarity_from_grads_entropy`); and when the config says the partition
+//! has several α groups, the updates stop being refreshed after warm-up (the code's
+//! `multialpha` branch), so Ĥ and the clusters rest on each client's warm-up update.
+//! The code's other choices (ΔW's row means at T = 0.001, M = 5 for K = 10, the switch at
+//! 0.1, one epoch of FedProx, its CNN) are keys of their own, which the
+//! `configs/hics/*_code.toml` configs set ([`HicsProtocol`]).
+//!
+//! The estimates see only the output-layer part of the uploaded updates. The
+//! **oracle** label histograms this selector asks for feed the diagnostic
+//! `entropy.csv` (true vs estimated entropy, the AUC of Ĥ for the high-entropy group
+//! and that group's share of the selections; see [`crate::diagnostics`]) and nothing
+//! else.
 
 use rand::Rng as _;
 use rand::seq::index::sample;
@@ -36,8 +48,8 @@ use super::{
     ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind, clustered,
     ward,
 };
-use crate::config::{HicsConfig, HicsEstimator, HicsStatistic};
-use crate::diagnostics::shannon_entropy;
+use crate::config::{HicsConfig, HicsEstimator, HicsProtocol, HicsStatistic};
+use crate::diagnostics::{auc, group_share, high_entropy_group, shannon_entropy};
 use crate::error::Error;
 use crate::rng::Rng;
 
@@ -74,7 +86,12 @@ pub struct Hics {
     rounds: usize,
     sizes: Vec<usize>,
     weights: Vec<f64>,
-    true_entropy: Option<Vec<f64>>,
+    /// **Oracle** (diagnostic only): each client's true label entropy and whether it is
+    /// in the high-entropy group.
+    truth: Option<(Vec<f64>, Option<Vec<bool>>)>,
+    /// Whether this round's selection was a warm-up draw; set by `select` before the
+    /// round's `observe`, so it needs no checkpointing.
+    warming_up: bool,
     state: State,
     log: String,
 }
@@ -97,7 +114,8 @@ impl Hics {
             rounds: 0,
             sizes: Vec::new(),
             weights: Vec::new(),
-            true_entropy: None,
+            truth: None,
+            warming_up: false,
             state: State::default(),
             log: String::new(),
         }
@@ -136,20 +154,20 @@ impl Hics {
             .collect()
     }
 
-    /// Eq. 9 distances between all clients.
+    /// Eq. 9 distances between all clients; under protocol `code` the code's
+    /// arccos(cos(G_u, G_k)) + λ|Ĥ_u − Ĥ_k| over the whole stored update G = [Δb, ΔW].
+    /// The angle is 0 when either update is zero (no report yet), as in both.
     fn distances(&self, h: &[f64]) -> Vec<Vec<f64>> {
         let c = self.classes;
-        let bias: Vec<Vec<f64>> = (0..self.n)
+        let code = self.cfg.protocol == HicsProtocol::Code;
+        let part: Vec<Vec<f64>> = (0..self.n)
             .map(|k| {
                 let u = &self.state.latest[k];
-                if u.is_empty() {
-                    vec![0.0; c]
-                } else {
-                    u[..c].iter().map(|&x| f64::from(x)).collect()
-                }
+                let used = if code { &u[..] } else { &u[..c.min(u.len())] };
+                used.iter().map(|&x| f64::from(x)).collect()
             })
             .collect();
-        let norm: Vec<f64> = bias
+        let norm: Vec<f64> = part
             .iter()
             .map(|b| b.iter().map(|x| x * x).sum::<f64>().sqrt())
             .collect();
@@ -164,14 +182,93 @@ impl Hics {
                         let angle = if norm[u] == 0.0 || norm[k] == 0.0 {
                             0.0
                         } else {
-                            let dot: f64 = bias[u].iter().zip(&bias[k]).map(|(a, b)| a * b).sum();
+                            let dot: f64 = part[u].iter().zip(&part[k]).map(|(a, b)| a * b).sum();
                             (dot / (norm[u] * norm[k])).clamp(-1.0, 1.0).acos()
                         };
-                        l * angle + (1.0 - l) * (h[u] - h[k]).abs()
+                        let gap = (h[u] - h[k]).abs();
+                        if code {
+                            angle + l * gap
+                        } else {
+                            l * angle + (1.0 - l) * gap
+                        }
                     })
                     .collect()
             })
             .collect()
+    }
+
+    /// Eq. 10: `want` distinct clients among the available members of the Ward groups.
+    /// Group m is drawn with probability ∝ exp(γ_t H̄_m), γ_t = γ⁰(1 − t/T), then a member
+    /// ∝ p_k (protocol `code`: uniformly); a group with no unpicked member is redrawn.
+    fn draw_eq10(
+        &self,
+        groups: Vec<Vec<usize>>,
+        h: &[f64],
+        round: usize,
+        want: usize,
+        rng: &mut Rng,
+    ) -> Vec<usize> {
+        let gamma = self.cfg.gamma0 * (1.0 - round as f64 / self.rounds.max(1) as f64);
+        let score: Vec<f64> = groups
+            .iter()
+            .map(|g| gamma * g.iter().map(|&c| h[c]).sum::<f64>() / g.len() as f64)
+            .collect();
+        let top = score.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let pi: Vec<f64> = score.iter().map(|s| (s - top).exp()).collect();
+        let mut left = groups;
+        let mut clients = Vec::with_capacity(want);
+        while clients.len() < want {
+            // Redraw a group with no unpicked member left: draw among the non-empty ones.
+            let live: Vec<usize> = (0..left.len()).filter(|&g| !left[g].is_empty()).collect();
+            let total: f64 = live.iter().map(|&g| pi[g]).sum();
+            let mut u = rng.random::<f64>() * total;
+            let g = *live
+                .iter()
+                .find(|&&g| {
+                    u -= pi[g];
+                    u < 0.0
+                })
+                .unwrap_or(live.last().expect("fewer picks than available clients"));
+            let members = &mut left[g];
+            let i = match self.cfg.protocol {
+                HicsProtocol::Code => rng.random_range(0..members.len()),
+                HicsProtocol::Paper => {
+                    let mass: f64 = members.iter().map(|&c| self.weights[c]).sum();
+                    let mut v = rng.random::<f64>() * mass;
+                    members
+                        .iter()
+                        .position(|&c| {
+                            v -= self.weights[c];
+                            v < 0.0
+                        })
+                        .unwrap_or(members.len() - 1)
+                }
+            };
+            clients.push(members.remove(i));
+        }
+        clients.sort_unstable();
+        clients
+    }
+
+    /// Appends a round to `entropy.csv`: per client its true and estimated entropy and
+    /// how often it was selected, and per round the AUC of Ĥ for the high-entropy group
+    /// and the group's share of the selections (empty where undefined).
+    fn log_round(&mut self, round: usize, h: &[f64], clients: &[usize]) {
+        let Some((truth, group)) = &self.truth else {
+            return;
+        };
+        let show = |x: Option<f64>| x.map_or(String::new(), |v| format!("{v:.6}"));
+        let (round_auc, share) = match group {
+            Some(g) => (show(auc(h, g)), show(group_share(clients, g))),
+            None => (String::new(), String::new()),
+        };
+        for c in 0..self.n {
+            let picked = clients.iter().filter(|&&k| k == c).count();
+            self.log.push_str(&format!(
+                "{round},{c},{:.6},{:.6},{picked},{round_auc},{share}\n",
+                truth[c], h[c]
+            ));
+        }
     }
 
     fn warmup_rounds(&self, k: usize) -> usize {
@@ -198,10 +295,13 @@ impl Selector for Hics {
         self.rounds = setup.rounds;
         self.sizes = setup.sizes.clone();
         self.weights = setup.weights.clone();
-        self.true_entropy = setup.oracle_label_histograms.as_ref().map(|hs| {
-            hs.iter()
+        self.truth = setup.oracle_label_histograms.as_ref().map(|hs| {
+            let truth: Vec<f64> = hs
+                .iter()
                 .map(|h| shannon_entropy(&h.iter().map(|&c| c as f64).collect::<Vec<_>>()))
-                .collect()
+                .collect();
+            let group = high_entropy_group(&truth).map(|g| g.0);
+            (truth, group)
         });
         self.state = State {
             latest: vec![Vec::new(); self.n],
@@ -217,7 +317,8 @@ impl Selector for Hics {
     ) -> Result<Selection, Error> {
         let k = ctx.budget;
         let open = |c: &usize| ctx.available.binary_search(c).is_ok();
-        if ctx.round < self.warmup_rounds(k) && !self.state.unseen.is_empty() {
+        self.warming_up = ctx.round < self.warmup_rounds(k) && !self.state.unseen.is_empty();
+        if self.warming_up {
             let pool: Vec<usize> = self.state.unseen.iter().copied().filter(open).collect();
             let mut clients: Vec<usize> = sample(rng, pool.len(), k.min(pool.len()))
                 .into_iter()
@@ -231,66 +332,25 @@ impl Selector for Hics {
             });
         }
         let h = self.estimates();
-        if let Some(truth) = &self.true_entropy {
-            for c in 0..self.n {
-                self.log
-                    .push_str(&format!("{},{c},{:.6},{:.6}\n", ctx.round, truth[c], h[c]));
-            }
-        }
         let clusters_wanted = if self.cfg.clusters == 0 {
             k
         } else {
             self.cfg.clusters
         };
         let distances = self.distances(&h);
-        if self.cfg.cs_switch > 0.0 && variance(&h) >= self.cfg.cs_switch {
+        let clients = if self.cfg.cs_switch > 0.0 && variance(&h) >= self.cfg.cs_switch {
             let buckets = clustered::similarity_buckets(&distances, &self.sizes, k, rng);
-            return Ok(Selection {
-                clients: clustered::draw(&buckets, ctx.available, rng),
-                weights: None,
-            });
-        }
-        let merges = ward::linkage(&distances);
-        let groups: Vec<Vec<usize>> = ward::cut_into(&merges, self.n, clusters_wanted)
-            .into_iter()
-            .map(|g| g.into_iter().filter(open).collect::<Vec<_>>())
-            .filter(|g: &Vec<usize>| !g.is_empty())
-            .collect();
-        let gamma = self.cfg.gamma0 * (1.0 - ctx.round as f64 / self.rounds.max(1) as f64);
-        let score: Vec<f64> = groups
-            .iter()
-            .map(|g| gamma * g.iter().map(|&c| h[c]).sum::<f64>() / g.len() as f64)
-            .collect();
-        let top = score.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let pi: Vec<f64> = score.iter().map(|s| (s - top).exp()).collect();
-        let want = k.min(ctx.available.len());
-        let mut left: Vec<Vec<usize>> = groups;
-        let mut clients = Vec::with_capacity(want);
-        while clients.len() < want {
-            // Redraw a group with no unpicked member left: draw among the non-empty ones.
-            let live: Vec<usize> = (0..left.len()).filter(|&g| !left[g].is_empty()).collect();
-            let total: f64 = live.iter().map(|&g| pi[g]).sum();
-            let mut u = rng.random::<f64>() * total;
-            let g = *live
-                .iter()
-                .find(|&&g| {
-                    u -= pi[g];
-                    u < 0.0
-                })
-                .unwrap_or(live.last().expect("fewer picks than available clients"));
-            let members = &mut left[g];
-            let mass: f64 = members.iter().map(|&c| self.weights[c]).sum();
-            let mut v = rng.random::<f64>() * mass;
-            let i = members
-                .iter()
-                .position(|&c| {
-                    v -= self.weights[c];
-                    v < 0.0
-                })
-                .unwrap_or(members.len() - 1);
-            clients.push(members.remove(i));
-        }
-        clients.sort_unstable();
+            clustered::draw(&buckets, ctx.available, rng)
+        } else {
+            let merges = ward::linkage(&distances);
+            let groups: Vec<Vec<usize>> = ward::cut_into(&merges, self.n, clusters_wanted)
+                .into_iter()
+                .map(|g| g.into_iter().filter(open).collect::<Vec<_>>())
+                .filter(|g: &Vec<usize>| !g.is_empty())
+                .collect();
+            self.draw_eq10(groups, &h, ctx.round, k.min(ctx.available.len()), rng)
+        };
+        self.log_round(ctx.round, &h, &clients);
         Ok(Selection {
             clients,
             weights: None,
@@ -298,6 +358,13 @@ impl Selector for Hics {
     }
 
     fn observe(&mut self, feedback: &Feedback<'_>) {
+        // The code's `multialpha` branch: after warm-up the updates stay as they were.
+        let frozen = self.cfg.protocol == HicsProtocol::Code
+            && self.cfg.several_alpha_groups
+            && !self.warming_up;
+        if frozen {
+            return;
+        }
         if let Some(updates) = feedback.updates {
             for (&k, u) in feedback.selected.iter().zip(updates) {
                 self.state.latest[k] = u.clone();
@@ -315,12 +382,15 @@ impl Selector for Hics {
     }
 
     fn reports(&self) -> Vec<(String, String)> {
-        if self.true_entropy.is_none() {
+        if self.truth.is_none() {
             return Vec::new();
         }
         vec![(
             "entropy.csv".into(),
-            format!("round,client,true_entropy,estimated_entropy\n{}", self.log),
+            format!(
+                "round,client,true_entropy,estimated_entropy,selected,auc_high,share_high\n{}",
+                self.log
+            ),
         )]
     }
 }
@@ -422,6 +492,235 @@ mod tests {
                 clustered::draw(&buckets, ctx.available, &mut rng)
             );
             assert_eq!(pick(0.2, seed), pick(0.0, seed));
+        }
+    }
+
+    /// A selector past warm-up over `weights`, C = `classes`, T = 10 rounds, whose latest
+    /// updates are `latest`.
+    fn primed(cfg: HicsConfig, weights: &[f64], classes: usize, latest: Vec<Vec<f32>>) -> Hics {
+        let mut h = Hics::new(cfg);
+        h.setup(&Setup {
+            classes,
+            rounds: 10,
+            ..crate::select::testing::setup(weights)
+        });
+        h.state.latest = latest;
+        h.state.unseen.clear();
+        h
+    }
+
+    /// Eq. 9 by hand, C = 2, hidden width 2 (updates [Δb, ΔW]): clients 0 and 1 have
+    /// orthogonal biases (angle π/2) but full updates at cos ½ (angle π/3); client 2 has
+    /// not reported (angle 0). Ĥ = (0.2, 0.7, 0). Paper, λ = 0.1: d₀₁ = 0.1·π/2 + 0.9·0.5,
+    /// d₀₂ = 0.9·0.2, d₁₂ = 0.9·0.7. Code, λ = 10: d₀₁ = π/3 + 10·0.5, d₀₂ = 2, d₁₂ = 7.
+    #[test]
+    fn eq9_distances_match_hand_values_under_both_protocols() {
+        let latest = vec![
+            vec![1.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+            vec![0.0, 1.0, 1.0, 0.0, 0.0, 0.0],
+            Vec::new(),
+        ];
+        let h = [0.2, 0.7, 0.0];
+        let check = |d: Vec<Vec<f64>>, d01: f64, d02: f64, d12: f64| {
+            for (u, k, want) in [(0, 1, d01), (0, 2, d02), (1, 2, d12)] {
+                assert!((d[u][k] - want).abs() < 1e-12, "d[{u}][{k}] = {}", d[u][k]);
+                assert_eq!(d[u][k], d[k][u]);
+            }
+            assert!((0..3).all(|i| d[i][i] == 0.0));
+        };
+        let third = [1.0 / 3.0; 3];
+        let paper = primed(HicsConfig::default(), &third, 2, latest.clone());
+        let pi = std::f64::consts::PI;
+        check(paper.distances(&h), 0.1 * pi / 2.0 + 0.45, 0.18, 0.63);
+        let code = primed(
+            HicsConfig {
+                protocol: HicsProtocol::Code,
+                lambda: 10.0,
+                ..HicsConfig::default()
+            },
+            &third,
+            2,
+            latest,
+        );
+        check(code.distances(&h), pi / 3.0 + 5.0, 2.0, 7.0);
+    }
+
+    /// Eq. 10 by hand. Clients 0, 1 send (1, −1, −1) and clients 2, 3 send (1, 1, −2), so
+    /// the positive part gives Ĥ = (0, 0, ln 2, ln 2) and Ward's two groups are {0, 1} and
+    /// {2, 3}. At t = 5 of T = 10 with γ⁰ = 2, γ_t = 1 and π = (1, 2)/3. With p = (0.1,
+    /// 0.3, 0.2, 0.4) one pick (K = 1) lands on client k with probability π_m·p_k/Σ_m p:
+    /// (1/12, 1/4, 2/9, 4/9); under protocol `code` the member is uniform: (1/6, 1/6, 1/3,
+    /// 1/3). (A constant γ = γ⁰ would give π = (1, 4)/5.)
+    #[test]
+    fn eq10_draws_follow_the_annealed_cluster_and_member_probabilities() {
+        const TRIALS: usize = 20_000;
+        let latest = vec![
+            vec![1.0, -1.0, -1.0],
+            vec![1.0, -1.0, -1.0],
+            vec![1.0, 1.0, -2.0],
+            vec![1.0, 1.0, -2.0],
+        ];
+        let ctx = RoundContext {
+            round: 5,
+            available: &[0, 1, 2, 3],
+            budget: 1,
+        };
+        let frequencies = |protocol: HicsProtocol| {
+            let mut s = primed(
+                HicsConfig {
+                    protocol,
+                    estimator: HicsEstimator::PositivePart,
+                    gamma0: 2.0,
+                    clusters: 2,
+                    ..HicsConfig::default()
+                },
+                &[0.1, 0.3, 0.2, 0.4],
+                3,
+                latest.clone(),
+            );
+            let mut rng = crate::rng::stream(7, crate::rng::Purpose::Selection, 5, 0);
+            let mut q = crate::select::testing::FixedLosses(vec![0.0; 4]);
+            let mut counts = [0usize; 4];
+            for _ in 0..TRIALS {
+                for c in s.select(&ctx, &mut q, &mut rng).unwrap().clients {
+                    counts[c] += 1;
+                }
+            }
+            counts
+        };
+        let assert_close = |counts: [usize; 4], p: [f64; 4]| {
+            for (c, p) in counts.iter().zip(p) {
+                let f = *c as f64 / TRIALS as f64;
+                let se = (p * (1.0 - p) / TRIALS as f64).sqrt();
+                assert!((f - p).abs() < 5.0 * se, "{counts:?} vs {p}");
+            }
+        };
+        let paper = frequencies(HicsProtocol::Paper);
+        assert_close(paper, [1.0 / 12.0, 0.25, 2.0 / 9.0, 4.0 / 9.0]);
+        let code = frequencies(HicsProtocol::Code);
+        assert_close(code, [1.0 / 6.0, 1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0]);
+    }
+
+    /// The weight is stored `[hidden, C]` row-major (`ParamSpec::linear`'s `[fan_in,
+    /// fan_out]`), so class j's incoming weights are column j. A ΔW whose only non-zero
+    /// column is class 1's, (0.4, 0.2), gives the per-class means (0, 0.3, 0); averaging
+    /// the other axis would give two values (2/15, 1/15) instead.
+    #[test]
+    fn the_weight_row_statistic_averages_each_class_column() {
+        let s = primed(
+            HicsConfig {
+                statistic: HicsStatistic::WeightRows,
+                ..HicsConfig::default()
+            },
+            &[1.0],
+            3,
+            vec![vec![9.0, 9.0, 9.0, 0.0, 0.4, 0.0, 0.0, 0.2, 0.0]],
+        );
+        let x = s.statistic(0);
+        assert_eq!(x.len(), 3);
+        assert!(
+            x[0] == 0.0 && x[2] == 0.0 && (x[1] - 0.3).abs() < 1e-7,
+            "{x:?}"
+        );
+    }
+
+    /// Protocol `code` with several α groups keeps each client's warm-up update (the
+    /// code's `multialpha` branch): N = 4, K = 2, two warm-up rounds refresh the updates,
+    /// round 2's does not. With one α group, or under the paper, round 2 refreshes too.
+    #[test]
+    fn the_code_protocol_freezes_updates_after_warm_up_with_several_alpha_groups() {
+        let run = |protocol: HicsProtocol, several_alpha_groups: bool| {
+            let mut s = Hics::new(HicsConfig {
+                protocol,
+                several_alpha_groups,
+                ..HicsConfig::default()
+            });
+            s.setup(&Setup {
+                classes: 2,
+                rounds: 10,
+                ..crate::select::testing::setup(&[0.25; 4])
+            });
+            let mut rng = crate::rng::stream(3, crate::rng::Purpose::Selection, 0, 0);
+            let mut q = crate::select::testing::FixedLosses(vec![0.0; 4]);
+            for round in 0..3 {
+                let ctx = RoundContext {
+                    round,
+                    available: &[0, 1, 2, 3],
+                    budget: 2,
+                };
+                let picked = s.select(&ctx, &mut q, &mut rng).unwrap().clients;
+                let updates: Vec<Vec<f32>> = picked
+                    .iter()
+                    .map(|_| vec![round as f32 + 1.0, 0.0])
+                    .collect();
+                s.observe(&Feedback {
+                    round,
+                    selected: &picked,
+                    train_losses: &[0.0, 0.0],
+                    updates: Some(&updates),
+                });
+            }
+            // Round 0 and 1 wrote 1 and 2; round 2 writes 3 unless frozen.
+            s.state.latest.iter().map(|u| u[0]).fold(0f32, f32::max)
+        };
+        assert_eq!(run(HicsProtocol::Code, true), 2.0);
+        assert_eq!(run(HicsProtocol::Code, false), 3.0);
+        assert_eq!(run(HicsProtocol::Paper, true), 3.0);
+    }
+
+    /// `entropy.csv` rows after warm-up: true entropies (0, 0, ln 2, ln 2) make {2, 3} the
+    /// high-entropy group; the estimates of the Eq. 10 test separate it perfectly (AUC 1),
+    /// and the share is the picked client's membership.
+    #[test]
+    fn the_entropy_report_logs_selections_auc_and_share() {
+        let mut s = Hics::new(HicsConfig {
+            estimator: HicsEstimator::PositivePart,
+            clusters: 2,
+            ..HicsConfig::default()
+        });
+        s.setup(&Setup {
+            classes: 3,
+            rounds: 10,
+            oracle_label_histograms: Some(vec![
+                vec![10, 0, 0],
+                vec![0, 10, 0],
+                vec![5, 5, 0],
+                vec![0, 5, 5],
+            ]),
+            ..crate::select::testing::setup(&[0.25; 4])
+        });
+        s.state.latest = vec![
+            vec![1.0, -1.0, -1.0],
+            vec![-1.0, 1.0, -1.0],
+            vec![1.0, 1.0, -2.0],
+            vec![-2.0, 1.0, 1.0],
+        ];
+        s.state.unseen.clear();
+        let ctx = RoundContext {
+            round: 5,
+            available: &[0, 1, 2, 3],
+            budget: 1,
+        };
+        let mut rng = crate::rng::stream(1, crate::rng::Purpose::Selection, 5, 0);
+        let mut q = crate::select::testing::FixedLosses(vec![0.0; 4]);
+        let picked = s.select(&ctx, &mut q, &mut rng).unwrap().clients;
+        let (name, csv) = &s.reports()[0];
+        assert_eq!(name, "entropy.csv");
+        let rows: Vec<Vec<&str>> = csv
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').collect())
+            .collect();
+        assert_eq!(rows.len(), 4);
+        let share = if picked[0] >= 2 {
+            "1.000000"
+        } else {
+            "0.000000"
+        };
+        for (c, r) in rows.iter().enumerate() {
+            assert_eq!(r[0], "5");
+            assert_eq!(r[4], if picked.contains(&c) { "1" } else { "0" });
+            assert_eq!((r[5], r[6]), ("1.000000", share));
         }
     }
 
