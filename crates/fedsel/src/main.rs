@@ -329,6 +329,11 @@ fn run(args: RunArgs) -> Result<()> {
             );
         }
     }
+    if let Some(w) = fedsel::report::f3ast_weight_mean(&out)? {
+        println!(
+            "  F3AST aggregation weights: Σ_S p_k/r_k averages {w:.4} per round (f3ast_weights.csv)"
+        );
+    }
     if let Ok(t) = std::fs::read_to_string(out.join("selector_time.csv"))
         && let Some((fit, sel)) = t.lines().nth(1).and_then(|l| l.split_once(','))
     {

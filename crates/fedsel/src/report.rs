@@ -338,6 +338,28 @@ fn solver_record(dir: &Path) -> Result<Option<(usize, usize, f64, f64)>> {
     Ok(Some(out))
 }
 
+/// The mean over rounds of Σ_S of F3AST's aggregation weights in a run directory
+/// (`f3ast_weights.csv`), or `None` for other strategies. About 1 means the aggregate is
+/// not inflated (F3AST under protocol `code`); about K under `paper` early in a run.
+pub fn f3ast_weight_mean(dir: &Path) -> Result<Option<f64>> {
+    let path = dir.join("f3ast_weights.csv");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| bad(&path, e))?;
+    let sums = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            l.rsplit(',')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .ok_or_else(|| bad(&path, format!("bad row `{l}`")))
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    Ok((!sums.is_empty()).then(|| sums.iter().sum::<f64>() / sums.len() as f64))
+}
+
 fn pm(xs: &[f64], digits: usize) -> String {
     let (m, s) = mean_std(xs);
     format!("{m:.digits$} ± {s:.digits$}")
@@ -682,9 +704,33 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             }
         }
     }
-    let tables: Vec<&Table> = [&rtt, &bf, &sp, &sel, &solver]
+    let mut weights = Table {
+        title: "F3AST: mean over rounds of the sum of each round's aggregation weights".into(),
+        file: "f3ast_weights_summary.csv",
+        header: ["setting", "strategy", "mean weight sum"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        rows: Vec::new(),
+    };
+    for ((_, setting), strategies) in &groups {
+        for ((_, strategy), runs) in strategies {
+            let means = runs
+                .iter()
+                .map(|r| f3ast_weight_mean(&r.dir))
+                .collect::<Result<Vec<_>>>()?;
+            let means: Vec<f64> = means.into_iter().flatten().collect();
+            if !means.is_empty() {
+                weights
+                    .rows
+                    .push(vec![setting.clone(), strategy.clone(), pm(&means, 4)]);
+            }
+        }
+    }
+    let optional = ["fedgs_solver_summary.csv", "f3ast_weights_summary.csv"];
+    let tables: Vec<&Table> = [&rtt, &bf, &sp, &sel, &solver, &weights]
         .into_iter()
-        .filter(|t| !t.rows.is_empty() || t.file != "fedgs_solver_summary.csv")
+        .filter(|t| !t.rows.is_empty() || !optional.contains(&t.file))
         .collect();
     for t in tables {
         t.write_csv(dir)?;
