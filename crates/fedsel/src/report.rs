@@ -360,6 +360,40 @@ pub fn f3ast_weight_mean(dir: &Path) -> Result<Option<f64>> {
     Ok((!sums.is_empty()).then(|| sums.iter().sum::<f64>() / sums.len() as f64))
 }
 
+/// A table of one row per (setting, method) from the method's runs; methods for which
+/// `row` gives `None` (runs of another strategy) get no row.
+fn per_method(
+    title: &str,
+    file: &'static str,
+    columns: &[&str],
+    groups: &BTreeMap<(usize, String), ByStrategy>,
+    row: impl Fn(&[Run]) -> Result<Option<Vec<String>>>,
+) -> Result<Table> {
+    let mut table = Table {
+        title: title.into(),
+        file,
+        header: ["setting", "strategy"]
+            .iter()
+            .chain(columns)
+            .map(|s| s.to_string())
+            .collect(),
+        rows: Vec::new(),
+    };
+    for ((_, setting), strategies) in groups {
+        for ((_, strategy), runs) in strategies {
+            if let Some(cells) = row(runs)? {
+                table.rows.push(
+                    [setting.clone(), strategy.clone()]
+                        .into_iter()
+                        .chain(cells)
+                        .collect(),
+                );
+            }
+        }
+    }
+    Ok(table)
+}
+
 fn pm(xs: &[f64], digits: usize) -> String {
     let (m, s) = mean_std(xs);
     format!("{m:.digits$} ± {s:.digits$}")
@@ -675,58 +709,47 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         },
         baseline.as_deref().unwrap_or("-")
     );
-    let mut solver = Table {
-        title: "FedGS solver: rounds proven optimal, mean gap to the upper bound, mean graph distance among the selected".into(),
-        file: "fedgs_solver_summary.csv",
-        header: ["setting", "strategy", "rounds proven", "rounds", "mean gap", "mean selected distance"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        rows: Vec::new(),
-    };
-    for ((_, setting), strategies) in &groups {
-        for ((_, strategy), runs) in strategies {
+    let solver = per_method(
+        "FedGS solver: rounds proven optimal, mean gap to the upper bound, mean graph distance among the selected",
+        "fedgs_solver_summary.csv",
+        &[
+            "rounds proven",
+            "rounds",
+            "mean gap",
+            "mean selected distance",
+        ],
+        &groups,
+        |runs| {
             let mut total = (0, 0, 0.0, 0.0);
             for r in runs {
                 if let Some(x) = solver_record(&r.dir)? {
                     total = (total.0 + x.0, total.1 + x.1, total.2 + x.2, total.3 + x.3);
                 }
             }
-            if total.1 > 0 {
-                solver.rows.push(vec![
-                    setting.clone(),
-                    strategy.clone(),
+            Ok((total.1 > 0).then(|| {
+                vec![
                     total.0.to_string(),
                     total.1.to_string(),
                     format!("{:.6}", total.2 / total.1 as f64),
                     format!("{:.4}", total.3 / total.1 as f64),
-                ]);
-            }
-        }
-    }
-    let mut weights = Table {
-        title: "F3AST: mean over rounds of the sum of each round's aggregation weights".into(),
-        file: "f3ast_weights_summary.csv",
-        header: ["setting", "strategy", "mean weight sum"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        rows: Vec::new(),
-    };
-    for ((_, setting), strategies) in &groups {
-        for ((_, strategy), runs) in strategies {
+                ]
+            }))
+        },
+    )?;
+    let weights = per_method(
+        "F3AST: mean over rounds of the sum of each round's aggregation weights",
+        "f3ast_weights_summary.csv",
+        &["mean weight sum"],
+        &groups,
+        |runs| {
             let means = runs
                 .iter()
                 .map(|r| f3ast_weight_mean(&r.dir))
                 .collect::<Result<Vec<_>>>()?;
             let means: Vec<f64> = means.into_iter().flatten().collect();
-            if !means.is_empty() {
-                weights
-                    .rows
-                    .push(vec![setting.clone(), strategy.clone(), pm(&means, 4)]);
-            }
-        }
-    }
+            Ok((!means.is_empty()).then(|| vec![pm(&means, 4)]))
+        },
+    )?;
     let optional = ["fedgs_solver_summary.csv", "f3ast_weights_summary.csv"];
     let tables: Vec<&Table> = [&rtt, &bf, &sp, &sel, &solver, &weights]
         .into_iter()
