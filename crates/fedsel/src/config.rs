@@ -964,8 +964,8 @@ pub enum AvailabilityConfig {
         period: usize,
     },
     /// A recorded trace: a CSV with header `round,client`, one row per active pair;
-    /// rounds past its end repeat it cyclically. A relative path is taken from the
-    /// working directory.
+    /// rounds past its end repeat it cyclically. A relative path in a config file is
+    /// taken from that file's directory ([`anchor_paths`]).
     Trace {
         /// The CSV file.
         trace: PathBuf,
@@ -1051,6 +1051,10 @@ const STRATEGIES: &[&str] = &[
     "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast", "hics",
     "cs1", "cs2", "divfl",
 ];
+
+/// Floats the Synthetic generator may produce (4 GB): far above every paper's size
+/// (1000 users of dimension 60), far below what would exhaust a workstation.
+const SYNTHETIC_MAX_FLOATS: usize = 1_000_000_000;
 
 fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
     if ok {
@@ -1149,20 +1153,34 @@ impl Config {
         source_name: &str,
         overrides: &[String],
     ) -> Result<Self, ConfigError> {
-        let mut table: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    source_name: source_name.into(),
-                    message: e.to_string(),
-                })?;
+        let table = parse_toml(text, source_name)?;
+        Self::from_table(table, source_name, overrides)
+    }
+
+    /// [`from_toml_str`](Self::from_toml_str) of an already parsed table.
+    pub fn from_table(
+        mut table: toml::Table,
+        source_name: &str,
+        overrides: &[String],
+    ) -> Result<Self, ConfigError> {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
+        let mut config = Self::read_keys(table, source_name)?;
+        config.validate()?;
+        config.resolve();
+        Ok(config)
+    }
+
+    /// Reads a table without validating its values: every key must be one the config has,
+    /// and a wrong key or type is an error naming `source_name`. A sweep checks its base
+    /// file this way, so that a mistake there names the base file, not the sweep.
+    pub fn read_keys(mut table: toml::Table, source_name: &str) -> Result<Self, ConfigError> {
         let defaults = toml::Table::try_from(Config::default()).expect("the default serializes");
         inherit_kinds(&mut table, &defaults);
         let given = table.clone();
         let de = toml::Value::Table(table);
-        let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             ConfigError::Parse {
                 source_name: source_name.into(),
@@ -1171,8 +1189,6 @@ impl Config {
         })?;
         let read = toml::Table::try_from(&config).expect("a Config always serializes");
         reject_ignored_keys(&given, &read, "")?;
-        config.validate()?;
-        config.resolve();
         Ok(config)
     }
 
@@ -1193,11 +1209,14 @@ impl Config {
         match path {
             None => Self::from_toml_str("", "built-in default", overrides),
             Some(p) => {
+                let name = p.display().to_string();
                 let text = std::fs::read_to_string(p).map_err(|e| ConfigError::Parse {
-                    source_name: p.display().to_string(),
+                    source_name: name.clone(),
                     message: e.to_string(),
                 })?;
-                Self::from_toml_str(&text, &p.display().to_string(), overrides)
+                let mut table = parse_toml(&text, &name)?;
+                anchor_paths(&mut table, p.parent().unwrap_or(Path::new("")));
+                Self::from_table(table, &name, overrides)
             }
         }
     }
@@ -1235,6 +1254,23 @@ impl Config {
                 check(*users > 0, "dataset.users", "must be at least 1")?;
                 check(*dim > 0, "dataset.dim", "must be at least 1")?;
                 check(*classes >= 2, "dataset.classes", "must be at least 2")?;
+                // A user holds about 450 examples on average (⌊LogNormal(4, 2)⌋ + 50), so
+                // users·dim floats times 450 must fit in memory; refuse before generating.
+                let floats = users.saturating_mul(*dim).saturating_mul(450);
+                check(
+                    floats <= SYNTHETIC_MAX_FLOATS,
+                    "dataset.users",
+                    format!(
+                        "{users} users of dimension {dim} need about {} GB; the limit is {} GB",
+                        floats / 250_000_000,
+                        SYNTHETIC_MAX_FLOATS / 250_000_000
+                    ),
+                )?;
+                check(
+                    classes.saturating_mul(*dim) <= 100_000_000,
+                    "dataset.classes",
+                    "classes × dim must stay below 1e8",
+                )?;
                 check_prob(*test_fraction, "dataset.test_fraction", true, true)?;
             }
             DatasetConfig::Shakespeare { train_fraction, .. } => {
@@ -1511,7 +1547,30 @@ impl std::fmt::Display for ConfigWarning {
     }
 }
 
-/// Sets `a.b.c = value` in a TOML table; the value is parsed as TOML, else taken as a string.
+/// Parses TOML text, naming `source_name` in the error.
+pub(crate) fn parse_toml(text: &str, source_name: &str) -> Result<toml::Table, ConfigError> {
+    text.parse()
+        .map_err(|e: toml::de::Error| ConfigError::Parse {
+            source_name: source_name.into(),
+            message: e.to_string(),
+        })
+}
+
+/// Makes the relative file paths a config file names (the availability trace) relative to
+/// `dir`, the file's own directory, so a config runs the same from any working directory,
+/// as a sweep's `base` already does. Paths given with `--set` stay relative to the
+/// working directory.
+pub fn anchor_paths(table: &mut toml::Table, dir: &Path) {
+    if let Some(toml::Value::String(p)) = table
+        .get_mut("availability")
+        .and_then(toml::Value::as_table_mut)
+        .and_then(|a| a.get_mut("trace"))
+        && Path::new(p.as_str()).is_relative()
+    {
+        *p = dir.join(p.as_str()).display().to_string();
+    }
+}
+
 /// A table that names no `kind` takes the built-in default's, at any depth, so that a partial
 /// override such as `--set dataset.users=50` refines the default dataset instead of naming
 /// none. A key the inherited kind does not have is still an error that names it.
@@ -1568,7 +1627,8 @@ fn reject_ignored_keys(
     Ok(())
 }
 
-fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), ConfigError> {
+/// Sets `a.b.c = value` in a TOML table; the value is parsed as TOML, else taken as a string.
+pub(crate) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), ConfigError> {
     let (key, raw) = spec
         .split_once('=')
         .ok_or_else(|| ConfigError::BadOverride(spec.into()))?;
@@ -1613,6 +1673,16 @@ mod tests {
         // An explicit kind still replaces the default's table.
         let c = Config::load(None, &["availability={ kind = \"ln\", beta = 0.5 }".into()]).unwrap();
         assert_eq!(c.availability, AvailabilityConfig::Ln { beta: 0.5 });
+    }
+
+    /// A billion Synthetic users is refused by validation, before the generator runs (it
+    /// used to spin until the memory ran out); the paper sizes pass.
+    #[test]
+    fn synthetic_size_is_bounded_before_generating() {
+        let load = |users: &str| Config::load(None, &[format!("dataset.users={users}")]);
+        let e = load("1000000000").unwrap_err().to_string();
+        assert!(e.contains("dataset.users") && e.contains("GB"), "{e}");
+        load("1000").unwrap();
     }
 
     #[test]

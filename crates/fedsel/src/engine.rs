@@ -666,6 +666,19 @@ pub fn resume(
     )
 }
 
+/// Refuses a checkpoint written under another config. Callers run it before they touch
+/// any file of the run, so a refused resume leaves the run's rows and summary as they were.
+pub fn check_resumable(config: &Config, cp: &Checkpoint) -> Result<()> {
+    if cp.config_hash != config.hash() {
+        return Err(ConfigError::invalid(
+            "checkpoint",
+            "was written by a run with a different config (was config.resolved.toml edited?)",
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Runs the rounds of `exp` with a given selector, from the start or from a checkpoint.
 pub fn run_with(
     exp: &Experiment,
@@ -714,13 +727,7 @@ pub fn run_with(
     }
     let (start, mut global, mut server, mut states, mut summary) = match from {
         Some(cp) => {
-            if cp.config_hash != config_hash {
-                return Err(ConfigError::invalid(
-                    "checkpoint",
-                    "was written by a run with a different config",
-                )
-                .into());
-            }
+            check_resumable(cfg, &cp)?;
             selector.load(&cp.selector)?;
             (
                 cp.next_round,

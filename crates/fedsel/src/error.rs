@@ -118,6 +118,17 @@ pub enum Error {
         /// The output directory.
         dir: PathBuf,
     },
+    /// Another live `fedsel sweep` holds the output directory's lock.
+    #[error(
+        "{}: another sweep is running into this directory ({holder}); wait for it, or use another --out",
+        dir.display()
+    )]
+    SweepLocked {
+        /// The sweep's output directory.
+        dir: PathBuf,
+        /// What the lock file says about its holder (process id and start time).
+        holder: String,
+    },
     /// A figure could not be drawn.
     #[error("{path}: {reason}")]
     Plot {

@@ -64,6 +64,13 @@ enum Command {
         /// List the cells (and whether each is already finished) without running anything.
         #[arg(long)]
         dry_run: bool,
+        /// Override a key in every cell, before the axes: --set eval.every=5 (repeatable).
+        /// The cells' configs, and so their directories, change with it.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Rounds of every cell (same as --set rounds=N), e.g. to try a paper grid briefly.
+        #[arg(long)]
+        rounds: Option<usize>,
     },
     /// Write report.md and the table CSVs for a sweep directory.
     Report {
@@ -193,6 +200,8 @@ fn run(args: RunArgs) -> Result<()> {
             }
             let config = Config::load(Some(&dir.join("config.resolved.toml")), &[])?;
             let cp = fedsel::checkpoint::load(dir)?;
+            engine::check_resumable(&config, &cp)
+                .with_context(|| format!("resuming {}", dir.display()))?;
             (config, dir.clone(), Some(cp))
         }
         None => {
@@ -375,12 +384,14 @@ impl fedsel::sweep::SweepProgress for SweepBar {
 
 fn sweep(
     path: PathBuf,
+    set: &[String],
     out: PathBuf,
     jobs: Option<usize>,
     data_dir: Option<PathBuf>,
     dry_run: bool,
 ) -> Result<()> {
-    let sweep = fedsel::sweep::Sweep::load(&path)?;
+    let sweep = fedsel::sweep::Sweep::load(&path, set)
+        .with_context(|| format!("sweep {}", path.display()))?;
     if dry_run {
         let cells = sweep.cells()?;
         for c in &cells {
@@ -615,7 +626,12 @@ fn main() -> Result<()> {
             jobs,
             data_dir,
             dry_run,
-        }) => sweep(path, out, jobs, data_dir, dry_run),
+            mut set,
+            rounds,
+        }) => {
+            set.extend(rounds.map(|r| format!("rounds={r}")));
+            sweep(path, &set, out, jobs, data_dir, dry_run)
+        }
         Some(Command::Report { dir, smooth }) => {
             print!("{}", fedsel::report::write(&dir, smooth)?);
             Ok(())

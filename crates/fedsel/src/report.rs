@@ -367,7 +367,7 @@ fn per_method(
     file: &'static str,
     columns: &[&str],
     groups: &BTreeMap<(usize, String), ByStrategy>,
-    row: impl Fn(&[Run]) -> Result<Option<Vec<String>>>,
+    row: impl Fn(&[Run]) -> Result<Option<Vec<V>>>,
 ) -> Result<Table> {
     let mut table = Table {
         title: title.into(),
@@ -383,7 +383,7 @@ fn per_method(
         for ((_, strategy), runs) in strategies {
             if let Some(cells) = row(runs)? {
                 table.rows.push(
-                    [setting.clone(), strategy.clone()]
+                    [V::text(setting), V::text(strategy)]
                         .into_iter()
                         .chain(cells)
                         .collect(),
@@ -394,9 +394,52 @@ fn per_method(
     Ok(table)
 }
 
-fn pm(xs: &[f64], digits: usize) -> String {
+/// One table entry: markdown shows it for reading, the CSV keeps it as numbers.
+#[derive(Debug, Clone, PartialEq)]
+enum V {
+    Text(String),
+    /// A number shown with this many decimals.
+    Num(f64, usize),
+    /// A ratio: "2.15x" in markdown, 2.15 in the CSV.
+    Times(f64),
+    /// Mean ± std over seeds: one markdown column, `_mean` and `_std` CSV columns.
+    MeanStd(f64, f64, usize),
+    /// No value: "N/A" in markdown, an empty CSV field.
+    Na,
+}
+
+impl V {
+    fn text(s: impl Into<String>) -> Self {
+        V::Text(s.into())
+    }
+
+    fn markdown(&self) -> String {
+        match self {
+            V::Text(s) => s.clone(),
+            V::Num(x, d) => format!("{x:.d$}"),
+            V::Times(x) => format!("{x:.2}x"),
+            V::MeanStd(m, s, d) => format!("{m:.d$} ± {s:.d$}"),
+            V::Na => "N/A".into(),
+        }
+    }
+
+    /// The CSV fields of this entry in a column of `width` fields (2 for mean-std columns).
+    fn csv(&self, width: usize) -> Vec<String> {
+        let mut out = match self {
+            V::Text(s) => vec![s.clone()],
+            V::Num(x, d) => vec![format!("{x:.d$}")],
+            V::Times(x) => vec![format!("{x:.4}")],
+            V::MeanStd(m, s, d) => vec![format!("{m:.d$}"), format!("{s:.d$}")],
+            V::Na => vec![],
+        };
+        out.resize(width, String::new());
+        out
+    }
+}
+
+fn pm(xs: &[f64], digits: usize) -> V {
     let (m, s) = mean_std(xs);
-    format!("{m:.digits$} ± {s:.digits$}")
+    V::MeanStd(m, s, digits)
 }
 
 /// A table: header and rows, written both as CSV and markdown.
@@ -404,7 +447,7 @@ struct Table {
     title: String,
     file: &'static str,
     header: Vec<String>,
-    rows: Vec<Vec<String>>,
+    rows: Vec<Vec<V>>,
 }
 
 impl Table {
@@ -416,10 +459,42 @@ impl Table {
             "---|".repeat(self.header.len())
         );
         for r in &self.rows {
-            let _ = writeln!(s, "| {} |", r.join(" | "));
+            let cells: Vec<String> = r.iter().map(V::markdown).collect();
+            let _ = writeln!(s, "| {} |", cells.join(" | "));
         }
         s.push('\n');
         s
+    }
+
+    /// The CSV: a column holding mean ± std anywhere becomes `<name>_mean` and `<name>_std`,
+    /// so every field is one number (or text, or empty for N/A).
+    fn csv(&self) -> Vec<Vec<String>> {
+        let widths: Vec<usize> = (0..self.header.len())
+            .map(|c| {
+                let pair = self
+                    .rows
+                    .iter()
+                    .any(|r| matches!(r.get(c), Some(V::MeanStd(..))));
+                if pair { 2 } else { 1 }
+            })
+            .collect();
+        let name = |h: &str| h.replace(' ', "_");
+        let header = self
+            .header
+            .iter()
+            .zip(&widths)
+            .flat_map(|(h, &w)| match w {
+                2 => vec![format!("{}_mean", name(h)), format!("{}_std", name(h))],
+                _ => vec![name(h)],
+            })
+            .collect();
+        std::iter::once(header)
+            .chain(
+                self.rows
+                    .iter()
+                    .map(|r| r.iter().zip(&widths).flat_map(|(v, &w)| v.csv(w)).collect()),
+            )
+            .collect()
     }
 
     fn write_csv(&self, dir: &Path) -> Result<()> {
@@ -429,9 +504,8 @@ impl Table {
             source: std::io::Error::other(e),
         };
         let mut w = csv::Writer::from_path(&path).map_err(err)?;
-        w.write_record(&self.header).map_err(err)?;
-        for r in &self.rows {
-            w.write_record(r).map_err(err)?;
+        for r in self.csv() {
+            w.write_record(&r).map_err(err)?;
         }
         w.flush().map_err(|source| Error::Output {
             path: path.clone(),
@@ -482,15 +556,31 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         .map(|c| c.targets.len())
         .max()
         .unwrap_or(0);
+    // A finished cell whose files are damaged (truncated, edited) is left out and named, so
+    // one bad cell never keeps the rest of the sweep from being reported.
+    let mut unreadable: Vec<(String, String)> = Vec::new();
     for cell in &index.cells {
         let cdir = dir.join("cells").join(&cell.dir);
         if !crate::sweep::is_finished(&cdir) {
             missing += 1;
             continue;
         }
-        let summary: Summary = read_json(&cdir.join("summary.json"))?;
-        let counts = counts(&cdir.join("selections.csv"), 0)?;
-        let curve = curve(&cdir.join("metrics.csv"))?;
+        let read = || -> Result<_> {
+            let summary: Summary = read_json(&cdir.join("summary.json"))?;
+            let counts = counts(&cdir.join("selections.csv"), 0)?;
+            let curve = curve(&cdir.join("metrics.csv"))?;
+            if curve.is_empty() {
+                return Err(bad(&cdir.join("metrics.csv"), "no evaluated round"));
+            }
+            Ok((summary, counts, curve))
+        };
+        let (summary, counts, curve) = match read() {
+            Ok(x) => x,
+            Err(e) => {
+                unreadable.push((cell.dir.clone(), e.to_string()));
+                continue;
+            }
+        };
         let si = setting_order
             .iter()
             .position(|s| s == &cell.setting)
@@ -532,6 +622,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
                 true => pct(targets[i]),
                 false => format!("target {}", i + 1),
             }))
+            .chain((!shared_targets).then(|| "targets".to_string()))
             .collect(),
         rows: Vec::new(),
     };
@@ -603,27 +694,33 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         for ((_, strategy), runs) in strategies {
             let f =
                 |g: fn(&Summary) -> f64| runs.iter().map(|r| g(&r.summary)).collect::<Vec<f64>>();
-            let mut row = vec![setting.clone(), strategy.clone(), runs.len().to_string()];
+            let mut row = vec![
+                V::text(setting),
+                V::text(strategy),
+                V::Num(runs.len() as f64, 0),
+            ];
             for ti in 0..n_targets {
-                let r = rounds_to(runs, ti).map_or("N/A".into(), |v| pm(&v, 1));
-                let target = runs[0].summary.rounds_to_target.get(ti).map(|t| t.0);
-                row.push(match (shared_targets, target) {
-                    (true, _) => r,
-                    (false, Some(t)) => format!("{r} ({})", pct(t)),
-                    (false, None) => "-".into(),
-                });
+                row.push(rounds_to(runs, ti).map_or(V::Na, |v| pm(&v, 1)));
+            }
+            if !shared_targets {
+                let targets: Vec<String> = runs[0]
+                    .summary
+                    .rounds_to_target
+                    .iter()
+                    .map(|t| pct(t.0))
+                    .collect();
+                row.push(V::text(targets.join(" ")));
             }
             rtt.rows.push(row);
             let (fa, fl) = (
                 mean_std(&f(|s| s.final_acc)).0,
                 mean_std(&f(|s| s.final_loss)).0,
             );
-            let change = |x: f64, b: Option<f64>| {
-                b.map_or("-".into(), |b| format!("{:+.2}", 100.0 * (x - b) / b))
-            };
+            let change =
+                |x: f64, b: Option<f64>| b.map_or(V::Na, |b| V::Num(100.0 * (x - b) / b, 2));
             bf.rows.push(vec![
-                setting.clone(),
-                strategy.clone(),
+                V::text(setting),
+                V::text(strategy),
                 pm(&f(|s| s.best_acc), 4),
                 pm(&f(|s| s.final_acc), 4),
                 pm(&f(|s| s.best_loss), 4),
@@ -655,15 +752,15 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
                 / rounds;
             let mr = mean_rounds(runs);
             sp.rows.push(vec![
-                setting.clone(),
-                strategy.clone(),
-                mr.map_or("N/A".into(), |m| format!("{m:.1}")),
+                V::text(setting),
+                V::text(strategy),
+                mr.map_or(V::Na, |m| V::Num(m, 1)),
                 match (mr, base_rounds) {
-                    (Some(m), Some(b)) => format!("{:.2}x", b / m),
-                    _ => "N/A".into(),
+                    (Some(m), Some(b)) => V::Times(b / m),
+                    _ => V::Na,
                 },
-                format!("{extra_comm:.2}"),
-                format!("{extra_comp:.2}"),
+                V::Num(extra_comm, 2),
+                V::Num(extra_comp, 2),
             ]);
             let n = runs.iter().map(|r| r.counts.len()).max().unwrap_or(0);
             let stats: Vec<(f64, f64, f64, f64)> = runs
@@ -687,12 +784,12 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
                 stats.iter().map(g).sum::<f64>() / stats.len() as f64
             };
             sel.rows.push(vec![
-                setting.clone(),
-                strategy.clone(),
-                format!("{:.2}", avg(|s| s.0)),
-                format!("{:.1}", avg(|s| s.1)),
-                format!("{:.1}", avg(|s| s.2)),
-                format!("{:.1}", avg(|s| s.3)),
+                V::text(setting),
+                V::text(strategy),
+                V::Num(avg(|s| s.0), 2),
+                V::Num(avg(|s| s.1), 1),
+                V::Num(avg(|s| s.2), 1),
+                V::Num(avg(|s| s.3), 1),
             ]);
         }
     }
@@ -709,6 +806,17 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         },
         baseline.as_deref().unwrap_or("-")
     );
+    if !unreadable.is_empty() {
+        let _ = writeln!(
+            md,
+            "**{} finished cells could not be read and are left out:**\n",
+            unreadable.len()
+        );
+        for (cell, why) in &unreadable {
+            let _ = writeln!(md, "- `{cell}`: {why}");
+        }
+        md.push('\n');
+    }
     let solver = per_method(
         "FedGS solver: rounds proven optimal, mean gap to the upper bound, mean graph distance among the selected",
         "fedgs_solver_summary.csv",
@@ -728,10 +836,10 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             }
             Ok((total.1 > 0).then(|| {
                 vec![
-                    total.0.to_string(),
-                    total.1.to_string(),
-                    format!("{:.6}", total.2 / total.1 as f64),
-                    format!("{:.4}", total.3 / total.1 as f64),
+                    V::Num(total.0 as f64, 0),
+                    V::Num(total.1 as f64, 0),
+                    V::Num(total.2 / total.1 as f64, 6),
+                    V::Num(total.3 / total.1 as f64, 4),
                 ]
             }))
         },

@@ -45,20 +45,14 @@ use crate::output::RunWriter;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AxesFile {
-    #[serde(default)]
-    strategy: Vec<toml::Value>,
-    #[serde(default)]
-    seed: Vec<toml::Value>,
-    #[serde(default)]
-    partition: Vec<toml::Value>,
-    #[serde(default)]
-    availability: Vec<toml::Value>,
+    strategy: Option<Vec<toml::Value>>,
+    seed: Option<Vec<toml::Value>>,
+    partition: Option<Vec<toml::Value>>,
+    availability: Option<Vec<toml::Value>>,
     #[serde(default)]
     set: toml::Table,
-    #[serde(default)]
-    case: Vec<CaseFile>,
-    #[serde(default)]
-    method: Vec<CaseFile>,
+    case: Option<Vec<CaseFile>>,
+    method: Option<Vec<CaseFile>>,
 }
 
 /// One `[[axes.case]]`: a named bundle of keys that change together (a paper's "setting").
@@ -141,6 +135,17 @@ pub struct Cell {
     pub dir_name: String,
 }
 
+impl Cell {
+    /// The method the reports name this cell by: its `[[axes.method]]` label, else its
+    /// strategy.
+    pub fn method(&self) -> String {
+        self.parts
+            .iter()
+            .find(|(axis, _)| axis == "method")
+            .map_or(self.config.selection.strategy.clone(), |(_, v)| v.clone())
+    }
+}
+
 /// Short readable form of an axis value for labels.
 pub fn value_label(v: &toml::Value) -> String {
     match v {
@@ -163,8 +168,9 @@ pub fn value_label(v: &toml::Value) -> String {
 }
 
 impl Sweep {
-    /// Reads a sweep file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    /// Reads a sweep file; `overrides` (`key=value`, as `fedsel run --set`) apply to every
+    /// cell, after the base and `[config]` and before the axes.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Parse {
             source_name: name.clone(),
@@ -175,25 +181,38 @@ impl Sweep {
                 source_name: name.clone(),
                 message: e.to_string(),
             })?;
+        let here = path.parent().unwrap_or(Path::new(""));
         let mut base: toml::Table = match &file.base {
             Some(b) => {
-                let p = path.parent().unwrap_or(Path::new(".")).join(b);
+                let p = here.join(b);
+                let base_name = p.display().to_string();
                 let t = std::fs::read_to_string(&p).map_err(|e| ConfigError::Parse {
-                    source_name: p.display().to_string(),
+                    source_name: base_name.clone(),
                     message: e.to_string(),
                 })?;
-                t.parse().map_err(|e: toml::de::Error| ConfigError::Parse {
-                    source_name: p.display().to_string(),
-                    message: e.to_string(),
-                })?
+                let mut table = crate::config::parse_toml(&t, &base_name)?;
+                crate::config::anchor_paths(&mut table, p.parent().unwrap_or(Path::new("")));
+                Config::read_keys(table.clone(), &base_name)?;
+                table
             }
             None => toml::Table::new(),
         };
-        merge(&mut base, file.config);
+        let mut inline = file.config;
+        crate::config::anchor_paths(&mut inline, here);
+        merge(&mut base, inline);
+        for o in overrides {
+            crate::config::apply_override(&mut base, o)?;
+        }
         let mut axes = Vec::new();
         let a = file.axes;
         for (label, named) in [("setting", a.case), ("method", a.method)] {
-            if !named.is_empty() {
+            if let Some(named) = named {
+                if named.is_empty() {
+                    return Err(ConfigError::invalid(
+                        format!("axes.{}", if label == "setting" { "case" } else { label }),
+                        "is empty; give it at least one entry or leave it out",
+                    ));
+                }
                 let values = named
                     .into_iter()
                     .map(|c| AxisValue {
@@ -213,7 +232,13 @@ impl Sweep {
             ("partition.scheme", "partition", a.partition),
             ("availability", "availability", a.availability),
         ] {
-            if !values.is_empty() {
+            if let Some(values) = values {
+                if values.is_empty() {
+                    return Err(ConfigError::invalid(
+                        format!("axes.{label}"),
+                        "is empty; give it at least one value or leave it out",
+                    ));
+                }
                 let values = values
                     .iter()
                     .map(|v| AxisValue::single(label, key, v))
@@ -247,7 +272,31 @@ impl Sweep {
             base_text: toml::to_string(&base).expect("a table serializes"),
             axes,
         };
-        sweep.cells()?;
+        let cells = sweep.cells()?;
+        let mut dirs = std::collections::HashMap::new();
+        for c in &cells {
+            if let Some(first) = dirs.insert(c.dir_name.clone(), c.label.clone()) {
+                return Err(ConfigError::invalid(
+                    "axes",
+                    format!(
+                        "cells `{first}` and `{}` resolve to the same config (a repeated axis value, such as a seed listed twice)",
+                        c.label
+                    ),
+                ));
+            }
+        }
+        if let Some(b) = &sweep.baseline {
+            let methods: Vec<String> = cells.iter().map(Cell::method).collect();
+            if !methods.contains(b) {
+                let mut known = methods;
+                known.sort();
+                known.dedup();
+                return Err(ConfigError::invalid(
+                    "baseline",
+                    format!("`{b}` is none of the sweep's methods: {}", known.join(", ")),
+                ));
+            }
+        }
         Ok(sweep)
     }
 
@@ -331,6 +380,68 @@ pub fn is_finished(dir: &Path) -> bool {
         .is_some_and(|v| v["status"] == "finished")
 }
 
+/// The lock a running sweep holds on its output directory (`sweep.lock`), released when
+/// dropped. It is an OS advisory lock (`flock`), so the kernel releases it when its process
+/// dies however it dies: a lock file left behind by a dead sweep is not locked, and the next
+/// sweep takes it over. The file names its holder, for the message a second sweep prints.
+#[derive(Debug)]
+pub struct SweepLock {
+    file: std::fs::File,
+    /// The holder a stale lock file named, when this lock took one over.
+    pub took_over: Option<String>,
+}
+
+impl SweepLock {
+    /// Takes the lock of `out` (creating the directory), or fails with
+    /// [`Error::SweepLocked`] while a live process holds it.
+    pub fn acquire(out: &Path) -> Result<Self> {
+        use std::io::{Read, Seek, Write};
+        let path = out.join("sweep.lock");
+        let io = |source| Error::Output {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(out).map_err(io)?;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)?;
+        let mut holder = String::new();
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                file.read_to_string(&mut holder).map_err(io)?;
+                return Err(Error::SweepLocked {
+                    dir: out.to_path_buf(),
+                    holder: holder.trim().to_string(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
+        file.read_to_string(&mut holder).map_err(io)?;
+        let took_over = Some(holder.trim().to_string()).filter(|h| !h.is_empty());
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        write!(file, "pid {} since unix time {stamp}", std::process::id()).map_err(io)?;
+        file.flush().map_err(io)?;
+        Ok(Self { file, took_over })
+    }
+}
+
+impl Drop for SweepLock {
+    /// Empties the file, so the next sweep sees a clean release rather than a stale lock.
+    /// The file itself stays: removing it could let two sweeps lock two different files.
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+    }
+}
+
 /// How a sweep run went.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SweepOutcome {
@@ -360,6 +471,13 @@ pub fn run(
     threads: usize,
     progress: &dyn SweepProgress,
 ) -> Result<SweepOutcome> {
+    let lock = SweepLock::acquire(out)?;
+    if let Some(holder) = &lock.took_over {
+        tracing::warn!(
+            "{}: took over a stale lock left by a sweep that is no longer running ({holder})",
+            out.display()
+        );
+    }
     let cells = sweep.cells()?;
     let cells_dir = out.join("cells");
     std::fs::create_dir_all(&cells_dir).map_err(|source| Error::Output {
@@ -429,11 +547,7 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
             serde_json::json!({
                 "dir": c.dir_name,
                 "label": c.label,
-                "strategy": c
-                    .parts
-                    .iter()
-                    .find(|(axis, _)| axis == "method")
-                    .map_or(c.config.selection.strategy.clone(), |(_, v)| v.clone()),
+                "strategy": c.method(),
                 "seed": c.config.seed,
                 "setting": if setting.is_empty() { "all".to_string() } else { setting.join(",") },
                 "targets": c.config.targets,
@@ -496,7 +610,7 @@ mod tests {
             "name = \"t\"\n[config]\nrounds = 3\n[axes]\nstrategy = [\"uniform\", \"md\"]\nseed = [1, 2]\nset = { \"train.lr\" = [0.1, 0.2] }\n",
         )
         .unwrap();
-        let sweep = Sweep::load(&path).unwrap();
+        let sweep = Sweep::load(&path, &[]).unwrap();
         let cells = sweep.cells().unwrap();
         assert_eq!(cells.len(), 8);
         assert_eq!(cells[0].label, "uniform-s1-0.1");
@@ -509,7 +623,7 @@ mod tests {
         assert_eq!(dirs.len(), 8, "every cell has its own directory");
         // Hashes are stable across loads.
         assert_eq!(
-            Sweep::load(&path).unwrap().cells().unwrap()[3].dir_name,
+            Sweep::load(&path, &[]).unwrap().cells().unwrap()[3].dir_name,
             cells[3].dir_name
         );
     }
@@ -523,7 +637,7 @@ mod tests {
             "name = \"t\"\n[axes]\nseed = [1, 2]\n[[axes.case]]\nlabel = \"a-1\"\nset = { \"partition.clients\" = 10, targets = [0.5] }\n[[axes.case]]\nlabel = \"b\"\nset = { \"partition.scheme\" = { kind = \"iid\" }, \"selection.clients_per_round\" = 3 }\n",
         )
         .unwrap();
-        let cells = Sweep::load(&path).unwrap().cells().unwrap();
+        let cells = Sweep::load(&path, &[]).unwrap().cells().unwrap();
         assert_eq!(
             cells.iter().map(|c| c.label.as_str()).collect::<Vec<_>>(),
             ["a-1-s1", "a-1-s2", "b-s1", "b-s2"]
@@ -553,7 +667,138 @@ mod tests {
             "name = \"t\"\n[axes]\nset = { \"train.lr\" = [-1.0] }\n",
         )
         .unwrap();
-        let err = Sweep::load(&path).unwrap_err().to_string();
+        let err = Sweep::load(&path, &[]).unwrap_err().to_string();
         assert!(err.contains("train.lr"), "{err}");
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Item 8 of the reliability issue: mistakes that used to be dropped silently.
+    #[test]
+    fn sweep_mistakes_are_errors_that_name_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |text: &str| {
+            let p = write(dir.path(), "s.toml", text);
+            Sweep::load(&p, &[]).unwrap_err().to_string()
+        };
+        let e = err("name = \"t\"\n[axes]\nseed = []\nstrategy = [\"uniform\"]\n");
+        assert!(e.contains("axes.seed") && e.contains("empty"), "{e}");
+        let e = err("name = \"t\"\n[axes]\nseed = [1]\nmethod = []\n");
+        assert!(e.contains("axes.method") && e.contains("empty"), "{e}");
+        let e =
+            err("name = \"t\"\nbaseline = \"unifrom\"\n[axes]\nstrategy = [\"uniform\", \"md\"]\n");
+        assert!(e.contains("unifrom") && e.contains("md, uniform"), "{e}");
+        let e = err("name = \"t\"\n[axes]\nseed = [1, 2, 1]\n");
+        assert!(e.contains("s1") && e.contains("same config"), "{e}");
+        // A method label is a valid baseline.
+        let p = write(
+            dir.path(),
+            "ok.toml",
+            "name = \"t\"\nbaseline = \"prox\"\n[axes]\nseed = [1]\n[[axes.method]]\nlabel = \"prox\"\nset = { \"train.prox_mu\" = 0.01 }\n",
+        );
+        Sweep::load(&p, &[]).unwrap();
+        // An unknown key in the base file names the base file.
+        write(dir.path(), "base.toml", "rounds = 3\n[train]\nlrr = 0.1\n");
+        let e = err("name = \"t\"\nbase = \"base.toml\"\n[axes]\nseed = [1]\n");
+        assert!(e.contains("base.toml") && e.contains("lrr"), "{e}");
+    }
+
+    #[test]
+    fn set_overrides_every_cell_before_the_axes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write(
+            dir.path(),
+            "s.toml",
+            "name = \"t\"\n[config]\nrounds = 50\n[axes]\nseed = [1, 2]\nset = { \"train.lr\" = [0.1, 0.2] }\n",
+        );
+        let plain = Sweep::load(&p, &[]).unwrap().cells().unwrap();
+        let short = Sweep::load(&p, &["rounds=5".into(), "train.lr=9.0".into()])
+            .unwrap()
+            .cells()
+            .unwrap();
+        assert!(short.iter().all(|c| c.config.rounds == 5));
+        // The axis still wins over --set, and the directories change with the config.
+        assert_eq!(short[1].config.train.lr, 0.2);
+        assert!(
+            plain
+                .iter()
+                .zip(&short)
+                .all(|(a, b)| a.dir_name != b.dir_name)
+        );
+        let e = Sweep::load(&p, &["train.lrr=1".into()]).unwrap_err();
+        assert!(e.to_string().contains("lrr"), "{e}");
+    }
+
+    /// A trace named in a base file is found from the base file's directory, whatever the
+    /// working directory, as is one named in the sweep's own `[config]`.
+    #[test]
+    fn trace_paths_are_relative_to_the_file_that_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("configs");
+        std::fs::create_dir(&sub).unwrap();
+        write(
+            &sub,
+            "base.toml",
+            "rounds = 3\navailability = { kind = \"trace\", trace = \"avail.csv\" }\n",
+        );
+        let p = write(
+            &sub,
+            "s.toml",
+            "name = \"t\"\nbase = \"base.toml\"\n[axes]\nseed = [1]\n",
+        );
+        let cells = Sweep::load(&p, &[]).unwrap().cells().unwrap();
+        assert_eq!(
+            cells[0].config.availability,
+            crate::config::AvailabilityConfig::Trace {
+                trace: sub.join("avail.csv")
+            }
+        );
+        let p = write(
+            &sub,
+            "inline.toml",
+            "name = \"t\"\n[config]\navailability = { kind = \"trace\", trace = \"t.csv\" }\n[axes]\nseed = [1]\n",
+        );
+        let cells = Sweep::load(&p, &[]).unwrap().cells().unwrap();
+        assert_eq!(
+            cells[0].config.availability,
+            crate::config::AvailabilityConfig::Trace {
+                trace: sub.join("t.csv")
+            }
+        );
+        let c = Config::load(Some(&sub.join("base.toml")), &[]).unwrap();
+        assert_eq!(
+            c.availability,
+            crate::config::AvailabilityConfig::Trace {
+                trace: sub.join("avail.csv")
+            }
+        );
+    }
+
+    #[test]
+    fn a_locked_sweep_directory_is_refused_and_a_stale_lock_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let held = SweepLock::acquire(&out).unwrap();
+        assert_eq!(held.took_over, None);
+        let e = SweepLock::acquire(&out).unwrap_err().to_string();
+        assert!(
+            e.contains("another sweep is running")
+                && e.contains(&format!("pid {}", std::process::id())),
+            "{e}"
+        );
+        drop(held);
+        // A clean release leaves nothing to take over.
+        assert_eq!(SweepLock::acquire(&out).unwrap().took_over, None);
+        // A lock file whose process died without releasing it: unlocked, but not empty.
+        std::fs::write(out.join("sweep.lock"), "pid 4242 since unix time 1").unwrap();
+        let again = SweepLock::acquire(&out).unwrap();
+        assert_eq!(
+            again.took_over.as_deref(),
+            Some("pid 4242 since unix time 1")
+        );
     }
 }

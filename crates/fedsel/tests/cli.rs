@@ -206,3 +206,92 @@ fn a_diverging_run_is_flagged_in_its_summary_and_on_the_console() {
         serde_json::from_str(&std::fs::read_to_string(ok.join("summary.json")).unwrap()).unwrap();
     assert!(summary["diverged_at"].is_null(), "{}", text(&o));
 }
+
+/// A resume whose config no longer matches its checkpoint is refused before any row of the
+/// run is dropped or its summary written.
+#[test]
+fn a_changed_config_is_refused_before_the_run_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r");
+    let out_s = out.to_str().unwrap();
+    let o = fedsel(
+        &[
+            "run",
+            "--set",
+            "rounds=5",
+            "--set",
+            "checkpoint_every=2",
+            "--out",
+            out_s,
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // As if killed after round 4: no summary, a checkpoint from before the last rows.
+    std::fs::remove_file(out.join("summary.json")).unwrap();
+    let metrics = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+    let cfg = out.join("config.resolved.toml");
+    let edited = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("rounds = 5", "rounds = 6");
+    std::fs::write(&cfg, edited).unwrap();
+    let o = fedsel(&["run", "--resume", out_s], dir.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("different config"), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(out.join("metrics.csv")).unwrap(),
+        metrics
+    );
+    assert!(!out.join("summary.json").exists());
+}
+
+/// `sweep --rounds` shortens every cell of a grid, and a second sweep on a directory
+/// another sweep holds is refused.
+#[test]
+fn sweep_rounds_shortens_the_grid_and_the_output_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("s.toml");
+    std::fs::write(
+        &sweep,
+        "name = \"t\"\n[config]\nrounds = 500\n[axes]\nseed = [1]\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "sweep".to_string(),
+            sweep.to_str().unwrap().to_string(),
+            "--out".to_string(),
+            out.to_str().unwrap().to_string(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run = |a: Vec<String>| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        fedsel(&a, dir.path())
+    };
+    let o = run(args(&["--rounds", "2"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let cell = std::fs::read_dir(out.join("cells"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let metrics = std::fs::read_to_string(cell.join("metrics.csv")).unwrap();
+    assert_eq!(metrics.lines().count(), 3, "{metrics}");
+    // Hold the lock as a running sweep would.
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .open(out.join("sweep.lock"))
+        .unwrap();
+    lock.lock().unwrap();
+    let o = run(args(&["--rounds", "3"]));
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("another sweep is running"),
+        "{}",
+        text(&o)
+    );
+}

@@ -27,7 +27,7 @@ fn shipped() -> Vec<(PathBuf, Config)> {
     for f in files {
         let table: toml::Table = std::fs::read_to_string(&f).unwrap().parse().unwrap();
         if table.contains_key("axes") {
-            let s = Sweep::load(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let s = Sweep::load(&f, &[]).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             for c in s.cells().unwrap() {
                 out.push((f.clone(), c.config));
             }
@@ -91,7 +91,7 @@ fn shipped_configs_are_valid() {
     for f in &files {
         let table: toml::Table = std::fs::read_to_string(f).unwrap().parse().unwrap();
         if table.contains_key("axes") {
-            let s = Sweep::load(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            let s = Sweep::load(f, &[]).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             cells += s.cells().unwrap().len();
         } else {
             Config::load(Some(f), &[]).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
@@ -108,7 +108,7 @@ fn shipped_configs_are_valid() {
 fn fedcor_table1_cases_carry_their_own_m_and_target() {
     let root =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/table1_fmnist.toml");
-    let cells = Sweep::load(&root).unwrap().cells().unwrap();
+    let cells = Sweep::load(&root, &[]).unwrap().cells().unwrap();
     assert_eq!(cells.len(), 60);
     let one = cells.iter().find(|c| c.label == "1SPC-uniform-s3").unwrap();
     assert_eq!(
@@ -132,7 +132,7 @@ fn hics_table1_runs_paper_positive_part_and_code_side_by_side() {
         ("table1_fmnist_cpu.toml", "mlp"),
         ("table1_fmnist.toml", "cnn_hics_code"),
     ] {
-        let cells = Sweep::load(&root.join(file)).unwrap().cells().unwrap();
+        let cells = Sweep::load(&root.join(file), &[]).unwrap().cells().unwrap();
         assert_eq!(cells.len(), 63, "{file}");
         let cell = |label: &str| &cells.iter().find(|c| c.label == label).unwrap().config;
         let paper = cell("setting2-hics-s1");

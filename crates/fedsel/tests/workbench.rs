@@ -16,7 +16,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         "name = \"t\"\nbaseline = \"uniform\"\n[config]\nrounds = 15\ncheckpoint_every = 5\ntargets = [0.3]\n[axes]\nstrategy = [\"uniform\", \"md\"]\nseed = [1, 2]\n",
     )
     .unwrap();
-    let s = Sweep::load(&path).unwrap();
+    let s = Sweep::load(&path, &[]).unwrap();
     let out = dir.path().join("out");
     let data = fedsel::data::locate::data_dir(None, None);
     let first = sweep::run(&s, &out, &data, 2, 1, &Silent).unwrap();
@@ -66,12 +66,50 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     ] {
         assert!(report.contains(needle), "{needle} missing from:\n{report}");
     }
+    // Every CSV field past the setting and strategy is a plain number (or empty for N/A):
+    // mean and std have columns of their own, ratios carry no "x".
     for csv in [
         "rounds_to_target.csv",
         "best_final.csv",
         "speedup.csv",
         "selection_stats.csv",
     ] {
-        assert!(out.join(csv).is_file(), "{csv}");
+        let text = std::fs::read_to_string(out.join(csv)).unwrap();
+        let mut lines = text.lines();
+        let header = lines.next().unwrap();
+        for line in lines {
+            for field in line.split(',').skip(2) {
+                assert!(
+                    field.is_empty() || field.parse::<f64>().is_ok(),
+                    "{csv}: `{field}` in `{line}` under `{header}`"
+                );
+            }
+        }
     }
+    let bf = std::fs::read_to_string(out.join("best_final.csv")).unwrap();
+    assert!(
+        bf.starts_with("setting,strategy,best_acc_mean,best_acc_std,final_acc_mean"),
+        "{bf}"
+    );
+    // A finished cell whose metrics were cut short is left out and named; the rest is
+    // still reported, and the report is replaced.
+    let cut = out.join("cells").join(&cells[2].dir_name);
+    let header = std::fs::read_to_string(cut.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::write(cut.join("metrics.csv"), format!("{header}\n0,0.1")).unwrap();
+    std::fs::write(out.join("report.md"), "old").unwrap();
+    let report = fedsel::report::write(&out, None).unwrap();
+    assert!(
+        report.contains("could not be read") && report.contains(cells[2].dir_name.as_str()),
+        "{report}"
+    );
+    assert!(report.contains("| all | uniform | 2 |"), "{report}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.md")).unwrap(),
+        report
+    );
 }

@@ -38,6 +38,16 @@ pub fn build(
     let labels = &data.train.labels;
     let classes = data.train.classes;
     let n = cfg.clients;
+    // Checked before any per-client allocation: a huge count gets this error, not an abort.
+    if !matches!(cfg.scheme, PartitionScheme::Natural) && n > labels.len() {
+        return Err(PartitionError {
+            kind: "any",
+            reason: format!(
+                "partition.clients = {n} exceeds the {} training examples; every client needs at least one",
+                labels.len()
+            ),
+        });
+    }
     let parts = match &cfg.scheme {
         PartitionScheme::Natural => data.users.clone().ok_or_else(|| PartitionError {
             kind: "natural",
@@ -191,6 +201,41 @@ mod tests {
         };
         let err = build(&cfg, &no_users, 1).unwrap_err().to_string();
         assert!(err.contains("natural"), "{err}");
+    }
+
+    /// A billion clients is refused before any per-client list is allocated (it used to
+    /// abort on allocation failure), by every scheme that takes a client count.
+    #[test]
+    fn more_clients_than_examples_is_an_error_before_allocating() {
+        use crate::data::synthetic::{SyntheticSpec, generate};
+        let data = generate(&SyntheticSpec {
+            alpha: 0.5,
+            beta: 0.5,
+            users: 3,
+            dim: 5,
+            classes: 3,
+            test_fraction: 0.1,
+            seed: 2,
+        });
+        for scheme in [
+            PartitionScheme::Iid,
+            PartitionScheme::DirichletQp { alpha: 0.5 },
+            PartitionScheme::Labels {
+                labels_per_client: 2,
+            },
+            PartitionScheme::LognormalDirichlet {
+                sigma: 1.0,
+                alpha: 0.5,
+            },
+        ] {
+            let cfg = PartitionConfig {
+                clients: 1_000_000_000,
+                scheme,
+                ..PartitionConfig::default()
+            };
+            let err = build(&cfg, &data, 1).unwrap_err().to_string();
+            assert!(err.contains("partition.clients = 1000000000"), "{err}");
+        }
     }
 
     #[test]

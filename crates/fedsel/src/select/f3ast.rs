@@ -312,9 +312,9 @@ mod tests {
 
     /// Lemma 3.4's unbiasedness as the rates settle: from r(0) = p the paper's Σ_S p/r
     /// starts inflated (K at round 0) and tends to Σ p = 1 once r is stationary, while
-    /// `code`'s (the same over K, `code_weights_are_paper_weights_over_k`) tends to 1/K, not
-    /// 1. Hand-simulated: rounds 2000-3999 average 0.986 with
-    /// β = 0.01, p ∝ (1..=20), K = 5, everyone available.
+    /// `code`'s (the same over K, `code_weights_are_paper_weights_over_k`) tends to 1/K,
+    /// not to 1. Hand-simulated: rounds 2000-3999 average 0.986 with β = 0.01,
+    /// p ∝ (1..=20), K = 5 and everyone available.
     #[test]
     fn paper_weight_sums_tend_to_one_and_code_sums_to_one_over_k() {
         let n = 20;
