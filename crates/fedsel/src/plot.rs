@@ -67,12 +67,12 @@ pub struct Curve {
     pub points: Vec<(f64, f64, f64)>,
 }
 
-/// One line per series over integer x (e.g. per-client selection frequency).
+/// One line per series over ranks 1, 2, ... (e.g. selection frequency by client rank).
 #[derive(Debug, Clone)]
 pub struct Series {
     /// Legend entry.
     pub label: String,
-    /// y for x = 0, 1, 2, ...
+    /// y for rank 1, 2, 3, ..., sorted descending.
     pub values: Vec<f64>,
 }
 
@@ -194,6 +194,92 @@ struct Curves<'a> {
     title: &'a str,
     y_desc: &'a str,
     curves: &'a [Curve],
+    limits: (f64, f64),
+}
+
+/// The part of a run the y-axis is fitted to: the rounds after the first tenth. The first
+/// rounds (accuracy near chance, loss near ln C) would otherwise squeeze the rest of the
+/// run into a sliver of the height; they are clipped at the frame instead.
+const SETTLED_FROM: f64 = 0.1;
+
+/// The y-range of mean ± std over the settled part of the curves, within `limits` (what
+/// the quantity can be: accuracy in [0, 1], loss ≥ 0).
+fn settled_range(curves: &[Curve], limits: (f64, f64)) -> (f64, f64) {
+    let x_max = curves
+        .iter()
+        .flat_map(|c| c.points.iter().map(|p| p.0))
+        .fold(0.0, f64::max);
+    let (lo, hi) = range(curves.iter().flat_map(|c| {
+        c.points
+            .iter()
+            .filter(|p| p.0 >= SETTLED_FROM * x_max)
+            .flat_map(|p| [p.1 - p.2, p.1 + p.2])
+    }));
+    (lo.max(limits.0), hi.min(limits.1))
+}
+
+/// Pieces of a polyline inside lo ≤ y ≤ hi, cut where it crosses a bound. Plotters pins
+/// points outside the frame to its edge, which bends the lines; cutting keeps every drawn
+/// slope true.
+fn clip_polyline(points: &[(f64, f64)], lo: f64, hi: f64) -> Vec<Vec<(f64, f64)>> {
+    let inside = |y: f64| (lo..=hi).contains(&y);
+    let mut pieces: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut current: Vec<(f64, f64)> = Vec::new();
+    let mut close = |current: &mut Vec<(f64, f64)>| {
+        if current.len() > 1 {
+            pieces.push(std::mem::take(current));
+        }
+        current.clear();
+    };
+    for (i, &p) in points.iter().enumerate() {
+        if i > 0 {
+            let a = points[i - 1];
+            // Where a→p crosses each bound, as the fraction of the way along it.
+            let mut hits: Vec<f64> = [lo, hi]
+                .into_iter()
+                .filter(|&y| (a.1 - y) * (p.1 - y) < 0.0)
+                .map(|y| (y - a.1) / (p.1 - a.1))
+                .collect();
+            hits.sort_by(f64::total_cmp);
+            for t in hits {
+                let h = (a.0 + t * (p.0 - a.0), a.1 + t * (p.1 - a.1));
+                let h = (h.0, h.1.clamp(lo, hi));
+                if current.is_empty() {
+                    current.push(h);
+                } else {
+                    current.push(h);
+                    close(&mut current);
+                }
+            }
+        }
+        if inside(p.1) {
+            current.push(p);
+        } else {
+            close(&mut current);
+        }
+    }
+    close(&mut current);
+    pieces
+}
+
+/// A polygon cut to lo ≤ y ≤ hi (Sutherland–Hodgman against the two horizontal bounds),
+/// so a std band never spills past the frame or below what the quantity can be.
+fn clip_polygon(poly: &[(f64, f64)], lo: f64, hi: f64) -> Vec<(f64, f64)> {
+    let mut out = poly.to_vec();
+    for (bound, keep_above) in [(lo, true), (hi, false)] {
+        let inside = |y: f64| if keep_above { y >= bound } else { y <= bound };
+        let input = std::mem::take(&mut out);
+        for (i, &p) in input.iter().enumerate() {
+            let a = input[(i + input.len() - 1) % input.len()];
+            if inside(p.1) != inside(a.1) {
+                out.push((a.0 + (p.0 - a.0) * (bound - a.1) / (p.1 - a.1), bound));
+            }
+            if inside(p.1) {
+                out.push(p);
+            }
+        }
+    }
+    out
 }
 
 impl Figure for Curves<'_> {
@@ -206,11 +292,7 @@ impl Figure for Curves<'_> {
             .iter()
             .flat_map(|c| c.points.iter().map(|p| p.0))
             .fold(1.0, f64::max);
-        let (y_lo, y_hi) = range(
-            self.curves
-                .iter()
-                .flat_map(|c| c.points.iter().flat_map(|p| [p.1 - p.2, p.1 + p.2])),
-        );
+        let (y_lo, y_hi) = settled_range(self.curves, self.limits);
         let mut chart = frame(
             root,
             self.title,
@@ -233,47 +315,68 @@ impl Figure for Curves<'_> {
         for (i, c) in self.curves.iter().enumerate() {
             let colour = COLOURS[i % COLOURS.len()];
             let mut band: Vec<(f64, f64)> = c.points.iter().map(|p| (p.0, p.1 + p.2)).collect();
-            band.extend(c.points.iter().rev().map(|p| (p.0, (p.1 - p.2).max(0.0))));
-            chart
-                .draw_series(std::iter::once(Polygon::new(
-                    band,
-                    colour.mix(0.18).filled(),
-                )))
-                .map_err(e)?;
-            chart
-                .draw_series(LineSeries::new(
-                    c.points.iter().map(|p| (p.0, p.1)),
-                    colour.stroke_width(2),
-                ))
-                .map_err(e)?
-                .label(c.label.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 22, y)], colour.stroke_width(3))
-                });
+            band.extend(c.points.iter().rev().map(|p| (p.0, p.1 - p.2)));
+            let band = clip_polygon(&band, y_lo, y_hi);
+            if band.len() > 2 {
+                chart
+                    .draw_series(std::iter::once(Polygon::new(
+                        band,
+                        colour.mix(0.18).filled(),
+                    )))
+                    .map_err(e)?;
+            }
+            let mean: Vec<(f64, f64)> = c.points.iter().map(|p| (p.0, p.1)).collect();
+            let pieces = clip_polyline(&mean, y_lo, y_hi);
+            for piece in &pieces[..pieces.len().saturating_sub(1)] {
+                chart
+                    .draw_series(LineSeries::new(piece.clone(), colour.stroke_width(2)))
+                    .map_err(e)?;
+            }
+            // The legend entry comes with the last piece (every curve ends inside the
+            // frame, which covers the settled part of the run).
+            if let Some(last) = pieces.last() {
+                chart
+                    .draw_series(LineSeries::new(last.clone(), colour.stroke_width(2)))
+                    .map_err(e)?
+                    .label(c.label.clone())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 22, y)], colour.stroke_width(3))
+                    });
+            }
         }
         legend(&mut chart, legend_at)
     }
 }
 
-/// Mean ± std curves over rounds (accuracy or loss vs round).
-pub fn curves(stem: &Path, title: &str, y_desc: &str, curves: &[Curve]) -> Result<()> {
+/// Mean ± std curves over rounds (accuracy or loss vs round). `limits` are the values the
+/// quantity can take (accuracy [0, 1], loss [0, ∞)); bands are cut to them. The y-axis
+/// fits the rounds after the first tenth of the run ([`SETTLED_FROM`]).
+pub fn curves(
+    stem: &Path,
+    title: &str,
+    y_desc: &str,
+    curves: &[Curve],
+    limits: (f64, f64),
+) -> Result<()> {
     both(
         stem,
         &Curves {
             title,
             y_desc,
             curves,
+            limits,
         },
     )
 }
 
-struct PerClient<'a> {
+struct RankProfile<'a> {
     title: &'a str,
     y_desc: &'a str,
     series: &'a [Series],
+    reference: Option<(f64, &'a str)>,
 }
 
-impl Figure for PerClient<'_> {
+impl Figure for RankProfile<'_> {
     fn draw<DB: DrawingBackend>(
         &self,
         root: &DrawingArea<DB, Shift>,
@@ -285,30 +388,51 @@ impl Figure for PerClient<'_> {
             .max()
             .unwrap_or(1)
             .max(1);
-        let (_, y_hi) = range(self.series.iter().flat_map(|s| s.values.iter().copied()));
+        let (_, y_hi) = range(
+            self.series
+                .iter()
+                .flat_map(|s| s.values.iter().copied())
+                .chain(self.reference.map(|r| r.0)),
+        );
         let mut chart = frame(
             root,
             self.title,
-            (-0.5, n as f64 - 0.5, "client"),
+            (
+                0.5,
+                n as f64 + 0.5,
+                "client rank (most often selected first)",
+            ),
             (0.0, y_hi.max(1e-3), self.y_desc),
             true,
         )?;
+        if let Some((y, label)) = self.reference {
+            let grey = COLOURS[7];
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.5, y), (n as f64 + 0.5, y)],
+                    6,
+                    4,
+                    grey.stroke_width(2),
+                ))
+                .map_err(e)?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 22, y)], grey.stroke_width(2))
+                });
+        }
         for (i, s) in self.series.iter().enumerate() {
             let colour = COLOURS[i % COLOURS.len()];
             let pts: Vec<(f64, f64)> = s
                 .values
                 .iter()
                 .enumerate()
-                .map(|(k, &v)| (k as f64, v))
+                .map(|(k, &v)| (k as f64 + 1.0, v))
                 .collect();
             chart
-                .draw_series(LineSeries::new(
-                    pts.clone(),
-                    colour.mix(0.6).stroke_width(1),
-                ))
+                .draw_series(LineSeries::new(pts.clone(), colour.stroke_width(2)))
                 .map_err(e)?;
             chart
-                .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, colour.filled())))
+                .draw_series(pts.into_iter().map(|p| Circle::new(p, 2, colour.filled())))
                 .map_err(e)?
                 .label(s.label.clone())
                 .legend(move |(x, y)| Circle::new((x + 10, y), 4, colour.filled()));
@@ -317,14 +441,24 @@ impl Figure for PerClient<'_> {
     }
 }
 
-/// One line with markers per series over client ids (FedCor Fig. 6 style).
-pub fn per_client(stem: &Path, title: &str, y_desc: &str, series: &[Series]) -> Result<()> {
+/// Each series' values in rank order (largest first), one line per series, with an
+/// optional dashed reference level. Ranks, unlike client ids, mean the same thing across
+/// seeds whose partitions differ, and neighbouring points are related, so the line is
+/// honest.
+pub fn rank_profile(
+    stem: &Path,
+    title: &str,
+    y_desc: &str,
+    series: &[Series],
+    reference: Option<(f64, &str)>,
+) -> Result<()> {
     both(
         stem,
-        &PerClient {
+        &RankProfile {
             title,
             y_desc,
             series,
+            reference,
         },
     )
 }
@@ -476,6 +610,63 @@ mod tests {
     fn figure_paths_keep_dots_in_the_stem() {
         let p = with_suffix(Path::new("plots/availability_ldf_0.7-accuracy"), "png");
         assert_eq!(p, Path::new("plots/availability_ldf_0.7-accuracy.png"));
+    }
+
+    /// Hand-computed cuts: a line rising from −1 to 3 through the band [0, 2] crosses 0 at
+    /// x = 0.25 and 2 at x = 0.75; a line that leaves and re-enters gives two pieces.
+    #[test]
+    fn polylines_are_cut_where_they_cross_the_frame() {
+        let p = clip_polyline(&[(0.0, -1.0), (1.0, 3.0)], 0.0, 2.0);
+        assert_eq!(p, vec![vec![(0.25, 0.0), (0.75, 2.0)]]);
+        let p = clip_polyline(&[(0.0, 1.0), (1.0, 3.0), (2.0, 1.0)], 0.0, 2.0);
+        assert_eq!(
+            p,
+            vec![vec![(0.0, 1.0), (0.5, 2.0)], vec![(1.5, 2.0), (2.0, 1.0)]]
+        );
+        let inside = [(0.0, 0.5), (1.0, 1.5), (2.0, 1.0)];
+        assert_eq!(clip_polyline(&inside, 0.0, 2.0), vec![inside.to_vec()]);
+        assert!(clip_polyline(&[(0.0, 5.0), (1.0, 6.0)], 0.0, 2.0).is_empty());
+    }
+
+    /// A band from y = −1 to 1 over x ∈ [0, 2] cut at 0 keeps the rectangle [0, 2] × [0, 1]:
+    /// no vertex below 0.
+    #[test]
+    fn bands_are_cut_to_the_quantitys_limits() {
+        let band = [(0.0, 1.0), (2.0, 1.0), (2.0, -1.0), (0.0, -1.0)];
+        let c = clip_polygon(&band, 0.0, 10.0);
+        assert!(c.iter().all(|p| p.1 >= 0.0), "{c:?}");
+        let area: f64 = (0..c.len())
+            .map(|i| {
+                let (a, b) = (c[i], c[(i + 1) % c.len()]);
+                a.0 * b.1 - b.0 * a.1
+            })
+            .sum::<f64>()
+            .abs()
+            / 2.0;
+        assert!((area - 2.0).abs() < 1e-12, "{area}");
+    }
+
+    /// The y-range fits the rounds after the first tenth: accuracy that starts at 0.1 and
+    /// settles in [0.6, 0.8] gets a frame near [0.6, 0.8], not [0, 0.8], and never above 1.
+    #[test]
+    fn the_y_range_fits_the_settled_run_within_the_limits() {
+        let points: Vec<(f64, f64, f64)> = (1..=100)
+            .map(|t| {
+                let acc = if t < 5 {
+                    0.1
+                } else {
+                    0.6 + 0.2 * t as f64 / 100.0
+                };
+                (t as f64, acc, 0.01)
+            })
+            .collect();
+        let c = [Curve {
+            label: "a".into(),
+            points,
+        }];
+        let (lo, hi) = settled_range(&c, (0.0, 1.0));
+        assert!(lo > 0.55 && lo < 0.63, "{lo}");
+        assert!(hi > 0.8 && hi <= 1.0, "{hi}");
     }
 
     #[test]

@@ -148,6 +148,24 @@ fn slug(s: &str) -> String {
         .collect()
 }
 
+/// The fraction of rounds in which each client was selected, sorted from most to least
+/// often selected, averaged over runs rank by rank. It lies in [0, 1] (MD sampling, which
+/// may pick a client twice in one round, could in principle exceed 1).
+fn ranked_frequencies(runs: &[Run]) -> Vec<f64> {
+    let n = runs.iter().map(|r| r.counts.len()).max().unwrap_or(0);
+    let mut mean = vec![0.0; n];
+    for r in runs {
+        let mut f: Vec<f64> = (0..n)
+            .map(|k| r.counts.get(k).copied().unwrap_or(0) as f64 / r.summary.rounds.max(1) as f64)
+            .collect();
+        f.sort_by(|a, b| b.total_cmp(a));
+        for (m, x) in mean.iter_mut().zip(f) {
+            *m += x / runs.len() as f64;
+        }
+    }
+    mean
+}
+
 /// Draws every figure of one setting into `dir/plots`; returns the markdown that shows them.
 fn figures(
     dir: &Path,
@@ -179,36 +197,47 @@ fn figures(
         &format!("{setting}: test accuracy (mean ± std{smoothed})"),
         "test accuracy",
         &curves(|p| p.1)?,
+        (0.0, 1.0),
     )?;
     crate::plot::curves(
         &stem("loss"),
         &format!("{setting}: test loss (mean ± std{smoothed})"),
         "test loss",
         &curves(|p| p.2)?,
+        (0.0, f64::INFINITY),
     )?;
+    // Client k of one seed is not client k of another (the partition is seeded), so each
+    // run's frequencies are sorted first and averaged rank by rank.
     let series: Vec<Series> = strategies
         .iter()
-        .map(|((_, s), runs)| {
-            let n = runs.iter().map(|r| r.counts.len()).max().unwrap_or(0);
-            let rounds: f64 = runs.iter().map(|r| r.summary.rounds as f64).sum();
-            Series {
-                label: s.clone(),
-                values: (0..n)
-                    .map(|k| {
-                        runs.iter()
-                            .map(|r| r.counts.get(k).copied().unwrap_or(0) as f64)
-                            .sum::<f64>()
-                            / rounds
-                    })
-                    .collect(),
-            }
+        .map(|((_, s), runs)| Series {
+            label: s.clone(),
+            values: ranked_frequencies(runs),
         })
         .collect();
-    crate::plot::per_client(
+    let per_round: Vec<f64> = strategies
+        .values()
+        .flatten()
+        .map(|r| r.counts.iter().sum::<usize>() as f64 / r.summary.rounds.max(1) as f64)
+        .collect();
+    let clients = strategies
+        .values()
+        .flatten()
+        .map(|r| r.counts.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    // The level every client would have under equal shares, drawn only when every method
+    // selects as many clients per round (HiCS-FL's code protocol, say, takes more).
+    let (k, k_spread) = mean_std(&per_round);
+    let uniform =
+        (k_spread < 1e-9 * k.max(1.0)).then_some((k / clients as f64, "every client alike (K/N)"));
+    crate::plot::rank_profile(
         &stem("selection"),
-        &format!("{setting}: selections per round, by client"),
-        "selection frequency",
+        &format!("{setting}: how often each client is selected, by rank"),
+        "fraction of rounds selected",
         &series,
+        uniform,
     )?;
     let first = strategies
         .values()
@@ -235,7 +264,7 @@ fn figures(
     )?;
     let name = |kind: &str| format!("plots/{}-{kind}.png", slug(setting));
     Ok(format!(
-        "### {setting}\n\n![accuracy]({})\n![loss]({})\n![selection frequency]({})\n![availability]({})\n\nSVG versions sit beside each PNG.\n\n",
+        "### {setting}\n\n![accuracy]({})\n![loss]({})\n![selection frequency]({})\n![availability]({})\n\nThe accuracy and loss axes fit the rounds after the first tenth of the run; earlier rounds leave the frame. The selection figure sorts each run's clients from most to least often selected and averages rank by rank over seeds. SVG versions sit beside each PNG.\n\n",
         name("accuracy"),
         name("loss"),
         name("selection"),
@@ -880,4 +909,61 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
     let path = dir.join("report.md");
     std::fs::write(&path, &md).map_err(|source| Error::Output { path, source })?;
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(counts: Vec<usize>, rounds: usize) -> Run {
+        Run {
+            summary: Summary {
+                seed: 1,
+                final_acc: 0.0,
+                final_loss: 0.0,
+                best_acc: 0.0,
+                best_loss: 0.0,
+                rounds,
+                rounds_to_target: Vec::new(),
+                cost: Ledger::default(),
+            },
+            counts,
+            curve: Vec::new(),
+            dir: std::path::PathBuf::new(),
+        }
+    }
+
+    /// Two seeds that favour different client ids have the same profile: one client
+    /// always selected, one half the time, one never. Averaging by id would show a flat
+    /// 0.5 for all three.
+    #[test]
+    fn selection_frequencies_are_averaged_by_rank_not_by_id() {
+        let runs = [run(vec![10, 0, 5], 10), run(vec![0, 10, 5], 10)];
+        assert_eq!(ranked_frequencies(&runs), vec![1.0, 0.5, 0.0]);
+    }
+
+    /// Mean ± std columns split into two numeric CSV columns; N/A is an empty field;
+    /// a ratio loses its "x".
+    #[test]
+    fn csv_fields_are_numbers() {
+        let t = Table {
+            title: String::new(),
+            file: "t.csv",
+            header: vec!["strategy".into(), "rounds".into(), "speedup".into()],
+            rows: vec![
+                vec![V::text("a"), V::MeanStd(18.7, 1.5, 1), V::Times(2.15)],
+                vec![V::text("b"), V::Na, V::Na],
+            ],
+        };
+        assert_eq!(
+            t.csv(),
+            vec![
+                vec!["strategy", "rounds_mean", "rounds_std", "speedup"],
+                vec!["a", "18.7", "1.5", "2.1500"],
+                vec!["b", "", "", ""],
+            ]
+        );
+        assert!(t.markdown().contains("| a | 18.7 ± 1.5 | 2.15x |"));
+        assert!(t.markdown().contains("| b | N/A | N/A |"));
+    }
 }
