@@ -397,7 +397,7 @@ mod tests {
     /// A typical FMNIST round under `code` (FedGS App. C): 100 clients holding two of ten
     /// labels each, the oracle 3DG, k = 10, counts from 0 to 3; the branch-and-bound must
     /// prove its choice optimal, or leave a gap below 1 % of the objective's spread, within
-    /// the default node budget.
+    /// the default limits.
     #[test]
     fn a_typical_fmnist_round_is_solved_to_a_small_gap() {
         use crate::config::Protocol;
@@ -423,13 +423,16 @@ mod tests {
             linear: &linear,
             k,
         };
+        // The shipped defaults: with the old `exact_up_to` of 30 no branch-and-bound ran at
+        // N = 100 and the gap came from the loose root bound.
+        let d = crate::config::FedGsConfig::default();
         let started = std::time::Instant::now();
         let s = solve(
             &p,
             Limits {
-                exact_up_to: usize::MAX,
-                node_budget: 200_000,
-                swap_budget: 10_000,
+                exact_up_to: d.exact_up_to,
+                node_budget: d.node_budget,
+                swap_budget: d.swap_budget,
             },
         );
         let gap = s.upper_bound - s.value;
