@@ -750,32 +750,24 @@ mod tests {
             "s.toml",
             "name = \"t\"\nbase = \"base.toml\"\n[axes]\nseed = [1]\n",
         );
-        let cells = Sweep::load(&p, &[]).unwrap().cells().unwrap();
-        assert_eq!(
-            cells[0].config.availability,
-            crate::config::AvailabilityConfig::Trace {
-                trace: sub.join("avail.csv")
-            }
-        );
+        let trace_of = |c: &Config| match &c.availability {
+            crate::config::AvailabilityConfig::Trace { trace } => trace.clone(),
+            other => panic!("{other:?}"),
+        };
+        let first_cell = |p: &Path| {
+            Sweep::load(p, &[]).unwrap().cells().unwrap()[0]
+                .config
+                .clone()
+        };
+        assert_eq!(trace_of(&first_cell(&p)), sub.join("avail.csv"));
         let p = write(
             &sub,
             "inline.toml",
             "name = \"t\"\n[config]\navailability = { kind = \"trace\", trace = \"t.csv\" }\n[axes]\nseed = [1]\n",
         );
-        let cells = Sweep::load(&p, &[]).unwrap().cells().unwrap();
-        assert_eq!(
-            cells[0].config.availability,
-            crate::config::AvailabilityConfig::Trace {
-                trace: sub.join("t.csv")
-            }
-        );
+        assert_eq!(trace_of(&first_cell(&p)), sub.join("t.csv"));
         let c = Config::load(Some(&sub.join("base.toml")), &[]).unwrap();
-        assert_eq!(
-            c.availability,
-            crate::config::AvailabilityConfig::Trace {
-                trace: sub.join("avail.csv")
-            }
-        );
+        assert_eq!(trace_of(&c), sub.join("avail.csv"));
     }
 
     #[test]

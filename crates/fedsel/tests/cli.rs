@@ -20,6 +20,29 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// A one-seed sweep of `rounds` rounds in `dir`: (sweep file, output directory).
+fn one_seed_sweep(dir: &Path, rounds: usize) -> (std::path::PathBuf, std::path::PathBuf) {
+    let sweep = dir.join("s.toml");
+    std::fs::write(
+        &sweep,
+        format!("name = \"t\"\n[config]\nrounds = {rounds}\n[axes]\nseed = [1]\n"),
+    )
+    .unwrap();
+    (sweep, dir.join("out"))
+}
+
+/// `fedsel sweep SWEEP --out OUT EXTRA...`.
+fn sweep_into(sweep: &Path, out: &Path, extra: &[&str], cwd: &Path) -> Output {
+    let mut args = vec![
+        "sweep",
+        sweep.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    fedsel(&args, cwd)
+}
+
 #[test]
 fn a_run_never_overwrites_another_without_overwrite() {
     let dir = tempfile::tempdir().unwrap();
@@ -147,22 +170,8 @@ fn mistakes_are_errors_that_name_them_and_logs_carry_no_colour() {
 #[test]
 fn a_smoothing_window_longer_than_the_runs_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let sweep = dir.path().join("s.toml");
-    std::fs::write(
-        &sweep,
-        "name = \"t\"\n[config]\nrounds = 5\n[axes]\nseed = [1]\n",
-    )
-    .unwrap();
-    let out = dir.path().join("out");
-    let o = fedsel(
-        &[
-            "sweep",
-            sweep.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
+    let (sweep, out) = one_seed_sweep(dir.path(), 5);
+    let o = sweep_into(&sweep, &out, &[], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     let o = fedsel(
         &["report", out.to_str().unwrap(), "--smooth", "7"],
@@ -250,28 +259,8 @@ fn a_changed_config_is_refused_before_the_run_is_touched() {
 #[test]
 fn sweep_rounds_shortens_the_grid_and_the_output_is_locked() {
     let dir = tempfile::tempdir().unwrap();
-    let sweep = dir.path().join("s.toml");
-    std::fs::write(
-        &sweep,
-        "name = \"t\"\n[config]\nrounds = 500\n[axes]\nseed = [1]\n",
-    )
-    .unwrap();
-    let out = dir.path().join("out");
-    let args = |extra: &[&'static str]| {
-        let mut a = vec![
-            "sweep".to_string(),
-            sweep.to_str().unwrap().to_string(),
-            "--out".to_string(),
-            out.to_str().unwrap().to_string(),
-        ];
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
-    let run = |a: Vec<String>| {
-        let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        fedsel(&a, dir.path())
-    };
-    let o = run(args(&["--rounds", "2"]));
+    let (sweep, out) = one_seed_sweep(dir.path(), 500);
+    let o = sweep_into(&sweep, &out, &["--rounds", "2"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     let cell = std::fs::read_dir(out.join("cells"))
         .unwrap()
@@ -287,7 +276,7 @@ fn sweep_rounds_shortens_the_grid_and_the_output_is_locked() {
         .open(out.join("sweep.lock"))
         .unwrap();
     lock.lock().unwrap();
-    let o = run(args(&["--rounds", "3"]));
+    let o = sweep_into(&sweep, &out, &["--rounds", "3"], dir.path());
     assert!(!o.status.success());
     assert!(
         text(&o).contains("another sweep is running"),

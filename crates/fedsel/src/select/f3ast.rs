@@ -270,33 +270,49 @@ mod tests {
         assert!((w[0] - 0.25).abs() < 1e-12 && (w[1] - 0.05 / 0.54).abs() < 1e-12);
     }
 
+    /// p_k = k / Σk for k = 1..=n.
+    fn linear_p(n: usize) -> Vec<f64> {
+        let total = (n * (n + 1) / 2) as f64;
+        (1..=n).map(|k| k as f64 / total).collect()
+    }
+
+    /// (round, K, Σ_S weights) of `rounds` rounds with every client available and budget k.
+    fn everyone_available(
+        cfg: F3astConfig,
+        p: &[f64],
+        k: usize,
+        rounds: usize,
+    ) -> Vec<(usize, usize, f64)> {
+        let mut s = F3ast::new(cfg);
+        s.setup(&setup(p));
+        let all: Vec<usize> = (0..p.len()).collect();
+        for t in 0..rounds {
+            let ctx = RoundContext {
+                round: t,
+                available: &all,
+                budget: k,
+            };
+            s.select(
+                &ctx,
+                &mut FixedLosses(vec![]),
+                &mut stream(1, Purpose::Selection, 0, 0),
+            )
+            .unwrap();
+        }
+        s.state.weight_sums
+    }
+
     /// Under `code` each round's weights are the `paper` weights divided by K_t; at round
     /// 0 (r = p, all tied, so the K lowest ids) they are p_k/(0.999 p_k + 0.001) each.
     #[test]
     fn code_weights_are_paper_weights_over_k() {
-        let n = 20;
-        let p: Vec<f64> = (1..=n).map(|k| k as f64 / 210.0).collect();
+        let p = linear_p(20);
         let sums = |protocol| {
-            let mut s = F3ast::new(F3astConfig {
+            let cfg = F3astConfig {
                 protocol,
                 ..F3astConfig::default()
-            });
-            s.setup(&setup(&p));
-            let all: Vec<usize> = (0..n).collect();
-            for t in 0..50 {
-                let ctx = RoundContext {
-                    round: t,
-                    available: &all,
-                    budget: 5,
-                };
-                s.select(
-                    &ctx,
-                    &mut FixedLosses(vec![]),
-                    &mut stream(1, Purpose::Selection, 0, 0),
-                )
-                .unwrap();
-            }
-            s.state.weight_sums
+            };
+            everyone_available(cfg, &p, 5, 50)
         };
         let (code, paper) = (sums(Protocol::Code), sums(Protocol::Paper));
         for (c, q) in code.iter().zip(&paper) {
@@ -317,34 +333,14 @@ mod tests {
     /// p ∝ (1..=20), K = 5 and everyone available.
     #[test]
     fn paper_weight_sums_tend_to_one_and_code_sums_to_one_over_k() {
-        let n = 20;
-        let p: Vec<f64> = (1..=n).map(|k| k as f64 / 210.0).collect();
-        let mut s = F3ast::new(F3astConfig {
+        let cfg = F3astConfig {
             beta: 0.01,
             protocol: Protocol::Paper,
             ..F3astConfig::default()
-        });
-        s.setup(&setup(&p));
-        let all: Vec<usize> = (0..n).collect();
-        for t in 0..4000 {
-            let ctx = RoundContext {
-                round: t,
-                available: &all,
-                budget: 5,
-            };
-            s.select(
-                &ctx,
-                &mut FixedLosses(vec![]),
-                &mut stream(1, Purpose::Selection, 0, 0),
-            )
-            .unwrap();
-        }
+        };
+        let sums = everyone_available(cfg, &linear_p(20), 5, 4000);
         let mean = |from: usize, to: usize| {
-            s.state.weight_sums[from..to]
-                .iter()
-                .map(|w| w.2)
-                .sum::<f64>()
-                / (to - from) as f64
+            sums[from..to].iter().map(|w| w.2).sum::<f64>() / (to - from) as f64
         };
         assert!(mean(0, 50) > 2.0, "early mean {}", mean(0, 50));
         let settled = mean(2000, 4000);
