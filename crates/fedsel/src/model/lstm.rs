@@ -7,8 +7,8 @@
 //! steps is one matrix product; only the recurrence runs step by step.
 //!
 //! Training does not differentiate this forward pass: [`fused`] computes the loss and
-//! gradient with a hand-derived backward pass through time, about ten times faster at
-//! the Shakespeare shapes. The burn forward pass here is the reference it is tested
+//! gradient with a hand-derived backward pass through time (about twice as fast at the
+//! Shakespeare shapes, DESIGN.md "Speed: the char-LSTM"). The burn forward pass here is the reference it is tested
 //! against, and serves evaluation.
 
 mod fused;
