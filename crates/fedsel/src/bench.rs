@@ -48,34 +48,61 @@ pub fn step_time(
     reps: usize,
     device: &Device,
 ) -> Duration {
-    let layout = ParamLayout::of(arch);
-    let params = layout.init(0);
+    step_times(&[arch], data, batch, steps, reps, device)[0]
+}
+
+/// Median time of one SGD step of each architecture, as [`step_time`], with the
+/// architectures' runs alternating rep by rep: on a loaded machine the load then falls
+/// on all of them alike, and their ratio means something where separate runs' times
+/// would not.
+pub fn step_times(
+    archs: &[&dyn Architecture],
+    data: &Dataset,
+    batch: usize,
+    steps: usize,
+    reps: usize,
+    device: &Device,
+) -> Vec<Duration> {
     let cfg = TrainConfig {
         work: LocalWork::Steps(steps),
         batch_size: batch,
         momentum: 0.9,
         ..TrainConfig::default()
     };
-    let trainer = Trainer {
-        arch,
-        layout: &layout,
-        data,
-        cfg: &cfg,
-        dropout: 0.0,
-        device,
-    };
-    let idx: Vec<usize> = (0..data.len()).collect();
-    let mut rng = stream(0, Purpose::Training, 0, 0);
-    trainer.train(&params, &idx, 0.01, &mut rng, None);
-    let mut times: Vec<Duration> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            trainer.train(&params, &idx, 0.01, &mut rng, None);
-            t.elapsed() / steps as u32
+    let layouts: Vec<ParamLayout> = archs.iter().map(|a| ParamLayout::of(*a)).collect();
+    let trainers: Vec<Trainer<'_>> = archs
+        .iter()
+        .zip(&layouts)
+        .map(|(&arch, layout)| Trainer {
+            arch,
+            layout,
+            data,
+            cfg: &cfg,
+            dropout: 0.0,
+            device,
         })
         .collect();
-    times.sort();
-    times[reps / 2]
+    let params: Vec<Vec<f32>> = layouts.iter().map(|l| l.init(0)).collect();
+    let idx: Vec<usize> = (0..data.len()).collect();
+    let mut rng = stream(0, Purpose::Training, 0, 0);
+    for (t, p) in trainers.iter().zip(&params) {
+        t.train(p, &idx, 0.01, &mut rng, None);
+    }
+    let mut times = vec![Vec::with_capacity(reps); archs.len()];
+    for _ in 0..reps {
+        for ((t, p), out) in trainers.iter().zip(&params).zip(&mut times) {
+            let started = Instant::now();
+            t.train(p, &idx, 0.01, &mut rng, None);
+            out.push(started.elapsed() / steps as u32);
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort();
+            t[reps / 2]
+        })
+        .collect()
 }
 
 /// A query for selectors that ask clients for nothing (FedGS on its oracle graph).

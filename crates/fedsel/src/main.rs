@@ -575,6 +575,20 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
             t.as_secs_f64() * 1e3
         );
     }
+    let lstm = CharLstm {
+        vocab: 80,
+        embed: 8,
+        hidden: 256,
+    };
+    let reference = fedsel::model::AutodiffOnly(&lstm);
+    let data = random_dataset(&[], Some(80), 100, 80);
+    let t = fedsel::bench::step_times(&[&lstm, &reference], &data, 10, 5, 7, &device);
+    println!(
+        "step  char_lstm fused vs autodiff, interleaved: {:.3} ms vs {:.3} ms ({:.1}x)",
+        t[0].as_secs_f64() * 1e3,
+        t[1].as_secs_f64() * 1e3,
+        t[1].as_secs_f64() / t[0].as_secs_f64()
+    );
     let (mean, max) = fedsel::bench::fedgs_selection_time(100, 10, 200);
     println!(
         "select fedgs N=100 M=10 (oracle 3DG, 400 rounds): {mean:.3} ms mean, {max:.3} ms max per round"

@@ -6,7 +6,7 @@
 //! comes from the client's own stream, so the result is the same whichever
 //! thread runs it.
 
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::seq::SliceRandom;
 
 use crate::config::{GradientScope, LocalOptimizer, LocalWork, TrainConfig};
@@ -121,33 +121,53 @@ impl Trainer<'_> {
         let trainable = |i: usize| layout.specs[i].trainable;
         let plan = batches(idx, cfg.work, cfg.batch_size, rng);
         let mut loss_sum = Tensor::<1>::zeros([1], dev);
+        let fused = self.arch.loss_gradient();
         for b in &plan {
-            let ad: Vec<Tensor<1>> = params
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let p = p.clone().autodiff();
-                    if trainable(i) { p.require_grad() } else { p }
-                })
-                .collect();
-            let (x, y) = model::batch(self.data, b, dev);
-            let mut drop = Dropout {
-                p: self.dropout,
-                rng,
+            let (loss, mut grads) = match fused {
+                Some(f) => {
+                    let (loss, g) =
+                        f.loss_and_gradient(&layout.to_flat(params.clone()), self.data, b);
+                    let loss = Tensor::<1>::from_data(TensorData::new(vec![loss], [1]), dev);
+                    (
+                        loss,
+                        layout.to_tensors(&g, dev).into_iter().map(Some).collect(),
+                    )
+                }
+                None => {
+                    let ad: Vec<Tensor<1>> = params
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| {
+                            let p = p.clone().autodiff();
+                            if trainable(i) { p.require_grad() } else { p }
+                        })
+                        .collect();
+                    let (x, y) = model::batch(self.data, b, dev);
+                    let mut drop = Dropout {
+                        p: self.dropout,
+                        rng,
+                    };
+                    let (logits, running) = self.arch.forward_train(&ad, x, &mut drop);
+                    let loss = model::cross_entropy(logits, y);
+                    let grads = loss.backward();
+                    // Running statistics take the forward pass's values: no gradient, weight
+                    // decay, proximal term or optimizer step touches them.
+                    for (i, value) in running {
+                        params[i] = value;
+                    }
+                    let g: Vec<Option<Tensor<1>>> = ad
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| trainable(i).then(|| p.grad(&grads)).flatten())
+                        .collect();
+                    (loss.inner(), g)
+                }
             };
-            let (logits, running) = self.arch.forward_train(&ad, x, &mut drop);
-            let loss = model::cross_entropy(logits, y);
-            loss_sum = loss_sum + loss.clone().inner();
-            let grads = loss.backward();
+            loss_sum = loss_sum + loss;
             step += 1;
-            // Running statistics take the forward pass's values: no gradient, weight
-            // decay, proximal term or optimizer step touches them.
-            for (i, value) in running {
-                params[i] = value;
-            }
             for i in (0..n).filter(|&i| trainable(i)) {
-                let mut g = ad[i]
-                    .grad(&grads)
+                let mut g = grads[i]
+                    .take()
                     .expect("every trainable parameter takes part in the forward pass");
                 let p = params[i].clone();
                 if cfg.weight_decay > 0.0 {
@@ -230,7 +250,16 @@ impl Trainer<'_> {
         let examples: usize = batches.iter().map(Vec::len).sum();
         let mut sum: Vec<Tensor<1>> = params.iter().map(Tensor::zeros_like).collect();
         let specs = &self.layout.specs;
+        let fused = self.arch.loss_gradient();
         for b in batches.iter().filter(|b| !b.is_empty()) {
+            let share = b.len() as f64 / examples as f64;
+            if let Some(f) = fused {
+                let (_, g) = f.loss_and_gradient(global, self.data, b);
+                for (s, g) in sum.iter_mut().zip(self.layout.to_tensors(&g, dev)) {
+                    *s = s.clone() + g * share;
+                }
+                continue;
+            }
             let ad: Vec<Tensor<1>> = params
                 .iter()
                 .zip(specs)
@@ -242,7 +271,6 @@ impl Trainer<'_> {
             let (x, y) = model::batch(self.data, b, dev);
             let loss = model::cross_entropy(self.arch.forward(&ad, x, None), y);
             let grads = loss.backward();
-            let share = b.len() as f64 / examples as f64;
             // Non-trainable entries (BatchNorm's running statistics) keep a zero gradient.
             for ((s, p), spec) in sum.iter_mut().zip(&ad).zip(specs) {
                 if spec.trainable {
@@ -610,6 +638,69 @@ mod tests {
             let zero = g[layout.range(i)].iter().all(|&v| v == 0.0);
             assert_eq!(zero, !spec.trainable, "{}", spec.name);
         }
+    }
+
+    /// The trainer takes the char-LSTM's fused gradient, and its steps (momentum, weight
+    /// decay, proximal term) and full gradient follow the autodiff path's.
+    #[test]
+    fn the_fused_lstm_path_trains_like_autodiff() {
+        use crate::model::AutodiffOnly;
+        use crate::model::lstm::CharLstm;
+        let net = CharLstm {
+            vocab: 9,
+            embed: 4,
+            hidden: 6,
+        };
+        let reference = AutodiffOnly(&net);
+        assert!(net.loss_gradient().is_some() && reference.loss_gradient().is_none());
+        let data = crate::bench::random_dataset(&[], Some(7), 30, 9);
+        let layout = ParamLayout::of(&net);
+        let cfg = TrainConfig {
+            lr: 0.5,
+            momentum: 0.9,
+            weight_decay: 0.01,
+            prox_mu: 0.1,
+            work: LocalWork::Steps(4),
+            batch_size: 8,
+            ..TrainConfig::default()
+        };
+        let device = Device::flex();
+        let trainer = |arch| Trainer {
+            arch,
+            layout: &layout,
+            data: &data,
+            cfg: &cfg,
+            dropout: 0.0,
+            device: &device,
+        };
+        let start = layout.init(5);
+        let idx: Vec<usize> = (0..30).collect();
+        let train = |arch| {
+            trainer(arch).train(
+                &start,
+                &idx,
+                cfg.lr,
+                &mut stream(1, Purpose::Training, 0, 0),
+                None,
+            )
+        };
+        let (fused, slow) = (train(&net), train(&reference));
+        let delta = |u: &LocalUpdate| -> Vec<f32> {
+            u.params.iter().zip(&start).map(|(a, b)| a - b).collect()
+        };
+        assert!(relative_error(&delta(&fused), &delta(&slow)) < 1e-4);
+        assert!((fused.mean_loss - slow.mean_loss).abs() < 1e-5 * slow.mean_loss);
+        let gradient = |arch| {
+            trainer(arch)
+                .gradient(
+                    &start,
+                    &idx,
+                    GradientScope::Full,
+                    &mut stream(1, Purpose::Training, 0, 0),
+                )
+                .values
+        };
+        assert!(relative_error(&gradient(&net), &gradient(&reference)) < 1e-4);
     }
 
     #[test]

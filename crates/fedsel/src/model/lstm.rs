@@ -5,12 +5,20 @@
 //! and one bias `[4h]` (PyTorch's two biases add up to one, so one suffices),
 //! gates in PyTorch's order i, f, g, o. The input projection of all time
 //! steps is one matrix product; only the recurrence runs step by step.
+//!
+//! Training does not differentiate this forward pass: [`fused`] computes the loss and
+//! gradient with a hand-derived backward pass through time (about twice as fast at the
+//! Shakespeare shapes, DESIGN.md "Speed: the char-LSTM"). The burn forward pass here is the reference it is tested
+//! against, and serves evaluation.
+
+mod fused;
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::{sigmoid, tanh};
 use burn::tensor::module::embedding;
 
-use super::{Architecture, Batch, Dropout, Init, ParamSpec};
+use super::{Architecture, Batch, Dropout, Init, LossGradient, ParamSpec};
+use crate::data::{Dataset, Inputs};
 
 /// Character-level two-layer LSTM.
 #[derive(Debug, Clone)]
@@ -95,5 +103,132 @@ impl Architecture for CharLstm {
             .layer(&p[4..7], h1, self.hidden, true)
             .reshape([b, self.hidden]);
         h2.matmul(p[7].clone().reshape([self.hidden, self.vocab])) + p[8].clone().unsqueeze::<2>()
+    }
+
+    /// The model has no dropout and no running statistics, so the fused gradient is
+    /// the exact gradient of the training pass.
+    fn loss_gradient(&self) -> Option<&dyn LossGradient> {
+        Some(self)
+    }
+}
+
+impl LossGradient for CharLstm {
+    fn loss_and_gradient(&self, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>) {
+        let Inputs::Tokens { len, values } = &data.inputs else {
+            unreachable!("model::build gives the LSTM token inputs only")
+        };
+        let mut tokens = Vec::with_capacity(idx.len() * len);
+        for &i in idx {
+            tokens.extend_from_slice(&values[i * len..(i + 1) * len]);
+        }
+        let labels: Vec<u32> = idx.iter().map(|&i| data.labels[i]).collect();
+        fused::loss_and_gradient(self, params, &tokens, &labels, *len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::Device;
+
+    use super::*;
+    use crate::bench::random_dataset;
+    use crate::model::{ParamLayout, batch, cross_entropy};
+
+    /// Loss and flat gradient by burn's autodiff through [`CharLstm::forward`].
+    fn autodiff(net: &CharLstm, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>) {
+        let device = Device::flex();
+        let layout = ParamLayout::of(net);
+        let ad: Vec<Tensor<1>> = layout
+            .to_tensors(params, &device)
+            .into_iter()
+            .map(|p| p.autodiff().require_grad())
+            .collect();
+        let (x, y) = batch(data, idx, &device);
+        let loss = cross_entropy(net.forward(&ad, x, None), y);
+        let grads = loss.backward();
+        let g = ad.iter().map(|p| p.grad(&grads).unwrap()).collect();
+        (loss.inner().into_scalar::<f32>(), layout.to_flat(g))
+    }
+
+    fn relative_error(a: &[f32], b: &[f32]) -> f64 {
+        let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+        (diff / norm).sqrt()
+    }
+
+    /// Every parameter's fused gradient is within 1e-4 (relative, in norm) of autodiff's,
+    /// and the losses agree to 1e-5.
+    fn check(net: &CharLstm, seq: usize, batch: usize, seed: u64) {
+        let data = random_dataset(&[], Some(seq), 2 * batch, net.vocab);
+        let layout = ParamLayout::of(net);
+        let params = layout.init(seed);
+        let idx: Vec<usize> = (0..2 * batch).step_by(2).collect();
+        let (loss, grad) = net.loss_and_gradient(&params, &data, &idx);
+        let (want_loss, want) = autodiff(net, &params, &data, &idx);
+        assert!(
+            (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+            "{loss} vs {want_loss}"
+        );
+        for (i, spec) in layout.specs.iter().enumerate() {
+            let r = layout.range(i);
+            // Only a one-step sequence leaves the recurrent weights without gradient.
+            if seq == 1 && spec.name.ends_with("w_hh") {
+                assert!(want[r.clone()].iter().chain(&grad[r]).all(|&g| g == 0.0));
+                continue;
+            }
+            assert!(want[r.clone()].iter().any(|&g| g != 0.0), "{}", spec.name);
+            let err = relative_error(&grad[r.clone()], &want[r]);
+            assert!(err < 1e-4, "{}: relative error {err:e}", spec.name);
+        }
+    }
+
+    #[test]
+    fn the_fused_gradient_matches_autodiff_on_a_small_lstm() {
+        let net = CharLstm {
+            vocab: 7,
+            embed: 3,
+            hidden: 5,
+        };
+        check(&net, 6, 4, 1);
+        check(&net, 1, 3, 2);
+    }
+
+    #[test]
+    fn the_fused_gradient_matches_autodiff_at_the_shakespeare_shape() {
+        let net = CharLstm {
+            vocab: 80,
+            embed: 8,
+            hidden: 256,
+        };
+        check(&net, 5, 10, 3);
+    }
+
+    /// The products are split into enough pieces here to run on several threads.
+    #[test]
+    fn the_fused_gradient_does_not_depend_on_the_thread_count() {
+        let net = CharLstm {
+            vocab: 80,
+            embed: 8,
+            hidden: 256,
+        };
+        let data = random_dataset(&[], Some(12), 10, 80);
+        let params = ParamLayout::of(&net).init(4);
+        let idx: Vec<usize> = (0..10).collect();
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| net.loss_and_gradient(&params, &data, &idx))
+        };
+        let (loss, grad) = run(1);
+        for threads in [2, 3, 4] {
+            let (l, g) = run(threads);
+            assert_eq!(l.to_bits(), loss.to_bits(), "{threads} threads");
+            assert!(
+                g.iter().zip(&grad).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{threads} threads"
+            );
+        }
     }
 }

@@ -173,6 +173,52 @@ pub trait Architecture: Send + Sync {
     ) -> (Tensor<2>, Vec<(usize, Tensor<1>)>) {
         (self.forward(p, x, Some(dropout)), Vec::new())
     }
+
+    /// A hand-derived loss and gradient for training, where the architecture has one;
+    /// `None` (the default) and the trainer differentiates
+    /// [`Architecture::forward_train`] with autodiff. An architecture provides one
+    /// only where it is the exact gradient of that training-mode pass: one that uses
+    /// dropout or non-trainable parameters cannot, since [`LossGradient`] is given
+    /// neither the dropout stream nor a way to return running statistics.
+    fn loss_gradient(&self) -> Option<&dyn LossGradient> {
+        None
+    }
+}
+
+/// The training loss and its gradient without autodiff.
+pub trait LossGradient: Sync {
+    /// Mean cross-entropy of examples `idx` of `data` at the flat parameters `params`,
+    /// and its flat gradient (same layout as `params`).
+    fn loss_and_gradient(&self, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>);
+}
+
+/// An architecture seen through autodiff only: it hides the wrapped architecture's
+/// [`Architecture::loss_and_gradient`], so that training takes the generic path.
+/// The generic path is the reference for hand-derived gradients and the "before"
+/// side of `fedsel bench`.
+pub struct AutodiffOnly<'a>(pub &'a dyn Architecture);
+
+impl Architecture for AutodiffOnly<'_> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn params(&self) -> Vec<ParamSpec> {
+        self.0.params()
+    }
+
+    fn forward(&self, p: &[Tensor<1>], x: Batch, dropout: Option<&mut Dropout<'_>>) -> Tensor<2> {
+        self.0.forward(p, x, dropout)
+    }
+
+    fn forward_train(
+        &self,
+        p: &[Tensor<1>],
+        x: Batch,
+        dropout: &mut Dropout<'_>,
+    ) -> (Tensor<2>, Vec<(usize, Tensor<1>)>) {
+        self.0.forward_train(p, x, dropout)
+    }
 }
 
 /// Where each parameter lives in the flat vector.
