@@ -171,25 +171,37 @@ impl Sweep {
     /// Reads a sweep file; `overrides` (`key=value`, as `fedsel run --set`) apply to every
     /// cell, after the base and `[config]` and before the axes.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Parse {
-            source_name: name.clone(),
-            message: e.to_string(),
-        })?;
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|e| ConfigError::Parse {
+                source_name: p.display().to_string(),
+                message: e.to_string(),
+            })
+        };
+        let text = read(path)?;
+        let here = path.parent().unwrap_or(Path::new(""));
+        Self::from_toml_str(&text, &path.display().to_string(), here, overrides, read)
+    }
+
+    /// Parses the text of a sweep file as [`Sweep::load`] does: `name` names it in errors,
+    /// relative paths in it are relative to `here`, and `read_base` returns the text of the
+    /// base config at the path its `base` key gives.
+    pub fn from_toml_str(
+        text: &str,
+        name: &str,
+        here: &Path,
+        overrides: &[String],
+        read_base: impl FnOnce(&Path) -> Result<String, ConfigError>,
+    ) -> Result<Self, ConfigError> {
         let file: SweepFile =
-            toml::from_str(&text).map_err(|e: toml::de::Error| ConfigError::Parse {
-                source_name: name.clone(),
+            toml::from_str(text).map_err(|e: toml::de::Error| ConfigError::Parse {
+                source_name: name.into(),
                 message: e.to_string(),
             })?;
-        let here = path.parent().unwrap_or(Path::new(""));
         let mut base: toml::Table = match &file.base {
             Some(b) => {
                 let p = here.join(b);
                 let base_name = p.display().to_string();
-                let t = std::fs::read_to_string(&p).map_err(|e| ConfigError::Parse {
-                    source_name: base_name.clone(),
-                    message: e.to_string(),
-                })?;
+                let t = read_base(&p)?;
                 let mut table = crate::config::parse_toml(&t, &base_name)?;
                 crate::config::anchor_paths(&mut table, p.parent().unwrap_or(Path::new("")));
                 Config::read_keys(table.clone(), &base_name)?;

@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use super::Availability;
+use crate::data::read_file;
 use crate::error::{DataError, Result};
 
 /// A trace loaded into memory.
@@ -17,14 +18,14 @@ pub struct Trace {
 impl Trace {
     /// Reads and checks a trace for `clients` clients.
     pub fn load(path: &Path, clients: usize) -> Result<Self> {
+        Self::parse(path, &read_file(path)?, clients)
+    }
+
+    /// Parses and checks the CSV bytes of a trace for `clients` clients (`path` names
+    /// them in errors).
+    pub fn parse(path: &Path, bytes: &[u8], clients: usize) -> Result<Self> {
         let bad = |reason: String| DataError::corrupt(path, reason);
-        let mut reader = csv::Reader::from_path(path).map_err(|e| match e.into_kind() {
-            csv::ErrorKind::Io(source) => DataError::Io {
-                path: path.into(),
-                source,
-            },
-            other => bad(format!("{other:?}")),
-        })?;
+        let mut reader = csv::Reader::from_reader(bytes);
         let header = reader
             .headers()
             .map_err(|e| bad(format!("unreadable header: {e}")))?

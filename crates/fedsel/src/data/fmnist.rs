@@ -6,6 +6,7 @@
 //! Pixels are scaled to [0, 1] and normalised with (0.1307, 0.3081), as the
 //! FedCor code does.
 
+use std::borrow::Cow;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -59,18 +60,16 @@ pub fn available(dir: &Path) -> bool {
     FILES.iter().all(|f| find(dir, f.0).is_some())
 }
 
-/// Reads a file, decompressing it if it starts with the gzip magic.
-fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
-    let raw = read_file(path)?;
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::with_capacity(raw.len() * 2);
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| DataError::corrupt(path, format!("gzip stream is damaged: {e}")))?;
-        Ok(out)
-    } else {
-        Ok(raw)
+/// A file's bytes, inflated if they start with the gzip magic.
+fn decompress<'a>(path: &Path, raw: &'a [u8]) -> Result<Cow<'a, [u8]>, DataError> {
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(Cow::Borrowed(raw));
     }
+    let mut out = Vec::with_capacity(raw.len() * 2);
+    flate2::read::GzDecoder::new(raw)
+        .read_to_end(&mut out)
+        .map_err(|e| DataError::corrupt(path, format!("gzip stream is damaged: {e}")))?;
+    Ok(Cow::Owned(out))
 }
 
 fn be_u32(bytes: &[u8], at: usize) -> u32 {
@@ -117,24 +116,54 @@ pub fn parse_idx<'a>(
     Ok((dims, payload))
 }
 
-/// Loads one split (images + labels) with all checks.
-fn load_split(
-    dir: &Path,
-    images: usize,
-    labels: usize,
-    verify: bool,
-) -> Result<Dataset, DataError> {
+/// The training or the test half of the set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// 60 000 examples.
+    Train,
+    /// 10 000 examples.
+    Test,
+}
+
+impl Split {
+    /// Indices into [`FILES`] of the images and the labels.
+    fn files(self) -> (usize, usize) {
+        match self {
+            Self::Train => (0, 1),
+            Self::Test => (2, 3),
+        }
+    }
+}
+
+/// Reads one split's two files and parses them.
+fn load_split(dir: &Path, split: Split, verify: bool) -> Result<Dataset, DataError> {
     let read = |i: usize| -> Result<(PathBuf, Vec<u8>), DataError> {
         let (stem, ..) = FILES[i];
         let path = find(dir, stem).ok_or_else(|| missing(dir, stem))?;
-        let bytes = read_maybe_gz(&path)?;
+        let bytes = read_file(&path)?;
         Ok((path, bytes))
     };
+    let (images, labels) = split.files();
     let (ipath, ibytes) = read(images)?;
     let (lpath, lbytes) = read(labels)?;
-    let (idims, ipix) = parse_idx(&ipath, &ibytes, FILES[images].1)?;
-    let (_, lab) = parse_idx(&lpath, &lbytes, FILES[labels].1)?;
-    for (path, dims0, i) in [(&ipath, idims[0], images), (&lpath, lab.len(), labels)] {
+    parse_split(split, (&ipath, &ibytes), (&lpath, &lbytes), verify)
+}
+
+/// Parses one split from the bytes of its image and label files (each gzip-compressed
+/// or raw, with the path errors name), with every check [`load`] makes: magic numbers,
+/// shapes, counts, labels and, when `verify` is on, the published SHA-256.
+pub fn parse_split(
+    split: Split,
+    (ipath, iraw): (&Path, &[u8]),
+    (lpath, lraw): (&Path, &[u8]),
+    verify: bool,
+) -> Result<Dataset, DataError> {
+    let (images, labels) = split.files();
+    let ibytes = decompress(ipath, iraw)?;
+    let lbytes = decompress(lpath, lraw)?;
+    let (idims, ipix) = parse_idx(ipath, &ibytes, FILES[images].1)?;
+    let (_, lab) = parse_idx(lpath, &lbytes, FILES[labels].1)?;
+    for (path, dims0, i) in [(ipath, idims[0], images), (lpath, lab.len(), labels)] {
         if dims0 != FILES[i].2 {
             return Err(DataError::corrupt(
                 path,
@@ -144,12 +173,12 @@ fn load_split(
     }
     if idims[1..] != [28, 28] {
         return Err(DataError::corrupt(
-            &ipath,
+            ipath,
             format!("images are {}x{}, expected 28x28", idims[1], idims[2]),
         ));
     }
     if verify {
-        for (path, bytes, i) in [(&ipath, &ibytes, images), (&lpath, &lbytes, labels)] {
+        for (path, bytes, i) in [(ipath, &ibytes, images), (lpath, &lbytes, labels)] {
             let got = sha256_hex(bytes);
             if got != FILES[i].3 {
                 return Err(DataError::corrupt(
@@ -164,7 +193,7 @@ fn load_split(
     }
     if let Some(bad) = lab.iter().find(|&&l| l > 9) {
         return Err(DataError::corrupt(
-            &lpath,
+            lpath,
             format!("label {bad} is outside 0..9"),
         ));
     }
@@ -199,8 +228,8 @@ pub fn load(dir: &Path) -> Result<FederatedData, DataError> {
 pub fn load_with(dir: &Path, verify: bool) -> Result<FederatedData, DataError> {
     Ok(FederatedData {
         name: "fmnist".into(),
-        train: load_split(dir, 0, 1, verify)?,
-        test: load_split(dir, 2, 3, verify)?,
+        train: load_split(dir, Split::Train, verify)?,
+        test: load_split(dir, Split::Test, verify)?,
         users: None,
         user_models: None,
     })
