@@ -102,7 +102,15 @@ pub fn parse_idx<'a>(
     let dims: Vec<usize> = (0..ndim)
         .map(|i| be_u32(bytes, 4 + 4 * i) as usize)
         .collect();
-    let expected: usize = dims.iter().product();
+    let expected = dims
+        .iter()
+        .try_fold(1usize, |bytes, &d| bytes.checked_mul(d))
+        .ok_or_else(|| {
+            DataError::corrupt(
+                path,
+                format!("header dimensions {dims:?} promise more bytes than memory can address"),
+            )
+        })?;
     let payload = &bytes[header..];
     if payload.len() != expected {
         return Err(DataError::corrupt(
@@ -233,4 +241,40 @@ pub fn load_with(dir: &Path, verify: bool) -> Result<FederatedData, DataError> {
         users: None,
         user_models: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idx(magic: u32, dims: &[u32], payload: &[u8]) -> Vec<u8> {
+        let mut bytes = magic.to_be_bytes().to_vec();
+        bytes.extend(dims.iter().flat_map(|d| d.to_be_bytes()));
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    #[test]
+    fn a_small_idx_file_parses_and_a_short_one_is_named() {
+        let path = Path::new("labels");
+        let bytes = idx(2049, &[3], &[1, 2, 3]);
+        let (dims, payload) = parse_idx(path, &bytes, 2049).unwrap();
+        assert_eq!((dims, payload), (vec![3], &[1, 2, 3][..]));
+        let err = parse_idx(path, &bytes[..6], 2049).unwrap_err().to_string();
+        assert!(err.contains("labels") && err.contains("header"), "{err}");
+    }
+
+    /// Found by the `idx` fuzz target (minimized): three image dimensions whose product
+    /// overflows `usize` panicked in debug builds and wrapped in release ones.
+    #[test]
+    fn dimensions_whose_product_overflows_are_corrupt() {
+        let bytes = idx(2051, &[0x8453_5a61, 0x686f_767d, 0x8400_0309], &[]);
+        let err = parse_idx(Path::new("images"), &bytes, 2051)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("images") && err.contains("more bytes than"),
+            "{err}"
+        );
+    }
 }
