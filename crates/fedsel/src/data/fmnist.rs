@@ -60,15 +60,29 @@ pub fn available(dir: &Path) -> bool {
     FILES.iter().all(|f| find(dir, f.0).is_some())
 }
 
+/// Size of the largest file of the set (training images), decompressed. A gzip stream
+/// can inflate a thousandfold, so a small damaged or hostile file could otherwise fill
+/// memory before any check of its contents.
+const MAX_DECOMPRESSED: usize = 16 + 60_000 * 28 * 28;
+
 /// A file's bytes, inflated if they start with the gzip magic.
 fn decompress<'a>(path: &Path, raw: &'a [u8]) -> Result<Cow<'a, [u8]>, DataError> {
     if !raw.starts_with(&[0x1f, 0x8b]) {
         return Ok(Cow::Borrowed(raw));
     }
-    let mut out = Vec::with_capacity(raw.len() * 2);
+    let mut out = Vec::with_capacity(raw.len().saturating_mul(2).min(MAX_DECOMPRESSED));
     flate2::read::GzDecoder::new(raw)
+        .take(MAX_DECOMPRESSED as u64 + 1)
         .read_to_end(&mut out)
         .map_err(|e| DataError::corrupt(path, format!("gzip stream is damaged: {e}")))?;
+    if out.len() > MAX_DECOMPRESSED {
+        return Err(DataError::corrupt(
+            path,
+            format!(
+                "inflates to more than {MAX_DECOMPRESSED} bytes, the largest Fashion-MNIST file"
+            ),
+        ));
+    }
     Ok(Cow::Owned(out))
 }
 
@@ -274,6 +288,28 @@ mod tests {
             .to_string();
         assert!(
             err.contains("images") && err.contains("more bytes than"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_gzip_stream_inflating_past_the_largest_file_is_refused() {
+        use std::io::Write;
+        let gz = |len: usize| {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            e.write_all(&vec![0; len]).unwrap();
+            e.finish().unwrap()
+        };
+        let path = Path::new("train-images-idx3-ubyte.gz");
+        assert_eq!(
+            decompress(path, &gz(MAX_DECOMPRESSED)).unwrap().len(),
+            MAX_DECOMPRESSED
+        );
+        let bomb = gz(MAX_DECOMPRESSED + 1);
+        assert!(bomb.len() < MAX_DECOMPRESSED / 500);
+        let err = decompress(path, &bomb).unwrap_err().to_string();
+        assert!(
+            err.contains("idx3-ubyte.gz") && err.contains("inflates"),
             "{err}"
         );
     }
