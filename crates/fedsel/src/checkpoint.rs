@@ -11,14 +11,28 @@
 //! f32 arrays (little-endian, lengths in the metadata). A checkpoint is
 //! written to `checkpoint.tmp/` and renamed into place, so a crash while
 //! writing leaves the previous checkpoint intact.
+//!
+//! `state.json` also records two SHA-256 checksums: of `tensors.bin`, and of
+//! the metadata itself (its compact JSON: version, next round, config hash,
+//! array lengths, client step counts, selector state and summary). Plausible
+//! but wrong weights would otherwise resume without complaint and end in
+//! different results, indistinguishable from a real run; with the checksums
+//! any changed byte is refused as a corrupt checkpoint, naming the file. A
+//! checkpoint written before the checksums existed is refused the same way
+//! (the error names the missing `tensors_sha256` field): it cannot be told
+//! apart from a damaged one, so such a run has to start over.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::sha256_hex;
 use crate::engine::RunSummary;
-use crate::error::{Error, Result};
+use crate::error::{CheckpointError, Error, Result};
 use crate::train::OptimizerState;
+
+const STATE: &str = "state.json";
+const TENSORS: &str = "tensors.bin";
 
 /// The state of a run between two rounds.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +55,18 @@ pub struct Checkpoint {
     pub summary: RunSummary,
 }
 
+/// The contents of `state.json`.
+#[derive(Serialize, Deserialize)]
+struct State {
+    /// SHA-256 of `tensors.bin`; first, so that a checkpoint without checksums is
+    /// reported as missing this field.
+    tensors_sha256: String,
+    /// SHA-256 of `meta` serialized as compact JSON, so that whitespace does not count
+    /// but every value does (floats round-trip exactly: serde_json's `float_roundtrip`).
+    meta_sha256: String,
+    meta: Meta,
+}
+
 #[derive(Serialize, Deserialize)]
 struct Meta {
     version: String,
@@ -54,6 +80,12 @@ struct Meta {
     summary: RunSummary,
 }
 
+impl Meta {
+    fn sha256(&self) -> String {
+        sha256_hex(&serde_json::to_vec(self).expect("metadata serializes"))
+    }
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Output {
         path: path.to_path_buf(),
@@ -61,10 +93,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     }
 }
 
-fn corrupt(path: &Path, reason: impl Into<String>) -> Error {
-    Error::Output {
-        path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason.into()),
+fn corrupt(path: PathBuf, reason: impl Into<String>) -> CheckpointError {
+    CheckpointError::Corrupt {
+        path,
+        reason: reason.into(),
     }
 }
 
@@ -89,8 +121,6 @@ pub fn save(run_dir: &Path, cp: &Checkpoint) -> Result<()> {
     for a in &arrays {
         bytes.extend(a.iter().flat_map(|x| x.to_le_bytes()));
     }
-    let bin = tmp.join("tensors.bin");
-    std::fs::write(&bin, bytes).map_err(io(&bin))?;
     let meta = Meta {
         version: crate::VERSION.into(),
         next_round: cp.next_round,
@@ -104,10 +134,17 @@ pub fn save(run_dir: &Path, cp: &Checkpoint) -> Result<()> {
         selector: cp.selector.clone(),
         summary: cp.summary.clone(),
     };
-    let json = tmp.join("state.json");
+    let state = State {
+        tensors_sha256: sha256_hex(&bytes),
+        meta_sha256: meta.sha256(),
+        meta,
+    };
+    let bin = tmp.join(TENSORS);
+    std::fs::write(&bin, bytes).map_err(io(&bin))?;
+    let json = tmp.join(STATE);
     std::fs::write(
         &json,
-        serde_json::to_vec_pretty(&meta).expect("metadata serializes"),
+        serde_json::to_vec_pretty(&state).expect("metadata serializes"),
     )
     .map_err(io(&json))?;
     let dest = dir(run_dir);
@@ -129,51 +166,86 @@ pub fn save(run_dir: &Path, cp: &Checkpoint) -> Result<()> {
 pub fn load(run_dir: &Path) -> Result<Checkpoint> {
     let d = [dir(run_dir), run_dir.join("checkpoint.old")]
         .into_iter()
-        .find(|d| d.join("state.json").is_file())
-        .ok_or_else(|| {
-            corrupt(
-                &dir(run_dir),
-                "no checkpoint found; was the run started with checkpoint_every = 0?",
-            )
-        })?;
-    let json = d.join("state.json");
-    let meta: Meta = serde_json::from_slice(&std::fs::read(&json).map_err(io(&json))?)
-        .map_err(|e| corrupt(&json, e.to_string()))?;
-    let bin = d.join("tensors.bin");
-    let bytes = std::fs::read(&bin).map_err(io(&bin))?;
-    let total: usize = meta.lengths.iter().sum();
-    if bytes.len() != total * 4 {
+        .find(|d| d.join(STATE).is_file())
+        .ok_or_else(|| CheckpointError::Missing { dir: dir(run_dir) })?;
+    let read = |name: &str| {
+        let path = d.join(name);
+        std::fs::read(&path).map_err(|source| CheckpointError::Io { path, source })
+    };
+    Ok(from_bytes(&d, &read(STATE)?, &read(TENSORS)?)?)
+}
+
+/// Decodes a checkpoint from the contents of its two files; [`load`] reads them from
+/// `dir`, which errors name. Every inconsistency between the files, and any byte that
+/// differs from what [`save`] wrote, is a [`CheckpointError::Corrupt`], never a panic:
+/// the sizes are checked before anything is allocated from them.
+pub fn from_bytes(dir: &Path, state: &[u8], tensors: &[u8]) -> Result<Checkpoint, CheckpointError> {
+    let json = dir.join(STATE);
+    let bin = dir.join(TENSORS);
+    let State {
+        tensors_sha256,
+        meta_sha256,
+        meta,
+    } = serde_json::from_slice(state).map_err(|e| corrupt(json.clone(), e.to_string()))?;
+    let arrays = 3 + 2 * meta.client_steps.iter().flatten().count();
+    if meta.lengths.len() != arrays {
         return Err(corrupt(
-            &bin,
-            format!("{} bytes, the metadata promises {}", bytes.len(), total * 4),
+            json,
+            format!(
+                "lists {} arrays, the client states need {arrays}",
+                meta.lengths.len()
+            ),
         ));
     }
-    let mut floats = bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")));
-    let mut arrays = meta
+    let bytes = meta
         .lengths
         .iter()
-        .map(|&n| floats.by_ref().take(n).collect::<Vec<f32>>());
-    let mut next = || {
-        arrays
-            .next()
-            .ok_or_else(|| corrupt(&json, "fewer arrays than states"))
-    };
-    let global = next()?;
-    let server_m = next()?;
-    let server_v = next()?;
-    let mut client_states = Vec::with_capacity(meta.client_steps.len());
-    for step in &meta.client_steps {
-        client_states.push(match step {
-            Some(step) => Some(OptimizerState {
-                step: *step,
-                m: next()?,
-                v: next()?,
-            }),
-            None => None,
-        });
+        .try_fold(0usize, |sum, &n| sum.checked_add(n.checked_mul(4)?))
+        .ok_or_else(|| corrupt(json.clone(), "array lengths overflow"))?;
+    if tensors.len() != bytes {
+        return Err(corrupt(
+            bin,
+            format!("{} bytes, {STATE} promises {bytes}", tensors.len()),
+        ));
     }
+    let got = meta.sha256();
+    if got != meta_sha256 {
+        return Err(corrupt(
+            json,
+            format!("SHA-256 of the metadata is {got}, the checksum recorded is {meta_sha256}"),
+        ));
+    }
+    let got = sha256_hex(tensors);
+    if got != tensors_sha256 {
+        return Err(corrupt(
+            bin,
+            format!("SHA-256 is {got}, the checksum recorded in {STATE} is {tensors_sha256}"),
+        ));
+    }
+    let mut rest = tensors;
+    let mut next = |n: usize| {
+        let (head, tail) = rest.split_at(4 * n);
+        rest = tail;
+        head.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect::<Vec<f32>>()
+    };
+    let mut lengths = meta.lengths.iter().copied();
+    let mut array = || next(lengths.next().expect("one length per array, checked"));
+    let global = array();
+    let server_m = array();
+    let server_v = array();
+    let client_states = meta
+        .client_steps
+        .iter()
+        .map(|step| {
+            step.map(|step| OptimizerState {
+                step,
+                m: array(),
+                v: array(),
+            })
+        })
+        .collect();
     Ok(Checkpoint {
         next_round: meta.next_round,
         config_hash: meta.config_hash,
@@ -184,4 +256,163 @@ pub fn load(run_dir: &Path) -> Result<Checkpoint> {
         selector: meta.selector,
         summary: meta.summary,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Ledger;
+
+    /// A checkpoint whose floats are not short decimals, so that any lossy step shows.
+    fn sample() -> Checkpoint {
+        let wave = |n: usize, scale: f32| -> Vec<f32> {
+            (0..n).map(|i| (i as f32 * 0.37).sin() * scale).collect()
+        };
+        Checkpoint {
+            next_round: 15,
+            config_hash: "0123abcd".into(),
+            global: wave(600, 0.1),
+            server_m: wave(600, 0.01),
+            server_v: wave(600, 1e-4),
+            client_states: vec![
+                Some(OptimizerState {
+                    step: 7,
+                    m: wave(600, 0.02),
+                    v: Vec::new(),
+                }),
+                None,
+                Some(OptimizerState {
+                    step: 3,
+                    m: wave(600, 0.03),
+                    v: wave(600, 1e-5),
+                }),
+            ],
+            selector: serde_json::json!({ "losses": [0.1 + 0.2, 1.0 / 3.0, 2.5e-300], "round": 14 }),
+            summary: RunSummary {
+                strategy: "md".into(),
+                seed: 1,
+                rounds: 15,
+                final_acc: Some(0.812_345_678_901_234_5),
+                final_loss: Some(std::f64::consts::LN_10),
+                best_acc: Some(0.9),
+                best_acc_round: 12,
+                best_loss: None,
+                rounds_to_target: vec![(0.5, Some(4)), (0.95, None)],
+                diverged_at: None,
+                wall_s: 12.345_678_901_234,
+                cost: Ledger {
+                    broadcasts: 150,
+                    ..Ledger::default()
+                },
+                version: crate::VERSION.into(),
+            },
+        }
+    }
+
+    fn corrupt_file(err: Error) -> (PathBuf, String) {
+        let message = err.to_string();
+        match err {
+            Error::Checkpoint(CheckpointError::Corrupt { path, .. }) => (path, message),
+            other => panic!("expected a corrupt checkpoint, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_untouched_checkpoint_loads_equal_even_reformatted() {
+        let run = tempfile::tempdir().unwrap();
+        let cp = sample();
+        save(run.path(), &cp).unwrap();
+        assert_eq!(load(run.path()).unwrap(), cp);
+        // Whitespace is not part of the metadata checksum.
+        let json = dir(run.path()).join(STATE);
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        std::fs::write(&json, serde_json::to_vec(&state).unwrap()).unwrap();
+        assert_eq!(load(run.path()).unwrap(), cp);
+    }
+
+    #[test]
+    fn plausible_weights_written_over_tensors_are_refused_as_corrupt() {
+        let run = tempfile::tempdir().unwrap();
+        save(run.path(), &sample()).unwrap();
+        let bin = dir(run.path()).join(TENSORS);
+        let mut bytes = std::fs::read(&bin).unwrap();
+        // 200 weights of the global model, each moved by 1%: still finite and in range.
+        for c in bytes[400..1200].chunks_exact_mut(4) {
+            let x = f32::from_le_bytes(c.try_into().unwrap());
+            c.copy_from_slice(&(x * 1.01 + 1e-3).to_le_bytes());
+        }
+        std::fs::write(&bin, bytes).unwrap();
+        let (path, message) = corrupt_file(load(run.path()).unwrap_err());
+        assert_eq!(path, bin);
+        assert!(
+            message.contains("corrupt checkpoint") && message.contains("SHA-256"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn an_edited_round_in_the_metadata_is_refused_as_corrupt() {
+        let run = tempfile::tempdir().unwrap();
+        save(run.path(), &sample()).unwrap();
+        let json = dir(run.path()).join(STATE);
+        let text = std::fs::read_to_string(&json).unwrap();
+        assert!(text.contains("\"next_round\": 15"));
+        std::fs::write(
+            &json,
+            text.replace("\"next_round\": 15", "\"next_round\": 5"),
+        )
+        .unwrap();
+        let (path, message) = corrupt_file(load(run.path()).unwrap_err());
+        assert_eq!(path, json);
+        assert!(message.contains("SHA-256 of the metadata"), "{message}");
+    }
+
+    #[test]
+    fn a_checkpoint_without_checksums_names_the_missing_field() {
+        let run = tempfile::tempdir().unwrap();
+        save(run.path(), &sample()).unwrap();
+        let json = dir(run.path()).join(STATE);
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        // The layout before checksums: the metadata alone.
+        std::fs::write(&json, serde_json::to_vec_pretty(&state["meta"]).unwrap()).unwrap();
+        let (path, message) = corrupt_file(load(run.path()).unwrap_err());
+        assert_eq!(path, json);
+        assert!(
+            message.contains("missing field `tensors_sha256`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn sizes_that_disagree_or_overflow_are_refused_before_reading_floats() {
+        let run = tempfile::tempdir().unwrap();
+        save(run.path(), &sample()).unwrap();
+        let d = dir(run.path());
+        let state = std::fs::read(d.join(STATE)).unwrap();
+        let tensors = std::fs::read(d.join(TENSORS)).unwrap();
+        let err = from_bytes(&d, &state, &tensors[..tensors.len() - 4]).unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::Corrupt { path, .. } if path.ends_with(TENSORS)),
+            "{err}"
+        );
+        let mut value: serde_json::Value = serde_json::from_slice(&state).unwrap();
+        value["meta"]["lengths"][0] = serde_json::json!(usize::MAX / 2);
+        let err = from_bytes(&d, &serde_json::to_vec(&value).unwrap(), &tensors).unwrap_err();
+        assert!(err.to_string().contains("overflow"), "{err}");
+        value["meta"]["lengths"] = serde_json::json!([600, 600]);
+        let err = from_bytes(&d, &serde_json::to_vec(&value).unwrap(), &tensors).unwrap_err();
+        assert!(err.to_string().contains("lists 2 arrays"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_checkpoint_says_so() {
+        let run = tempfile::tempdir().unwrap();
+        let err = load(run.path()).unwrap_err();
+        assert!(
+            matches!(&err, Error::Checkpoint(CheckpointError::Missing { .. })),
+            "{err}"
+        );
+    }
 }

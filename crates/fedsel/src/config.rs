@@ -1214,11 +1214,22 @@ impl Config {
                     source_name: name.clone(),
                     message: e.to_string(),
                 })?;
-                let mut table = parse_toml(&text, &name)?;
-                anchor_paths(&mut table, p.parent().unwrap_or(Path::new("")));
-                Self::from_table(table, &name, overrides)
+                Self::from_file_text(&text, &name, p.parent().unwrap_or(Path::new("")), overrides)
             }
         }
+    }
+
+    /// Parses the text of a config file as [`Config::load`] does: relative paths in it are
+    /// relative to `dir`, the file's directory; `overrides` are applied after that.
+    pub fn from_file_text(
+        text: &str,
+        source_name: &str,
+        dir: &Path,
+        overrides: &[String],
+    ) -> Result<Self, ConfigError> {
+        let mut table = parse_toml(text, source_name)?;
+        anchor_paths(&mut table, dir);
+        Self::from_table(table, source_name, overrides)
     }
 
     /// Rejects values no run can use, naming the key.

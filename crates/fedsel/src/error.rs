@@ -89,6 +89,35 @@ pub struct PartitionError {
     pub reason: String,
 }
 
+/// A checkpoint that cannot be resumed from.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The run directory holds no checkpoint.
+    #[error("{dir}: no checkpoint found; was the run started with checkpoint_every = 0?")]
+    Missing {
+        /// The checkpoint directory looked for.
+        dir: PathBuf,
+    },
+    /// A checkpoint file exists but cannot be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// A checkpoint file does not hold what was written: damaged on disk, edited, or
+    /// written by a fedsel that stored no checksums. Resuming from it would silently
+    /// continue another run, so it is refused.
+    #[error("{path}: corrupt checkpoint: {reason}")]
+    Corrupt {
+        /// The file at fault.
+        path: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
+}
+
 /// Any failure of a run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -101,6 +130,9 @@ pub enum Error {
     /// See [`PartitionError`].
     #[error(transparent)]
     Partition(#[from] PartitionError),
+    /// See [`CheckpointError`].
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     /// Writing results failed.
     #[error("{path}: {source}")]
     Output {

@@ -13,6 +13,7 @@ pub mod data;
 pub mod diagnostics;
 pub mod engine;
 pub mod error;
+pub mod fuzzing;
 pub mod ledger;
 pub mod model;
 pub mod output;

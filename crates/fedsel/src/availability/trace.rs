@@ -3,28 +3,36 @@
 //! (round, client) pair; clients are numbered as in the partition. Rounds past
 //! the end of the trace repeat it cyclically.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::Availability;
+use crate::data::read_file;
 use crate::error::{DataError, Result};
 
 /// A trace loaded into memory.
+///
+/// Only the rounds the file lists are stored, so memory follows the file's size, not its
+/// largest round number: one row for round 10⁹ must not allocate a billion rounds.
 #[derive(Debug, Clone)]
 pub struct Trace {
-    rounds: Vec<Vec<usize>>,
+    /// Active clients (sorted, distinct) of each round that has any.
+    rounds: BTreeMap<usize, Vec<usize>>,
+    /// Rounds in one cycle: the last round listed, plus one.
+    cycle: usize,
 }
 
 impl Trace {
     /// Reads and checks a trace for `clients` clients.
     pub fn load(path: &Path, clients: usize) -> Result<Self> {
+        Self::parse(path, &read_file(path)?, clients)
+    }
+
+    /// Parses and checks the CSV bytes of a trace for `clients` clients (`path` names
+    /// them in errors).
+    pub fn parse(path: &Path, bytes: &[u8], clients: usize) -> Result<Self> {
         let bad = |reason: String| DataError::corrupt(path, reason);
-        let mut reader = csv::Reader::from_path(path).map_err(|e| match e.into_kind() {
-            csv::ErrorKind::Io(source) => DataError::Io {
-                path: path.into(),
-                source,
-            },
-            other => bad(format!("{other:?}")),
-        })?;
+        let mut reader = csv::Reader::from_reader(bytes);
         let header = reader
             .headers()
             .map_err(|e| bad(format!("unreadable header: {e}")))?
@@ -36,7 +44,8 @@ impl Trace {
             ))
             .into());
         }
-        let mut rounds: Vec<Vec<usize>> = Vec::new();
+        let mut rounds: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let mut cycle = 0;
         for (i, row) in reader.records().enumerate() {
             let line = i + 2;
             let row = row.map_err(|e| bad(format!("line {line}: {e}")))?;
@@ -56,35 +65,41 @@ impl Trace {
                 ))
                 .into());
             }
-            if rounds.len() <= t {
-                rounds.resize(t + 1, Vec::new());
-            }
-            rounds[t].push(k);
+            let end = t.checked_add(1).ok_or_else(|| {
+                bad(format!(
+                    "line {line}: round {t} is past the last round a run can have"
+                ))
+            })?;
+            cycle = cycle.max(end);
+            rounds.entry(t).or_default().push(k);
         }
         if rounds.is_empty() {
             return Err(bad("the trace has no rows".into()).into());
         }
-        for r in &mut rounds {
+        for r in rounds.values_mut() {
             r.sort_unstable();
             r.dedup();
         }
-        Ok(Self { rounds })
+        Ok(Self { rounds, cycle })
     }
 
     /// Rounds in one cycle of the trace.
     pub fn len(&self) -> usize {
-        self.rounds.len()
+        self.cycle
     }
 
     /// Whether the trace has no rounds (never true for a loaded trace).
     pub fn is_empty(&self) -> bool {
-        self.rounds.is_empty()
+        self.cycle == 0
     }
 }
 
 impl Availability for Trace {
     fn active(&self, t: usize) -> Vec<usize> {
-        self.rounds[t % self.rounds.len()].clone()
+        self.rounds
+            .get(&(t % self.cycle))
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -121,5 +136,22 @@ mod tests {
         );
         let missing = Trace::load(&dir.path().join("none.csv"), 2).unwrap_err();
         assert!(missing.to_string().contains("none.csv"));
+    }
+
+    /// Found by the `trace` fuzz target (minimized): one row for a far round made the
+    /// loader allocate every round up to it, and round `usize::MAX` overflowed.
+    #[test]
+    fn a_far_round_costs_one_row_and_the_last_usize_is_refused() {
+        let path = Path::new("t.csv");
+        let t = Trace::parse(path, b"round,client\n666666661,1", 2).unwrap();
+        assert_eq!(t.len(), 666_666_662);
+        assert_eq!(t.active(666_666_661), vec![1]);
+        assert_eq!(t.active(5), Vec::<usize>::new());
+        assert_eq!(t.active(666_666_662), Vec::<usize>::new());
+        let last = format!("round,client\n{},0\n", usize::MAX);
+        let err = Trace::parse(path, last.as_bytes(), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("t.csv") && err.contains("line 2"), "{err}");
     }
 }

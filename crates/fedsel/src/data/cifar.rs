@@ -29,8 +29,8 @@ const CIFAR10_TEST: (&str, &str) = ("test_batch.bin", "803d5f7f4d78ea53de84dbe85
 const CIFAR100_TRAIN: (&str, &str) = ("train.bin", "6172c7755cfe09b2fe270c85cebc1b15");
 const CIFAR100_TEST: (&str, &str) = ("test.bin", "4499cfba6c016c1be1438163640a0898");
 
-/// The layout of one variant.
-struct Variant {
+/// The record layout and published files of CIFAR-10 or CIFAR-100.
+pub struct Variant {
     name: &'static str,
     /// Label bytes before the pixels.
     label_bytes: usize,
@@ -42,7 +42,8 @@ struct Variant {
     hint: &'static str,
 }
 
-const V10: Variant = Variant {
+/// CIFAR-10: one label byte per record.
+pub const V10: Variant = Variant {
     name: "cifar10",
     label_bytes: 1,
     label_at: 0,
@@ -50,7 +51,8 @@ const V10: Variant = Variant {
     records: (10_000, 10_000),
     hint: "Download https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz, extract it in the data directory (it creates cifar-10-batches-bin/), and point --data-dir or FEDSEL_DATA there.",
 };
-const V100: Variant = Variant {
+/// CIFAR-100: coarse and fine label bytes per record; the fine one is used.
+pub const V100: Variant = Variant {
     name: "cifar100",
     label_bytes: 2,
     label_at: 1,
@@ -101,15 +103,6 @@ fn read_files(
     for (name, md5) in files {
         let path = dir.join(name);
         let bytes = read_file(&path)?;
-        if bytes.is_empty() || bytes.len() % record != 0 {
-            return Err(DataError::corrupt(
-                &path,
-                format!(
-                    "{} bytes is not a whole number of {record}-byte records; truncated?",
-                    bytes.len()
-                ),
-            ));
-        }
         if verify {
             if bytes.len() != published * record {
                 return Err(DataError::corrupt(
@@ -131,21 +124,7 @@ fn read_files(
                 ));
             }
         }
-        for (i, rec) in bytes.chunks_exact(record).enumerate() {
-            let label = rec[v.label_at] as usize;
-            if label >= v.classes {
-                return Err(DataError::corrupt(
-                    &path,
-                    format!("record {i} has label {label}, outside 0..{}", v.classes),
-                ));
-            }
-            labels.push(label as u32);
-            values.extend(
-                rec[v.label_bytes..]
-                    .iter()
-                    .map(|&p| (p as f32 / 255.0 - 0.5) / 0.5),
-            );
-        }
+        parse_records(&path, &bytes, v, &mut labels, &mut values)?;
     }
     Ok(Dataset {
         inputs: Inputs::Dense {
@@ -155,6 +134,44 @@ fn read_files(
         labels,
         classes: v.classes,
     })
+}
+
+/// Decodes the records of one batch file of variant `v` (`path` names it in errors),
+/// appending labels and normalised pixel planes: the file must be a whole, non-zero
+/// number of records and every label within the variant's classes.
+pub fn parse_records(
+    path: &Path,
+    bytes: &[u8],
+    v: &Variant,
+    labels: &mut Vec<u32>,
+    values: &mut Vec<f32>,
+) -> Result<(), DataError> {
+    let record = v.label_bytes + PIXELS;
+    if bytes.is_empty() || !bytes.len().is_multiple_of(record) {
+        return Err(DataError::corrupt(
+            path,
+            format!(
+                "{} bytes is not a whole number of {record}-byte records; truncated?",
+                bytes.len()
+            ),
+        ));
+    }
+    for (i, rec) in bytes.chunks_exact(record).enumerate() {
+        let label = rec[v.label_at] as usize;
+        if label >= v.classes {
+            return Err(DataError::corrupt(
+                path,
+                format!("record {i} has label {label}, outside 0..{}", v.classes),
+            ));
+        }
+        labels.push(label as u32);
+        values.extend(
+            rec[v.label_bytes..]
+                .iter()
+                .map(|&p| (p as f32 / 255.0 - 0.5) / 0.5),
+        );
+    }
+    Ok(())
 }
 
 /// Loads CIFAR-10 from `dir` (`cifar-10-batches-bin`).

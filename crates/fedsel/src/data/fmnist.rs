@@ -6,6 +6,7 @@
 //! Pixels are scaled to [0, 1] and normalised with (0.1307, 0.3081), as the
 //! FedCor code does.
 
+use std::borrow::Cow;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -59,18 +60,30 @@ pub fn available(dir: &Path) -> bool {
     FILES.iter().all(|f| find(dir, f.0).is_some())
 }
 
-/// Reads a file, decompressing it if it starts with the gzip magic.
-fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, DataError> {
-    let raw = read_file(path)?;
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::with_capacity(raw.len() * 2);
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| DataError::corrupt(path, format!("gzip stream is damaged: {e}")))?;
-        Ok(out)
-    } else {
-        Ok(raw)
+/// Size of the largest file of the set (training images), decompressed. A gzip stream
+/// can inflate a thousandfold, so a small damaged or hostile file could otherwise fill
+/// memory before any check of its contents.
+const MAX_DECOMPRESSED: usize = 16 + 60_000 * 28 * 28;
+
+/// A file's bytes, inflated if they start with the gzip magic.
+fn decompress<'a>(path: &Path, raw: &'a [u8]) -> Result<Cow<'a, [u8]>, DataError> {
+    if !raw.starts_with(&[0x1f, 0x8b]) {
+        return Ok(Cow::Borrowed(raw));
     }
+    let mut out = Vec::with_capacity(raw.len().saturating_mul(2).min(MAX_DECOMPRESSED));
+    flate2::read::GzDecoder::new(raw)
+        .take(MAX_DECOMPRESSED as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| DataError::corrupt(path, format!("gzip stream is damaged: {e}")))?;
+    if out.len() > MAX_DECOMPRESSED {
+        return Err(DataError::corrupt(
+            path,
+            format!(
+                "inflates to more than {MAX_DECOMPRESSED} bytes, the largest Fashion-MNIST file"
+            ),
+        ));
+    }
+    Ok(Cow::Owned(out))
 }
 
 fn be_u32(bytes: &[u8], at: usize) -> u32 {
@@ -103,7 +116,15 @@ pub fn parse_idx<'a>(
     let dims: Vec<usize> = (0..ndim)
         .map(|i| be_u32(bytes, 4 + 4 * i) as usize)
         .collect();
-    let expected: usize = dims.iter().product();
+    let expected = dims
+        .iter()
+        .try_fold(1usize, |bytes, &d| bytes.checked_mul(d))
+        .ok_or_else(|| {
+            DataError::corrupt(
+                path,
+                format!("header dimensions {dims:?} promise more bytes than memory can address"),
+            )
+        })?;
     let payload = &bytes[header..];
     if payload.len() != expected {
         return Err(DataError::corrupt(
@@ -117,24 +138,54 @@ pub fn parse_idx<'a>(
     Ok((dims, payload))
 }
 
-/// Loads one split (images + labels) with all checks.
-fn load_split(
-    dir: &Path,
-    images: usize,
-    labels: usize,
-    verify: bool,
-) -> Result<Dataset, DataError> {
+/// The training or the test half of the set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// 60 000 examples.
+    Train,
+    /// 10 000 examples.
+    Test,
+}
+
+impl Split {
+    /// Indices into [`FILES`] of the images and the labels.
+    fn files(self) -> (usize, usize) {
+        match self {
+            Self::Train => (0, 1),
+            Self::Test => (2, 3),
+        }
+    }
+}
+
+/// Reads one split's two files and parses them.
+fn load_split(dir: &Path, split: Split, verify: bool) -> Result<Dataset, DataError> {
     let read = |i: usize| -> Result<(PathBuf, Vec<u8>), DataError> {
         let (stem, ..) = FILES[i];
         let path = find(dir, stem).ok_or_else(|| missing(dir, stem))?;
-        let bytes = read_maybe_gz(&path)?;
+        let bytes = read_file(&path)?;
         Ok((path, bytes))
     };
+    let (images, labels) = split.files();
     let (ipath, ibytes) = read(images)?;
     let (lpath, lbytes) = read(labels)?;
-    let (idims, ipix) = parse_idx(&ipath, &ibytes, FILES[images].1)?;
-    let (_, lab) = parse_idx(&lpath, &lbytes, FILES[labels].1)?;
-    for (path, dims0, i) in [(&ipath, idims[0], images), (&lpath, lab.len(), labels)] {
+    parse_split(split, (&ipath, &ibytes), (&lpath, &lbytes), verify)
+}
+
+/// Parses one split from the bytes of its image and label files (each gzip-compressed
+/// or raw, with the path errors name), with every check [`load`] makes: magic numbers,
+/// shapes, counts, labels and, when `verify` is on, the published SHA-256.
+pub fn parse_split(
+    split: Split,
+    (ipath, iraw): (&Path, &[u8]),
+    (lpath, lraw): (&Path, &[u8]),
+    verify: bool,
+) -> Result<Dataset, DataError> {
+    let (images, labels) = split.files();
+    let ibytes = decompress(ipath, iraw)?;
+    let lbytes = decompress(lpath, lraw)?;
+    let (idims, ipix) = parse_idx(ipath, &ibytes, FILES[images].1)?;
+    let (_, lab) = parse_idx(lpath, &lbytes, FILES[labels].1)?;
+    for (path, dims0, i) in [(ipath, idims[0], images), (lpath, lab.len(), labels)] {
         if dims0 != FILES[i].2 {
             return Err(DataError::corrupt(
                 path,
@@ -144,12 +195,12 @@ fn load_split(
     }
     if idims[1..] != [28, 28] {
         return Err(DataError::corrupt(
-            &ipath,
+            ipath,
             format!("images are {}x{}, expected 28x28", idims[1], idims[2]),
         ));
     }
     if verify {
-        for (path, bytes, i) in [(&ipath, &ibytes, images), (&lpath, &lbytes, labels)] {
+        for (path, bytes, i) in [(ipath, &ibytes, images), (lpath, &lbytes, labels)] {
             let got = sha256_hex(bytes);
             if got != FILES[i].3 {
                 return Err(DataError::corrupt(
@@ -164,7 +215,7 @@ fn load_split(
     }
     if let Some(bad) = lab.iter().find(|&&l| l > 9) {
         return Err(DataError::corrupt(
-            &lpath,
+            lpath,
             format!("label {bad} is outside 0..9"),
         ));
     }
@@ -199,9 +250,67 @@ pub fn load(dir: &Path) -> Result<FederatedData, DataError> {
 pub fn load_with(dir: &Path, verify: bool) -> Result<FederatedData, DataError> {
     Ok(FederatedData {
         name: "fmnist".into(),
-        train: load_split(dir, 0, 1, verify)?,
-        test: load_split(dir, 2, 3, verify)?,
+        train: load_split(dir, Split::Train, verify)?,
+        test: load_split(dir, Split::Test, verify)?,
         users: None,
         user_models: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idx(magic: u32, dims: &[u32], payload: &[u8]) -> Vec<u8> {
+        let mut bytes = magic.to_be_bytes().to_vec();
+        bytes.extend(dims.iter().flat_map(|d| d.to_be_bytes()));
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    #[test]
+    fn a_small_idx_file_parses_and_a_short_one_is_named() {
+        let path = Path::new("labels");
+        let bytes = idx(2049, &[3], &[1, 2, 3]);
+        let (dims, payload) = parse_idx(path, &bytes, 2049).unwrap();
+        assert_eq!((dims, payload), (vec![3], &[1, 2, 3][..]));
+        let err = parse_idx(path, &bytes[..6], 2049).unwrap_err().to_string();
+        assert!(err.contains("labels") && err.contains("header"), "{err}");
+    }
+
+    /// Found by the `idx` fuzz target (minimized): three image dimensions whose product
+    /// overflows `usize` panicked in debug builds and wrapped in release ones.
+    #[test]
+    fn dimensions_whose_product_overflows_are_corrupt() {
+        let bytes = idx(2051, &[0x8453_5a61, 0x686f_767d, 0x8400_0309], &[]);
+        let err = parse_idx(Path::new("images"), &bytes, 2051)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("images") && err.contains("more bytes than"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_gzip_stream_inflating_past_the_largest_file_is_refused() {
+        use std::io::Write;
+        let gz = |len: usize| {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            e.write_all(&vec![0; len]).unwrap();
+            e.finish().unwrap()
+        };
+        let path = Path::new("train-images-idx3-ubyte.gz");
+        assert_eq!(
+            decompress(path, &gz(MAX_DECOMPRESSED)).unwrap().len(),
+            MAX_DECOMPRESSED
+        );
+        let bomb = gz(MAX_DECOMPRESSED + 1);
+        assert!(bomb.len() < MAX_DECOMPRESSED / 500);
+        let err = decompress(path, &bomb).unwrap_err().to_string();
+        assert!(
+            err.contains("idx3-ubyte.gz") && err.contains("inflates"),
+            "{err}"
+        );
+    }
 }

@@ -198,9 +198,7 @@ fn cache_path(hash: &str) -> Option<PathBuf> {
 /// Roles of the file, from the cache when it holds this exact text.
 fn roles_cached(path: &Path) -> Result<Vec<Role>, DataError> {
     let bytes = read_file(path)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| DataError::corrupt(path, format!("not UTF-8 text: {e}")))?;
-    let hash = sha256_hex(text.as_bytes());
+    let hash = sha256_hex(&bytes);
     let cache = cache_path(&hash);
     if let Some(roles) = cache
         .as_ref()
@@ -209,17 +207,26 @@ fn roles_cached(path: &Path) -> Result<Vec<Role>, DataError> {
     {
         return Ok(roles);
     }
-    let roles = parse_roles(&text);
+    let roles = roles_from_bytes(path, &bytes)?;
+    if let Some(c) = cache {
+        // The cache only saves time; failing to write it is not an error.
+        let _ = std::fs::create_dir_all(c.parent().expect("cache file has a parent"))
+            .and_then(|_| std::fs::write(&c, serde_json::to_vec(&roles).expect("roles serialize")));
+    }
+    Ok(roles)
+}
+
+/// Parses the raw bytes of the complete works (`path` names them in errors): they must be
+/// UTF-8 and hold at least one play with speaking characters.
+pub fn roles_from_bytes(path: &Path, bytes: &[u8]) -> Result<Vec<Role>, DataError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| DataError::corrupt(path, format!("not UTF-8 text: {e}")))?;
+    let roles = parse_roles(text);
     if roles.is_empty() {
         return Err(DataError::corrupt(
             path,
             "no play with speaking characters found; is this the Gutenberg complete works?",
         ));
-    }
-    if let Some(c) = cache {
-        // The cache only saves time; failing to write it is not an error.
-        let _ = std::fs::create_dir_all(c.parent().expect("cache file has a parent"))
-            .and_then(|_| std::fs::write(&c, serde_json::to_vec(&roles).expect("roles serialize")));
     }
     Ok(roles)
 }

@@ -1,0 +1,155 @@
+//! Entry points of the fuzz targets under `fuzz/`, one per parser of untrusted input.
+//!
+//! The cargo-fuzz targets are one-line calls of these functions, and
+//! `tests/fuzz_corpus.rs` replays the stored corpora through the same
+//! [`TARGETS`] on stable, so what CI checks is exactly what was fuzzed. Each
+//! function hands arbitrary bytes to the parser production uses and returns its
+//! verdict: an error is a correct answer to bad input, while a panic, a hang or
+//! an unbounded allocation is a bug. Inputs that hold several files separate
+//! them with a NUL byte, which none of the text formats can contain.
+
+use std::path::Path;
+
+use crate::availability::trace::Trace;
+use crate::checkpoint;
+use crate::config::Config;
+use crate::data::cifar::{self, V10, V100};
+use crate::data::fmnist::{self, Split};
+use crate::data::shakespeare::{self, ShakespeareSpec};
+use crate::error::Result;
+use crate::sweep::Sweep;
+
+/// A fuzz entry point.
+pub type Target = fn(&[u8]) -> Result<()>;
+
+/// Every fuzz target by name; `fuzz/fuzz_targets/<name>.rs` and `fuzz/corpus/<name>/` go with it.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("config", config),
+    ("sweep", sweep),
+    ("idx", idx),
+    ("cifar", cifar),
+    ("trace", trace),
+    ("checkpoint", checkpoint),
+    ("shakespeare", shakespeare),
+];
+
+/// Clients of the partition a fuzzed trace is checked against.
+const TRACE_CLIENTS: usize = 100;
+
+/// The path errors name.
+fn input_path() -> &'static Path {
+    Path::new("fuzz-input")
+}
+
+/// Splits `data` at its first NUL byte.
+fn split_nul(data: &[u8]) -> (&[u8], &[u8]) {
+    match data.iter().position(|&b| b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[]),
+    }
+}
+
+/// A config file, then NUL-separated `--set key=value` overrides, as `fedsel run` reads
+/// them. A config that loads must also reload from its resolved form (the text `--resume`
+/// reads back) with the same hash, or a resume would refuse its own checkpoint.
+///
+/// Text is decoded lossily: the file reader refuses invalid UTF-8 before parsing, so
+/// replacing it only lets more mutations reach the parser.
+pub fn config(data: &[u8]) -> Result<()> {
+    let mut parts = data.split(|&b| b == 0);
+    let text = String::from_utf8_lossy(parts.next().unwrap_or_default());
+    let overrides = lossy_all(parts);
+    let config = Config::from_file_text(&text, "fuzz-input", Path::new("dir"), &overrides)?;
+    let again = Config::from_toml_str(&config.to_resolved_toml(), "resolved", &[])
+        .unwrap_or_else(|e| panic!("a loaded config's resolved form does not reload: {e}"));
+    assert_eq!(
+        again.hash(),
+        config.hash(),
+        "reloading the resolved config changes its hash"
+    );
+    Ok(())
+}
+
+/// A sweep file, then NUL and the text of the config its `base` key names (if any), then
+/// NUL-separated overrides, as `fedsel sweep --set` passes them.
+pub fn sweep(data: &[u8]) -> Result<()> {
+    let mut parts = data.split(|&b| b == 0);
+    let text = String::from_utf8_lossy(parts.next().unwrap_or_default());
+    let base = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+    let overrides = lossy_all(parts);
+    Sweep::from_toml_str(&text, "fuzz-input", Path::new("dir"), &overrides, |_| {
+        Ok(base)
+    })?;
+    Ok(())
+}
+
+fn lossy_all<'a>(parts: impl Iterator<Item = &'a [u8]>) -> Vec<String> {
+    parts
+        .map(|o| String::from_utf8_lossy(o).into_owned())
+        .collect()
+}
+
+/// A little-endian `u32` n, then n bytes of an image file and the rest a label file,
+/// each raw or gzip-compressed IDX, parsed as the Fashion-MNIST test split (checksums
+/// off: no mutation keeps them). The test split's 10 000 blank images gzip to a few
+/// KB, so a seed can carry a complete split and the fuzzer reaches every check.
+pub fn idx(data: &[u8]) -> Result<()> {
+    let (len, rest) = data.split_at(data.len().min(4));
+    let mut n = [0; 4];
+    n[..len.len()].copy_from_slice(len);
+    let (images, labels) = rest.split_at((u32::from_le_bytes(n) as usize).min(rest.len()));
+    fmnist::parse_split(
+        Split::Test,
+        (Path::new("images"), images),
+        (Path::new("labels"), labels),
+        false,
+    )?;
+    Ok(())
+}
+
+/// One CIFAR batch file, decoded as CIFAR-10 and as CIFAR-100 records.
+pub fn cifar(data: &[u8]) -> Result<()> {
+    let (mut labels, mut values) = (Vec::new(), Vec::new());
+    let ten = cifar::parse_records(input_path(), data, &V10, &mut labels, &mut values);
+    let hundred = cifar::parse_records(input_path(), data, &V100, &mut labels, &mut values);
+    ten.or(hundred)?;
+    Ok(())
+}
+
+/// An availability trace CSV, checked against a partition of [`TRACE_CLIENTS`] clients,
+/// then replayed for one cycle and a round past it.
+pub fn trace(data: &[u8]) -> Result<()> {
+    use crate::availability::Availability;
+    let trace = Trace::parse(input_path(), data, TRACE_CLIENTS)?;
+    for t in [0, trace.len() - 1, trace.len()] {
+        assert!(trace.active(t).iter().all(|&k| k < TRACE_CLIENTS));
+    }
+    Ok(())
+}
+
+/// A checkpoint's `state.json`, then NUL, then its `tensors.bin`.
+pub fn checkpoint(data: &[u8]) -> Result<()> {
+    let (state, tensors) = split_nul(data);
+    checkpoint::from_bytes(input_path(), state, tensors)?;
+    Ok(())
+}
+
+/// The Gutenberg complete works, parsed into roles and cut into training windows.
+pub fn shakespeare(data: &[u8]) -> Result<()> {
+    let roles = shakespeare::roles_from_bytes(input_path(), data)?;
+    let spec = ShakespeareSpec {
+        train_fraction: 0.9,
+        min_samples: 0,
+        max_clients: 0,
+        max_samples_per_client: 0,
+        seed: 1,
+    };
+    let federated = shakespeare::from_roles(&roles, &spec);
+    let users = federated.users.expect("Shakespeare has natural users");
+    assert!(users.len() <= roles.len());
+    assert_eq!(
+        users.iter().map(Vec::len).sum::<usize>(),
+        federated.train.len()
+    );
+    Ok(())
+}
