@@ -105,6 +105,45 @@ pub fn step_times(
         .collect()
 }
 
+/// Median time of evaluating all of `data` in batches of `batch` (already on the device,
+/// as the server's test set), for each architecture, their runs alternating rep by rep
+/// as in [`step_times`].
+pub fn eval_times(
+    archs: &[&dyn Architecture],
+    data: &Dataset,
+    batch: usize,
+    reps: usize,
+    device: &Device,
+) -> Vec<Duration> {
+    let idx: Vec<usize> = (0..data.len()).collect();
+    let batches: Vec<_> = idx
+        .chunks(batch)
+        .map(|chunk| crate::model::batch(data, chunk, device))
+        .collect();
+    let params: Vec<_> = archs
+        .iter()
+        .map(|a| {
+            let layout = ParamLayout::of(*a);
+            layout.to_tensors(&layout.init(0), device)
+        })
+        .collect();
+    let mut times = vec![Vec::with_capacity(reps); archs.len()];
+    for _ in 0..reps {
+        for ((a, p), out) in archs.iter().zip(&params).zip(&mut times) {
+            let started = Instant::now();
+            crate::train::evaluate_batches(*a, p, &batches);
+            out.push(started.elapsed());
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort();
+            t[reps / 2]
+        })
+        .collect()
+}
+
 /// A query for selectors that ask clients for nothing (FedGS on its oracle graph).
 struct NoReports;
 

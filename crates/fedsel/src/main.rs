@@ -94,6 +94,10 @@ enum Command {
         /// Dataset directory.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Time only the models whose name contains this, and skip the selection and
+        /// round timings (for alternating with a PyTorch reference).
+        #[arg(long, value_name = "NAME")]
+        only: Option<String>,
     },
 }
 
@@ -490,7 +494,7 @@ fn datasets(data_dir: Option<PathBuf>) {
     }
 }
 
-fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
+fn bench(rounds: usize, data_dir: Option<PathBuf>, only: Option<&str>) -> Result<()> {
     use fedsel::bench::{random_dataset, step_time};
     use fedsel::model::{
         cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
@@ -568,6 +572,10 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
             10,
         ),
     ];
+    let cases: Vec<_> = cases
+        .into_iter()
+        .filter(|c| only.is_none_or(|o| c.0.contains(o)))
+        .collect();
     for (name, arch, data, batch) in &cases {
         let t = step_time(arch.as_ref(), data, *batch, 5, 5, &device);
         println!(
@@ -575,20 +583,34 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
             t.as_secs_f64() * 1e3
         );
     }
-    let lstm = CharLstm {
-        vocab: 80,
-        embed: 8,
-        hidden: 256,
-    };
-    let reference = fedsel::model::AutodiffOnly(&lstm);
-    let data = random_dataset(&[], Some(80), 100, 80);
-    let t = fedsel::bench::step_times(&[&lstm, &reference], &data, 10, 5, 7, &device);
-    println!(
-        "step  char_lstm fused vs autodiff, interleaved: {:.3} ms vs {:.3} ms ({:.1}x)",
-        t[0].as_secs_f64() * 1e3,
-        t[1].as_secs_f64() * 1e3,
-        t[1].as_secs_f64() / t[0].as_secs_f64()
-    );
+    for (name, arch, data, batch) in cases.iter().filter(|c| c.1.loss_gradient().is_some()) {
+        let reference = fedsel::model::AutodiffOnly(arch.as_ref());
+        let t =
+            fedsel::bench::step_times(&[arch.as_ref(), &reference], data, *batch, 5, 7, &device);
+        println!(
+            "step  {name} fused vs autodiff, interleaved: {:.3} ms vs {:.3} ms ({:.1}x)",
+            t[0].as_secs_f64() * 1e3,
+            t[1].as_secs_f64() * 1e3,
+            t[1].as_secs_f64() / t[0].as_secs_f64()
+        );
+        if arch.fused_logits().is_none() {
+            continue;
+        }
+        let fedsel::data::Inputs::Dense { shape, .. } = &data.inputs else {
+            unreachable!("models with fused logits read dense inputs")
+        };
+        let test = random_dataset(shape, None, 10_000, 10);
+        let t = fedsel::bench::eval_times(&[arch.as_ref(), &reference], &test, 1000, 3, &device);
+        println!(
+            "eval  {name} 10k examples, batch 1000, fused vs burn, interleaved: {:.1} ms vs {:.1} ms ({:.1}x)",
+            t[0].as_secs_f64() * 1e3,
+            t[1].as_secs_f64() * 1e3,
+            t[1].as_secs_f64() / t[0].as_secs_f64()
+        );
+    }
+    if only.is_some() {
+        return Ok(());
+    }
     let (mean, max) = fedsel::bench::fedgs_selection_time(100, 10, 200);
     println!(
         "select fedgs N=100 M=10 (oracle 3DG, 400 rounds): {mean:.3} ms mean, {max:.3} ms max per round"
@@ -654,6 +676,10 @@ fn main() -> Result<()> {
             datasets(data_dir);
             Ok(())
         }
-        Some(Command::Bench { rounds, data_dir }) => bench(rounds, data_dir),
+        Some(Command::Bench {
+            rounds,
+            data_dir,
+            only,
+        }) => bench(rounds, data_dir, only.as_deref()),
     }
 }

@@ -325,7 +325,8 @@ pub fn evaluate(
 }
 
 /// Evaluates parameters on batches already on the device (the server's test set is
-/// gathered once per run rather than every round).
+/// gathered once per run rather than every round). Architectures with
+/// [`Architecture::fused_logits`] compute their logits without burn.
 pub fn evaluate_batches(
     arch: &dyn Architecture,
     params: &[Tensor<1>],
@@ -334,9 +335,37 @@ pub fn evaluate_batches(
     let mut loss = 0.0;
     let mut correct = 0;
     let mut examples = 0;
+    let fused = arch.fused_logits().map(|f| {
+        let flat: Vec<f32> = params
+            .iter()
+            .flat_map(|p| {
+                p.clone()
+                    .into_data()
+                    .try_into_vec::<f32>()
+                    .expect("parameters are f32")
+            })
+            .collect();
+        (f, flat)
+    });
     for (x, y) in batches {
-        examples += y.dims()[0];
-        let (l, c) = model::loss_and_correct(arch.forward(params, x.clone(), None), y.clone());
+        let b = y.dims()[0];
+        examples += b;
+        let (l, c) = match (&fused, x) {
+            (Some((f, flat)), model::Batch::Dense(x)) => {
+                let x = x
+                    .clone()
+                    .into_data()
+                    .try_into_vec::<f32>()
+                    .expect("dense inputs are f32");
+                let labels = y
+                    .clone()
+                    .into_data()
+                    .try_into_vec_as::<i64>()
+                    .expect("labels are integers");
+                model::loss_and_correct_of(&f.logits(flat, &x, b), &labels)
+            }
+            _ => model::loss_and_correct(arch.forward(params, x.clone(), None), y.clone()),
+        };
         loss += l;
         correct += c;
     }

@@ -1,13 +1,21 @@
 //! Fashion-MNIST CNNs: conv5×5(32, pad 2) → ReLU → pool2 → conv5×5(64, pad 2)
 //! → ReLU → pool2, then FC 3136→512 → ReLU → FC 512→classes (FedGS, `cnn_fmnist`)
 //! or a single FC 3136→classes (HiCS-FL App. 6.1, `cnn_hics`).
+//!
+//! Training and evaluation do not run the burn forward pass here: [`super::cnn_fused`]
+//! computes the loss, the gradient and the logits with a hand-derived backward pass
+//! (DESIGN.md "Speed: the CNNs"). The burn pass is the reference it is tested against.
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
 use burn::tensor::module::{conv2d, max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 
-use super::{Architecture, Batch, Dropout, ParamSpec, dense};
+use super::cnn_fused::{Net, Stage};
+use super::{
+    Architecture, Batch, Dropout, FusedLogits, LossGradient, ParamSpec, dense, dense_rows,
+};
+use crate::data::Dataset;
 
 /// Two conv blocks and one or two dense layers.
 #[derive(Debug, Clone)]
@@ -20,6 +28,37 @@ pub struct CnnFmnist {
 }
 
 const FEATURES: usize = 64 * 7 * 7;
+
+const STAGES: [Stage; 6] = [
+    Stage::Conv {
+        cout: 32,
+        k: 5,
+        pad: 2,
+    },
+    Stage::Relu,
+    Stage::Pool,
+    Stage::Conv {
+        cout: 64,
+        k: 5,
+        pad: 2,
+    },
+    Stage::Relu,
+    Stage::Pool,
+];
+
+impl CnnFmnist {
+    /// The network as [`super::cnn_fused`] runs it.
+    pub(super) fn net(&self) -> Net {
+        Net {
+            input: [1, 28, 28],
+            stages: &STAGES,
+            dense: match self.hidden {
+                Some(h) => vec![h, self.classes],
+                None => vec![self.classes],
+            },
+        }
+    }
+}
 
 impl Architecture for CnnFmnist {
     fn name(&self) -> &'static str {
@@ -70,5 +109,28 @@ impl Architecture for CnnFmnist {
         };
         h.matmul(p[out].clone().reshape([width, self.classes]))
             + p[out + 1].clone().unsqueeze::<2>()
+    }
+
+    /// The model has no dropout and no running statistics, so the fused gradient is
+    /// the exact gradient of the training pass.
+    fn loss_gradient(&self) -> Option<&dyn LossGradient> {
+        Some(self)
+    }
+
+    fn fused_logits(&self) -> Option<&dyn FusedLogits> {
+        Some(self)
+    }
+}
+
+impl LossGradient for CnnFmnist {
+    fn loss_and_gradient(&self, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>) {
+        let (x, labels) = dense_rows(data, idx);
+        self.net().loss_and_gradient(params, &x, &labels)
+    }
+}
+
+impl FusedLogits for CnnFmnist {
+    fn logits(&self, params: &[f32], x: &[f32], batch: usize) -> Vec<f32> {
+        self.net().logits(params, x, batch)
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod cnn_cifar;
 pub mod cnn_fmnist;
+mod cnn_fused;
 pub mod cnn_hics_code;
 pub mod logreg;
 pub mod lstm;
@@ -183,6 +184,21 @@ pub trait Architecture: Send + Sync {
     fn loss_gradient(&self) -> Option<&dyn LossGradient> {
         None
     }
+
+    /// A forward pass without burn for evaluation, where the architecture has one;
+    /// `None` (the default) and evaluation runs [`Architecture::forward`]. An
+    /// architecture provides one only where it computes the same logits as that
+    /// pass without dropout.
+    fn fused_logits(&self) -> Option<&dyn FusedLogits> {
+        None
+    }
+}
+
+/// Logits without burn, for evaluation.
+pub trait FusedLogits: Sync {
+    /// Logits `[batch, classes]`, row-major, of the `batch` dense examples `x` (one
+    /// after another) at the flat parameters `params`.
+    fn logits(&self, params: &[f32], x: &[f32], batch: usize) -> Vec<f32>;
 }
 
 /// The training loss and its gradient without autodiff.
@@ -193,9 +209,9 @@ pub trait LossGradient: Sync {
 }
 
 /// An architecture seen through autodiff only: it hides the wrapped architecture's
-/// [`Architecture::loss_and_gradient`], so that training takes the generic path.
-/// The generic path is the reference for hand-derived gradients and the "before"
-/// side of `fedsel bench`.
+/// [`Architecture::loss_gradient`] and [`Architecture::fused_logits`], so that training
+/// and evaluation take the generic burn path. The generic path is the reference for
+/// hand-derived gradients and the "before" side of `fedsel bench`.
 pub struct AutodiffOnly<'a>(pub &'a dyn Architecture);
 
 impl Architecture for AutodiffOnly<'_> {
@@ -406,6 +422,46 @@ pub fn loss_and_correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> (f64, usiz
     let pred = logits.clone().argmax(1).reshape([b]);
     let correct = pred.equal(labels.clone()).int().sum().into_scalar::<i64>() as usize;
     let loss = cross_entropy(logits, labels).into_scalar::<f32>() as f64 * b as f64;
+    (loss, correct)
+}
+
+/// Examples `idx` of a dense dataset, one row after another, and their labels.
+pub(crate) fn dense_rows(data: &Dataset, idx: &[usize]) -> (Vec<f32>, Vec<u32>) {
+    let Inputs::Dense { values, .. } = &data.inputs else {
+        unreachable!("model::build gives dense models dense inputs only")
+    };
+    let row = data.inputs.row_len();
+    let mut x = Vec::with_capacity(idx.len() * row);
+    for &i in idx {
+        x.extend_from_slice(&values[i * row..(i + 1) * row]);
+    }
+    (x, idx.iter().map(|&i| data.labels[i]).collect())
+}
+
+/// Sum of cross-entropy and number of correct predictions, as [`loss_and_correct`],
+/// for row-major logits (one row per label). The prediction is the first largest
+/// logit, as burn's `argmax`.
+pub fn loss_and_correct_of(logits: &[f32], labels: &[i64]) -> (f64, usize) {
+    let mut loss = 0.0;
+    let mut correct = 0;
+    if labels.is_empty() {
+        return (loss, correct);
+    }
+    let classes = logits.len() / labels.len();
+    for (row, &y) in logits.chunks_exact(classes).zip(labels) {
+        let y = usize::try_from(y).expect("labels are class indices");
+        let (mut best, mut arg) = (row[0], 0);
+        for (j, &z) in row.iter().enumerate().skip(1) {
+            if !best.is_nan() && (z.is_nan() || z > best) {
+                best = z;
+                arg = j;
+            }
+        }
+        correct += usize::from(arg == y);
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = row.iter().map(|z| (z - max).exp()).sum();
+        loss += f64::from(max + sum.ln() - row[y]);
+    }
     (loss, correct)
 }
 
