@@ -125,8 +125,16 @@ impl Trainer<'_> {
         for b in &plan {
             let (loss, mut grads) = match fused {
                 Some(f) => {
-                    let (loss, g) =
-                        f.loss_and_gradient(&layout.to_flat(params.clone()), self.data, b);
+                    let mut drop = Dropout {
+                        p: self.dropout,
+                        rng,
+                    };
+                    let (loss, g) = f.train_loss_and_gradient(
+                        &layout.to_flat(params.clone()),
+                        self.data,
+                        b,
+                        &mut drop,
+                    );
                     let loss = Tensor::<1>::from_data(TensorData::new(vec![loss], [1]), dev);
                     (
                         loss,
