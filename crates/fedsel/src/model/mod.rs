@@ -138,8 +138,18 @@ impl Dropout<'_> {
             return x;
         }
         let dims = x.dims();
+        let mask = self.mask(dims[0] * dims[1]);
+        let mask =
+            Tensor::<2>::from_data(TensorData::new(mask, dims), &x.device().without_autodiff());
+        x * mask
+    }
+
+    /// The multipliers of `len` units, row-major: 0 for a dropped unit, 1/(1 − p) for a
+    /// kept one. [`Dropout::apply`] and hand-derived gradients both draw through here,
+    /// so that the two paths consume the client's stream alike.
+    pub fn mask(&mut self, len: usize) -> Vec<f32> {
         let keep = 1.0 / (1.0 - self.p) as f32;
-        let mask: Vec<f32> = (0..dims[0] * dims[1])
+        (0..len)
             .map(|_| {
                 if self.rng.random::<f64>() < self.p {
                     0.0
@@ -147,10 +157,7 @@ impl Dropout<'_> {
                     keep
                 }
             })
-            .collect();
-        let mask =
-            Tensor::<2>::from_data(TensorData::new(mask, dims), &x.device().without_autodiff());
-        x * mask
+            .collect()
     }
 }
 
@@ -178,9 +185,10 @@ pub trait Architecture: Send + Sync {
     /// A hand-derived loss and gradient for training, where the architecture has one;
     /// `None` (the default) and the trainer differentiates
     /// [`Architecture::forward_train`] with autodiff. An architecture provides one
-    /// only where it is the exact gradient of that training-mode pass: one that uses
-    /// dropout or non-trainable parameters cannot, since [`LossGradient`] is given
-    /// neither the dropout stream nor a way to return running statistics.
+    /// only where it is the exact gradient of that training-mode pass: one with
+    /// dropout must override [`LossGradient::train_loss_and_gradient`] to draw its
+    /// masks, and one with non-trainable parameters cannot, since [`LossGradient`] has
+    /// no way to return running statistics.
     fn loss_gradient(&self) -> Option<&dyn LossGradient> {
         None
     }
@@ -206,6 +214,18 @@ pub trait LossGradient: Sync {
     /// Mean cross-entropy of examples `idx` of `data` at the flat parameters `params`,
     /// and its flat gradient (same layout as `params`).
     fn loss_and_gradient(&self, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>);
+
+    /// The same in training mode, with dropout drawn from `dropout`. Only an
+    /// architecture with dropout overrides it; the default ignores `dropout`.
+    fn train_loss_and_gradient(
+        &self,
+        params: &[f32],
+        data: &Dataset,
+        idx: &[usize],
+        _dropout: &mut Dropout<'_>,
+    ) -> (f32, Vec<f32>) {
+        self.loss_and_gradient(params, data, idx)
+    }
 }
 
 /// An architecture seen through autodiff only: it hides the wrapped architecture's
