@@ -133,3 +133,12 @@ def test_sweep_and_report(tmp_path):
     assert text == (out / "report.md").read_text()
     with pytest.raises(fedsel.FedselError, match="Savitzky"):
         fedsel.report(out, smooth=4)
+
+
+def test_progress_lines_only_when_asked_off_a_terminal(tmp_path, capsys):
+    fedsel.run({"rounds": 10}, out=tmp_path / "quiet")
+    assert "done" not in capsys.readouterr().err
+    fedsel.run({"rounds": 10}, out=tmp_path / "asked", progress=True)
+    err = capsys.readouterr().err
+    assert "round 9 (10/10 done)" in err
+    assert err.count("done") == 10
