@@ -52,8 +52,11 @@ def flower_or_skip() -> Path:
     return bin_dir
 
 
-@pytest.mark.parametrize("strategy", ["hics", "fedcor"])
-def test_example_app_runs_a_fedsel_strategy_on_the_simulation_engine(tmp_path, strategy):
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [("hics", ""), ("fedcor", ""), ("f3ast", ""), ("fedgs", '{"graph": "update"}')],
+)
+def test_example_app_runs_a_fedsel_strategy_on_the_simulation_engine(tmp_path, strategy, options):
     bin_dir = flower_or_skip()
     home = tmp_path / "flwr-home"
     home.mkdir()
@@ -91,6 +94,8 @@ def test_example_app_runs_a_fedsel_strategy_on_the_simulation_engine(tmp_path, s
             f'strategy="{strategy}" num-server-rounds=2 clients=4 per-round=2 '
             f'local-steps=5 test-examples=500 results="{results}"'
         )
+        if options:
+            run_config += f" options='{options}'"
         t0 = time.time()
         p = subprocess.run(
             [bin_dir / "flwr", "run", APP, "test", "--run-config", run_config,
@@ -114,6 +119,9 @@ def test_example_app_runs_a_fedsel_strategy_on_the_simulation_engine(tmp_path, s
     assert ledger["failed_replies"] == 0
     if strategy == "fedcor":
         assert ledger["loss_messages"] > 0
+    if strategy == "fedgs":
+        # FedGS_cos builds its graph from one local update of every node, before round 1.
+        assert ledger["update_train_messages"] == 4
     for h in out["history"]:
         assert len(h["selected"]) == 2 and set(h["selected"]) <= set(h["available"])
         assert len(h["available"]) == 4

@@ -35,6 +35,7 @@ def main(grid: Grid, context: Context) -> None:
         per_round=int(c["per-round"]),
         num_rounds=rounds,
         seed=int(c["seed"]),
+        options=json.loads(str(c["options"])) if str(c["options"]) else None,
         min_available_nodes=int(c["per-round"]),
     )
     t0 = time.time()
