@@ -5,7 +5,8 @@
 selector learns comes through real Flower messages, so a simulation and a deployment see
 the same thing:
 
-* the federation is the nodes connected at the first round; each node's size is the
+* the federation is the nodes connected at the first round, once ``min_available_nodes``
+  are (set it to the federation's size in a deployment); each node's size is the
   ``num-examples`` of its reply to one evaluate message sent to every node then;
 * availability in a round is the set of nodes connected then (``grid.get_node_ids()``);
 * held-out losses (Pow-d, FedCor, AFL) are evaluate messages to the nodes the selector
@@ -36,6 +37,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from . import FedselError, Selector
 
@@ -171,9 +173,13 @@ class FedselStrategy(FedAvg):
 
     # -- Flower's strategy interface -------------------------------------------------
 
+    def _connected(self, grid: Grid) -> set[int]:
+        """The nodes connected now, after waiting (as FedAvg does) for ``min_available_nodes``."""
+        return set(sample_nodes(grid, self.min_available_nodes, 0)[1])
+
     def _start(self, arrays: dict[str, np.ndarray], grid: Grid) -> None:
         """Meets the federation: every connected node reports its size."""
-        self.nodes = sorted(grid.get_node_ids())
+        self.nodes = sorted(self._connected(grid))
         self.index = {n: i for i, n in enumerate(self.nodes)}
         replies = self._ask("size", arrays, list(range(len(self.nodes))), grid, {"fedsel": "size"})
         self.sizes = [int(_metrics(m)["num-examples"]) for m in replies]
@@ -198,7 +204,7 @@ class FedselStrategy(FedAvg):
         self._round_ledger = Counter()
         if self.selector is None:
             self._start(old, grid)
-        connected = set(grid.get_node_ids())
+        connected = self._connected(grid)
         available = [self.index[n] for n in sorted(connected) if n in self.index]
         query = _FlowerQuery(self, old, grid, server_round)
         self._entries = self.selector.select(server_round - 1, available, min(self.per_round, len(available)), query)
@@ -213,6 +219,13 @@ class FedselStrategy(FedAvg):
             book["model_broadcasts"] += len(nodes)
         self.history.append({"round": server_round, "available": [self.nodes[k] for k in available], "selected": [self.nodes[k] for k in self._entries]})
         return self._construct_messages(record, nodes, MessageType.TRAIN)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """FedAvg's federated evaluation (off unless ``fraction_evaluate`` > 0), booked."""
+        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
+        self.ledger["federated_evaluate_messages"] += len(messages)
+        self.ledger["model_broadcasts"] += len(messages)
+        return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregates by the strategy's rule and reports the round to the selector."""
