@@ -540,11 +540,15 @@ impl ClientQuery for Query<'_> {
 /// What a selector's queries go through: a real server can reach only the clients that are
 /// available, so any request that names another client is an error, never a silent answer.
 /// Stale values for unavailable clients are the selector's own business.
-struct AvailableOnly<'q> {
-    inner: &'q mut dyn ClientQuery,
-    available: &'q [usize],
-    selector: &'static str,
-    round: usize,
+pub struct AvailableOnly<'q> {
+    /// The query that answers.
+    pub inner: &'q mut dyn ClientQuery,
+    /// Clients reachable now, ascending.
+    pub available: &'q [usize],
+    /// The asking selector's name, for the error.
+    pub selector: &'static str,
+    /// Round index, for the error.
+    pub round: usize,
 }
 
 impl AvailableOnly<'_> {

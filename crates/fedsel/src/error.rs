@@ -179,6 +179,13 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The caller asked the run to stop (Ctrl-C in the Python bindings); the rounds before
+    /// `round` are written and readable.
+    #[error("interrupted after round {round}; the rounds so far are written")]
+    Interrupted {
+        /// The last round finished.
+        round: usize,
+    },
     /// The global model stopped being finite.
     #[error(
         "round {round}: the global model is no longer finite ({what}); lower the learning rate"

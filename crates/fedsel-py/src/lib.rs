@@ -1,0 +1,334 @@
+//! Python bindings of fedsel: the `fedsel._fedsel` extension module.
+//!
+//! The Python package (`python/fedsel`) adapts these functions to Python's idioms (result
+//! objects, NumPy arrays, keyword arguments); everything that decides what a run does stays
+//! in the `fedsel` crate, so a run from Python and one from the CLI are the same run.
+
+mod convert;
+mod selector;
+
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use fedsel::config::Config;
+use fedsel::data::locate;
+use fedsel::engine::{self, Experiment, Observer, RoundRecord};
+use fedsel::error::Error;
+use fedsel::output::RunWriter;
+
+create_exception!(
+    _fedsel,
+    FedselError,
+    PyException,
+    "A fedsel error: a bad config, missing data, a failed run. The message is the CLI's."
+);
+
+/// A fedsel error as the Python exception, with the CLI's message.
+pub(crate) fn py_err(e: impl std::fmt::Display) -> PyErr {
+    FedselError::new_err(e.to_string())
+}
+
+/// Reads a config the way the CLI does; exactly one of `path`, `text`, `table` may be given,
+/// none meaning the built-in default. A dict is laid over the default like a TOML file.
+fn load_config(
+    path: Option<PathBuf>,
+    text: Option<String>,
+    table: Option<&Bound<'_, PyDict>>,
+    overrides: &[String],
+) -> PyResult<Config> {
+    let config = match (path, text, table) {
+        (Some(p), None, None) => Config::load(Some(&p), overrides),
+        (None, Some(t), None) => Config::from_toml_str(&t, "config string", overrides),
+        (None, None, Some(d)) => {
+            Config::from_table(convert::table(d, "")?, "config dict", overrides)
+        }
+        (None, None, None) => Config::load(None, overrides),
+        _ => return Err(py_err("give one of a config path, TOML text or dict")),
+    };
+    config.map_err(py_err)
+}
+
+/// How a run shows its progress; the Python side decides from `progress=` and whether
+/// stderr is a terminal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Display {
+    /// Nothing (a notebook's or a service's logs stay clean).
+    Off,
+    /// An indicatif bar on the terminal.
+    Bar,
+    /// A line through Python's `sys.stderr` every tenth of the run (a notebook that asked).
+    Lines,
+}
+
+impl Display {
+    fn parse(s: &str) -> PyResult<Self> {
+        match s {
+            "off" => Ok(Self::Off),
+            "bar" => Ok(Self::Bar),
+            "lines" => Ok(Self::Lines),
+            other => Err(py_err(format!(
+                "progress display `{other}`: use off, bar or lines"
+            ))),
+        }
+    }
+}
+
+/// Writes the run's files, shows progress, and between rounds lets Python handle its
+/// signals: a pending Ctrl-C stops the run after the round just written.
+struct PyObserver {
+    writer: RunWriter,
+    bar: Option<ProgressBar>,
+    display: Display,
+    rounds: usize,
+    /// The Python exception (KeyboardInterrupt) that stopped the run.
+    interrupt: Option<PyErr>,
+}
+
+impl Observer for PyObserver {
+    fn on_round(&mut self, r: &RoundRecord) -> fedsel::error::Result<()> {
+        self.writer.on_round(r)?;
+        let acc = r.test_acc.map_or("-".into(), |a| format!("{a:.4}"));
+        if let Some(bar) = &self.bar {
+            bar.set_position(r.round as u64 + 1);
+            bar.set_message(format!("acc {acc}"));
+        }
+        let every = (self.rounds / 10).max(1);
+        let line = (self.display == Display::Lines
+            && ((r.round + 1).is_multiple_of(every) || r.round + 1 == self.rounds))
+            .then(|| {
+                format!(
+                    "round {} ({}/{} done) acc {acc}\n",
+                    r.round,
+                    r.round + 1,
+                    self.rounds
+                )
+            });
+        let signal = Python::attach(|py| {
+            if let Some(line) = line {
+                // Progress is best effort: a closed stderr must not fail the run.
+                let _ = py
+                    .import("sys")
+                    .and_then(|sys| sys.getattr("stderr"))
+                    .and_then(|err| err.call_method1("write", (line,)));
+            }
+            py.check_signals()
+        });
+        match signal {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.interrupt = Some(e);
+                Err(Error::Interrupted { round: r.round })
+            }
+        }
+    }
+
+    fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
+        self.writer.on_checkpoint(cp)
+    }
+
+    fn on_reports(&mut self, files: &[(String, String)]) -> fedsel::error::Result<()> {
+        self.writer.on_reports(files)
+    }
+}
+
+/// Why a run stopped early.
+enum Failure {
+    /// A fedsel error, with the CLI's message.
+    Fedsel(String),
+    /// A Python exception raised between rounds (KeyboardInterrupt).
+    Python(PyErr),
+}
+
+/// Runs one experiment as `fedsel run` does and returns its output directory and the
+/// config's warnings. The GIL is released while Rust runs.
+#[pyfunction]
+#[pyo3(signature = (*, path=None, text=None, table=None, overrides=Vec::new(), out=None, data_dir=None, progress="off", overwrite=false))]
+#[allow(clippy::too_many_arguments)]
+fn run(
+    py: Python<'_>,
+    path: Option<PathBuf>,
+    text: Option<String>,
+    table: Option<&Bound<'_, PyDict>>,
+    overrides: Vec<String>,
+    out: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    progress: &str,
+    overwrite: bool,
+) -> PyResult<(PathBuf, Vec<String>)> {
+    let display = Display::parse(progress)?;
+    let config = load_config(path, text, table, &overrides)?;
+    // The CLI's default directory: a short hash of the resolved config keeps runs that
+    // differ only by overrides apart.
+    let out = out.unwrap_or_else(|| {
+        PathBuf::from("runs").join(format!(
+            "{}-s{}-{}",
+            config.name,
+            config.seed,
+            &config.hash()[..8]
+        ))
+    });
+    if overwrite && out.exists() {
+        std::fs::remove_dir_all(&out)
+            .map_err(|e| py_err(format!("clearing {} for overwrite: {e}", out.display())))?;
+    }
+    let dir = locate::data_dir(data_dir, config.data_dir.clone());
+    let result = py.detach(|| -> Result<Vec<String>, Failure> {
+        let exp = Experiment::prepare(config.clone(), &dir)
+            .map_err(|e| Failure::Fedsel(format!("preparing `{}`: {e}", config.name)))?;
+        let warnings = config
+            .warnings(exp.clients.len())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let writer =
+            RunWriter::create(&out, &exp.config).map_err(|e| Failure::Fedsel(e.to_string()))?;
+        let bar = (display == Display::Bar).then(|| {
+            let b = ProgressBar::new(config.rounds as u64);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} [{elapsed_precise}<{eta}] {msg}",
+                )
+                .expect("valid template"),
+            );
+            b
+        });
+        let mut observer = PyObserver {
+            writer,
+            bar,
+            display,
+            rounds: config.rounds,
+            interrupt: None,
+        };
+        let result = engine::run(&exp, &mut observer);
+        if let Some(b) = &observer.bar {
+            b.finish_and_clear();
+        }
+        match result {
+            Ok(summary) => {
+                observer
+                    .writer
+                    .finish(&summary)
+                    .map_err(|e| Failure::Fedsel(e.to_string()))?;
+                Ok(warnings)
+            }
+            Err(e) => {
+                let done = std::fs::read_to_string(out.join("metrics.csv"))
+                    .map_or(0, |m| m.lines().count().saturating_sub(1));
+                observer
+                    .writer
+                    .fail(&e, done)
+                    .map_err(|e| Failure::Fedsel(e.to_string()))?;
+                Err(match observer.interrupt.take() {
+                    Some(interrupt) => Failure::Python(interrupt),
+                    None => Failure::Fedsel(format!(
+                        "run failed after {done} rounds; finished rounds are in {}: {e}",
+                        out.display()
+                    )),
+                })
+            }
+        }
+    });
+    match result {
+        Ok(warnings) => Ok((out, warnings)),
+        Err(Failure::Fedsel(message)) => Err(py_err(message)),
+        Err(Failure::Python(e)) => Err(e),
+    }
+}
+
+/// A sweep's progress: the bar's position, or nothing.
+struct SweepBar(Option<ProgressBar>);
+
+impl fedsel::sweep::SweepProgress for SweepBar {
+    fn cell_done(&self, label: &str, done: usize, _total: usize, _ok: bool) {
+        if let Some(b) = &self.0 {
+            b.set_position(done as u64);
+            b.set_message(label.to_string());
+        }
+    }
+}
+
+/// A sweep's outcome: cells, already finished, run now, failed as (label, error).
+type SweepCounts = (usize, usize, usize, Vec<(String, String)>);
+
+/// Runs every unfinished cell of a sweep file and writes its report, as `fedsel sweep`
+/// does, and returns its outcome.
+#[pyfunction]
+#[pyo3(signature = (path, out, *, jobs=None, data_dir=None, overrides=Vec::new(), progress=false))]
+fn sweep(
+    py: Python<'_>,
+    path: PathBuf,
+    out: PathBuf,
+    jobs: Option<usize>,
+    data_dir: Option<PathBuf>,
+    overrides: Vec<String>,
+    progress: bool,
+) -> PyResult<SweepCounts> {
+    let sweep = fedsel::sweep::Sweep::load(&path, &overrides)
+        .map_err(|e| py_err(format!("sweep {}: {e}", path.display())))?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = jobs.unwrap_or(cores).max(1);
+    let threads = (cores / jobs).max(1);
+    let dir = locate::data_dir(data_dir, None);
+    py.detach(|| {
+        let total = sweep.cells()?.len();
+        let bar = SweepBar(progress.then(|| ProgressBar::new(total as u64)));
+        let outcome = fedsel::sweep::run(&sweep, &out, &dir, jobs, threads, &bar)?;
+        if let Some(b) = &bar.0 {
+            b.finish_and_clear();
+        }
+        fedsel::report::write(&out, None)?;
+        Ok::<_, Error>((outcome.total, outcome.skipped, outcome.ran, outcome.failed))
+    })
+    .map_err(py_err)
+}
+
+/// Writes `report.md` and the table CSVs for a sweep directory and returns the report's
+/// text, as `fedsel report` does.
+#[pyfunction]
+#[pyo3(signature = (dir, *, smooth=None))]
+fn report(py: Python<'_>, dir: PathBuf, smooth: Option<usize>) -> PyResult<String> {
+    py.detach(|| fedsel::report::write(&dir, smooth))
+        .map_err(py_err)
+}
+
+/// One client's (train, held-out) example indices.
+type ClientSplit = (Vec<usize>, Vec<usize>);
+
+/// Each client's (train, held-out) example indices as fedsel partitions the config's
+/// dataset, so that a Flower ClientApp trains on the clients a fedsel run would.
+#[pyfunction]
+#[pyo3(signature = (*, path=None, text=None, table=None, overrides=Vec::new(), data_dir=None))]
+fn partition(
+    py: Python<'_>,
+    path: Option<PathBuf>,
+    text: Option<String>,
+    table: Option<&Bound<'_, PyDict>>,
+    overrides: Vec<String>,
+    data_dir: Option<PathBuf>,
+) -> PyResult<Vec<ClientSplit>> {
+    let config = load_config(path, text, table, &overrides)?;
+    let dir = locate::data_dir(data_dir, config.data_dir.clone());
+    py.detach(|| {
+        let data = fedsel::data::load(&config, &dir)?;
+        let clients = fedsel::partition::build(&config.partition, &data, config.seed)?;
+        Ok::<_, Error>(clients.into_iter().map(|c| (c.train, c.holdout)).collect())
+    })
+    .map_err(py_err)
+}
+
+#[pymodule]
+fn _fedsel(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("FedselError", m.py().get_type::<FedselError>())?;
+    m.add("VERSION", fedsel::VERSION)?;
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(report, m)?)?;
+    m.add_function(wrap_pyfunction!(partition, m)?)?;
+    selector::register(m)?;
+    Ok(())
+}

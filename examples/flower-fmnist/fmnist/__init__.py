@@ -1,0 +1,1 @@
+"""Fashion-MNIST on Flower with fedsel's client selection."""

@@ -1,0 +1,55 @@
+"""The ClientApp: node `partition-id` trains and evaluates on its fedsel partition.
+
+Train messages answer with the local model, `train_loss` and `num-examples` (the node's
+training examples). Evaluate messages answer with the held-out `eval_loss` and
+`eval_acc`, and, as their `num-examples`, the node's training-set size: the fedsel
+strategy reads the node's size from there.
+"""
+
+import numpy as np
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fmnist import task
+
+app = ClientApp()
+
+# The train requests a fedsel strategy sends: the round's own, probes, local updates.
+REQUESTS = ["", "probe_train", "update_train"]
+
+
+def _local(context: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    c = context.run_config
+    root = str(task.data_dir(str(c["data-dir"])))
+    part = task.partitions(root, int(c["clients"]), int(c["shards-per-client"]), int(c["seed"]))
+    k = int(context.node_config["partition-id"])
+    if int(context.node_config["num-partitions"]) != len(part):
+        raise ValueError(f"{context.node_config['num-partitions']} nodes for {len(part)} partitions: set num-supernodes to `clients`")
+    x, y = task.split(root, "train")
+    return x[part[k]["train"]], y[part[k]["train"]], x[part[k]["holdout"]], y[part[k]["holdout"]]
+
+
+def _arrays(msg: Message) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in msg.content["arrays"].items()}
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    x, y, _, _ = _local(context)
+    c = context.run_config
+    config = msg.content["config"]
+    # Each (round, node, request kind) draws its own batches, reproducibly; a probe
+    # training is not the round's own.
+    kind = REQUESTS.index(str(config.get("fedsel", "")))
+    rng = np.random.default_rng([int(c["seed"]), int(config.get("server-round", 0)), int(context.node_config["partition-id"]), kind])
+    local, loss = task.train(_arrays(msg), x, y, int(c["local-steps"]), int(c["batch-size"]), float(c["lr"]), rng)
+    metrics = MetricRecord({"train_loss": loss, "num-examples": len(y)})
+    return Message(content=RecordDict({"arrays": task.to_record(local), "metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    x, y, hx, hy = _local(context)
+    loss, acc = task.loss_acc(_arrays(msg), hx, hy)
+    metrics = MetricRecord({"eval_loss": loss, "eval_acc": acc, "num-examples": len(y)})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

@@ -1,0 +1,104 @@
+"""The model, the data and the training both apps share.
+
+The model is softmax regression in NumPy (no deep-learning framework to install); its
+arrays are `weight` (10 x 784) then `bias` (10), so the bias is the output layer's last
+1-D array, where fedsel's strategies read it. Each node trains on the partition fedsel
+makes of the local Fashion-MNIST files for the same config and seed, read from the IDX
+files; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+import fedsel
+
+CLASSES, PIXELS = 10, 28 * 28
+MEAN, STD = 0.1307, 0.3081
+
+
+def data_dir(configured: str) -> Path:
+    """The run config's directory, else $FEDSEL_DATA, else fedsel's default."""
+    if configured:
+        return Path(configured)
+    if os.environ.get("FEDSEL_DATA"):
+        return Path(os.environ["FEDSEL_DATA"])
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "fedsel"
+
+
+def _idx(path: Path) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    dims = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims))
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def _file(root: Path, stem: str) -> Path:
+    for name in (stem + ".gz", stem):
+        if (root / "fashion-mnist" / name).is_file():
+            return root / "fashion-mnist" / name
+    raise FileNotFoundError(f"{stem}(.gz) not found under {root / 'fashion-mnist'}")
+
+
+@lru_cache(maxsize=2)
+def split(root: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images normalised as fedsel normalises them, and labels, of `train` or `t10k`."""
+    x = _idx(_file(Path(root), f"{name}-images-idx3-ubyte")).reshape(-1, PIXELS)
+    y = _idx(_file(Path(root), f"{name}-labels-idx1-ubyte")).astype(np.int64)
+    return ((x.astype(np.float32) / 255.0 - MEAN) / STD), y
+
+
+@lru_cache(maxsize=4)
+def partitions(root: str, clients: int, shards: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """fedsel's partition of Fashion-MNIST: every node's train and held-out indices."""
+    return fedsel.partition(
+        {
+            "seed": seed,
+            "dataset": {"kind": "fmnist"},
+            "partition": {"clients": clients, "scheme": {"kind": "shards", "shards_per_client": shards}},
+        },
+        data_dir=root,
+    )
+
+
+def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """A Flower ArrayRecord of the arrays, keeping their names and order."""
+    return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def init_arrays() -> dict[str, np.ndarray]:
+    return {"weight": np.zeros((CLASSES, PIXELS), np.float32), "bias": np.zeros(CLASSES, np.float32)}
+
+
+def loss_acc(arrays: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    logits = x @ arrays["weight"].T + arrays["bias"]
+    logits -= logits.max(axis=1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return float(-logp[np.arange(len(y)), y].mean()), float((logits.argmax(axis=1) == y).mean())
+
+
+def train(arrays: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, steps: int, batch: int, lr: float, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], float]:
+    """Mini-batch SGD on the cross-entropy; returns the local model and its mean loss."""
+    w, b = arrays["weight"].copy(), arrays["bias"].copy()
+    losses = []
+    for _ in range(steps):
+        i = rng.choice(len(y), size=min(batch, len(y)), replace=False)
+        logits = x[i] @ w.T + b
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        losses.append(float(-np.log(p[np.arange(len(i)), y[i]] + 1e-12).mean()))
+        p[np.arange(len(i)), y[i]] -= 1.0
+        p /= len(i)
+        w -= lr * (p.T @ x[i])
+        b -= lr * p.sum(axis=0)
+    return {"weight": w, "bias": b}, float(np.mean(losses))

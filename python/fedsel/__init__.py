@@ -1,0 +1,226 @@
+"""fedsel from Python: run the simulator, sweep, report, and drive a selector yourself.
+
+Every selector and every run is the Rust core's; this package only adapts its inputs and
+outputs to Python (dicts, NumPy arrays, exceptions), so a run from here writes the same
+files as ``fedsel run`` for the same config and seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import _fedsel
+from ._fedsel import FedselError
+from ._fedsel import Selector
+
+__all__ = [
+    "FedselError",
+    "RunResult",
+    "Selector",
+    "__version__",
+    "partition",
+    "read_metrics",
+    "report",
+    "run",
+    "sweep",
+]
+
+__version__: str = _fedsel.VERSION
+
+
+def _display(progress: bool | None) -> str:
+    """Bars only on a terminal: a notebook's or a service's logs stay clean unless asked.
+
+    ``progress=True`` off a terminal prints a line every tenth of the run to ``sys.stderr``,
+    which a notebook shows, instead of a bar that only a terminal can redraw.
+    """
+    tty = sys.stderr is not None and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+    if progress is False:
+        return "off"
+    if tty:
+        return "bar"
+    return "lines" if progress else "off"
+
+
+def _config_source(config: Any) -> dict[str, Any]:
+    """Which of path, TOML text or dict ``config`` is, as the keyword the core takes."""
+    if config is None:
+        return {}
+    if isinstance(config, Mapping):
+        return {"table": dict(config)}
+    if isinstance(config, os.PathLike):
+        return {"path": os.fspath(config)}
+    if isinstance(config, str):
+        # A one-line string naming a file is a path; anything else is TOML text (a TOML
+        # document that is a single bare word is not a config anyway).
+        if "\n" not in config and "=" not in config:
+            return {"path": config}
+        return {"text": config}
+    raise TypeError(f"config must be a path, a TOML string or a dict, not {type(config).__name__}")
+
+
+def _overrides(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """``--set`` strings from a dict ``{"train.lr": 0.1}`` or a list ``["train.lr=0.1"]``."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{k}={_toml_value(v)}" for k, v in overrides.items()]
+    return [str(o) for o in overrides]
+
+
+def _toml_value(v: Any) -> str:
+    """A Python value as the TOML text ``--set`` parses."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+class RunResult:
+    """What a run left: its summary, its per-round metrics and where its files are."""
+
+    def __init__(self, out_dir: Path, warnings: list[str]):
+        self.out_dir = out_dir
+        self.warnings = warnings
+        self.summary: dict[str, Any] = json.loads((out_dir / "summary.json").read_text())
+        self.metrics: dict[str, np.ndarray] = read_metrics(out_dir / "metrics.csv")
+
+    def to_pandas(self):
+        """The per-round metrics as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.metrics)
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (
+            f"RunResult({s.get('strategy')}, {s.get('rounds')} rounds, "
+            f"final_acc={s.get('final_acc')}, out_dir='{self.out_dir}')"
+        )
+
+
+def read_metrics(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """A run's ``metrics.csv`` as one NumPy array per column; an empty cell is NaN."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = rows[0], rows[1:]
+    columns: dict[str, np.ndarray] = {}
+    for i, name in enumerate(header):
+        cells = [r[i] for r in body]
+        if all(c.lstrip("-").isdigit() for c in cells):
+            columns[name] = np.array([int(c) for c in cells], dtype=np.int64)
+        else:
+            columns[name] = np.array([float(c) if c else np.nan for c in cells], dtype=np.float64)
+    return columns
+
+
+def run(
+    config: str | os.PathLike | Mapping[str, Any] | None = None,
+    *,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    out: str | os.PathLike | None = None,
+    data_dir: str | os.PathLike | None = None,
+    progress: bool | None = None,
+    overwrite: bool = False,
+) -> RunResult:
+    """Runs one experiment, as ``fedsel run`` does, and returns its result.
+
+    ``config`` is a path to a TOML file, a TOML string, or a dict of config keys laid over
+    the built-in default (nested dicts or dotted keys: ``{"train": {"lr": 0.1}}`` or
+    ``{"train.lr": 0.1}``); ``None`` is the built-in default. ``overrides`` are the CLI's
+    ``--set`` (a dict or ``"key=value"`` strings), applied after the config. ``out``
+    defaults to the CLI's ``runs/<name>-s<seed>-<hash>``; a directory holding another run is
+    refused unless ``overwrite``.
+
+    The GIL is released while the rounds run. Ctrl-C stops the run after the round in
+    progress, which is written, and raises ``KeyboardInterrupt``; ``summary.json`` then
+    says the run was interrupted. Any other failure raises :class:`FedselError` with the
+    CLI's message.
+    """
+    out_dir, found = _fedsel.run(
+        **_config_source(config),
+        overrides=_overrides(overrides),
+        out=None if out is None else os.fspath(out),
+        data_dir=None if data_dir is None else os.fspath(data_dir),
+        progress=_display(progress),
+        overwrite=overwrite,
+    )
+    for w in found:
+        warnings.warn(w, stacklevel=2)
+    return RunResult(Path(out_dir), found)
+
+
+def sweep(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    jobs: int | None = None,
+    data_dir: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    rounds: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Runs every unfinished cell of a sweep file and writes its report (``fedsel sweep``).
+
+    Returns the counts (``total``, ``skipped``, ``ran``), the ``failed`` cells with their
+    errors, and the ``report`` path. Raises :class:`FedselError` if any cell failed, after
+    the report of the others is written, as the CLI exits non-zero.
+    """
+    sets = _overrides(overrides) + ([f"rounds={rounds}"] if rounds is not None else [])
+    total, skipped, ran, failed = _fedsel.sweep(
+        os.fspath(path),
+        os.fspath(out),
+        jobs=jobs,
+        data_dir=None if data_dir is None else os.fspath(data_dir),
+        overrides=sets,
+        progress=_display(progress) == "bar",
+    )
+    if failed:
+        lines = "; ".join(f"{label}: {err}" for label, err in failed)
+        raise FedselError(f"{len(failed)} cells failed: {lines}")
+    return {
+        "total": total,
+        "skipped": skipped,
+        "ran": ran,
+        "failed": failed,
+        "report": Path(out) / "report.md",
+    }
+
+
+def report(dir: str | os.PathLike, *, smooth: int | None = None) -> str:
+    """Writes ``report.md`` and the table CSVs of a sweep directory; returns the report."""
+    return _fedsel.report(os.fspath(dir), smooth=smooth)
+
+
+def partition(
+    config: str | os.PathLike | Mapping[str, Any] | None = None,
+    *,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    data_dir: str | os.PathLike | None = None,
+) -> list[dict[str, np.ndarray]]:
+    """Each client's example indices as fedsel partitions the config's dataset.
+
+    Returns one dict per client with ``train`` and ``holdout`` index arrays into the
+    dataset's training split in its file order, so that code outside fedsel (a Flower
+    ClientApp) trains on exactly the clients a fedsel run would.
+    """
+    parts = _fedsel.partition(
+        **_config_source(config),
+        overrides=_overrides(overrides),
+        data_dir=None if data_dir is None else os.fspath(data_dir),
+    )
+    return [
+        {"train": np.asarray(t, dtype=np.int64), "holdout": np.asarray(h, dtype=np.int64)}
+        for t, h in parts
+    ]

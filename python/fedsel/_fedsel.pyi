@@ -1,0 +1,117 @@
+"""Type stubs of the Rust extension; `fedsel/__init__.py` wraps the functions."""
+
+import os
+from typing import Any, Protocol, Sequence
+
+VERSION: str
+
+class FedselError(Exception):
+    """A fedsel error: a bad config, missing data, a failed run. The message is the CLI's."""
+
+def run(
+    *,
+    path: str | os.PathLike[str] | None = None,
+    text: str | None = None,
+    table: dict[str, Any] | None = None,
+    overrides: list[str] = ...,
+    out: str | os.PathLike[str] | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    progress: str = "off",
+    overwrite: bool = False,
+) -> tuple[str, list[str]]: ...
+def sweep(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    jobs: int | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    overrides: list[str] = ...,
+    progress: bool = False,
+) -> tuple[int, int, int, list[tuple[str, str]]]: ...
+def report(dir: str | os.PathLike[str], *, smooth: int | None = None) -> str: ...
+def partition(
+    *,
+    path: str | os.PathLike[str] | None = None,
+    text: str | None = None,
+    table: dict[str, Any] | None = None,
+    overrides: list[str] = ...,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> list[tuple[list[int], list[int]]]: ...
+
+class Query(Protocol):
+    """What a strategy may ask while it selects; implement the methods your strategy uses
+    (a missing one raises FedselError naming it). Each answers for the clients named, in
+    their order."""
+
+    def losses(self, clients: list[int]) -> Sequence[float]:
+        """Held-out loss of the current global model on each client (Pow-d, FedCor, AFL)."""
+    def minibatch_losses(self, clients: list[int]) -> Sequence[float]:
+        """Loss on one random training mini-batch of each client (cpow-d)."""
+    def probe(self, clients: list[int], evaluate: list[int]) -> Sequence[float]:
+        """`clients` train from the global model, their models are aggregated, and the
+        probe model's held-out loss on each of `evaluate` comes back (FedCor)."""
+    def advance(self, clients: list[int], evaluate: list[int]) -> Sequence[float]:
+        """Like `probe`, but the aggregated model becomes the global model (FedGP)."""
+    def updates(self, clients: list[int]) -> Sequence[Sequence[float]]:
+        """Each client's update x_k - w, trained from the global model (FedGS_cos)."""
+    def gradients(self, clients: list[int], scope: str) -> Sequence[Sequence[float]]:
+        """Each client's gradient at the global model, over `scope` = "full" or
+        "minibatch" of its training data (DivFL)."""
+    def noise_responses(
+        self, updates: list[list[float]], batch: int
+    ) -> Sequence[Sequence[float]]:
+        """Mean logits of each model w + update on `batch` Gaussian-noise inputs (FedGS_func)."""
+    def gram(self, clients: list[int]) -> Sequence[Sequence[float]]:
+        """The Gram matrix of the clients' private features, by secure scalar products
+        (FedGS with graph = "sspp")."""
+
+class Selector:
+    """A fedsel selection strategy, used without the simulator.
+
+    `options` are the strategy's config keys (`[selection.<strategy>]`), e.g. `d=10` for
+    powd. `classes` is the output layer's width (HiCS-FL). The oracle arguments are only
+    for strategies defined with oracle knowledge.
+    """
+
+    def __init__(
+        self,
+        strategy: str,
+        *,
+        sizes: Sequence[int],
+        per_round: int,
+        rounds: int,
+        seed: int = 0,
+        classes: int = 0,
+        oracle_features: Sequence[Sequence[float]] | None = None,
+        oracle_label_histograms: Sequence[Sequence[int]] | None = None,
+        **options: Any,
+    ) -> None: ...
+    @property
+    def strategy(self) -> str:
+        """The strategy's name."""
+    @property
+    def aggregation(self) -> str:
+        """The strategy's own aggregation rule: "mean", "data_size" or "selector"."""
+    @property
+    def updates(self) -> str:
+        """Which part of each update `observe` needs: "none", "full" or "output_layer"
+        (the output layer's bias then weight)."""
+    @property
+    def weights(self) -> list[float] | None:
+        """The last selection's aggregation weights when the rule is "selector" (F3AST)."""
+    def select(
+        self, round: int, available: Sequence[int], budget: int, query: Query | object
+    ) -> list[int]:
+        """Chooses at most `budget` clients of `available` for `round`, asking `query`."""
+    def observe(
+        self,
+        selected: Sequence[int],
+        *,
+        updates: Sequence[Sequence[float]] | None = None,
+        train_losses: Sequence[float] | None = None,
+    ) -> None:
+        """Reports the last selection's outcome."""
+    def state(self) -> Any:
+        """Everything learned, as JSON-able data."""
+    def load_state(self, state: Any) -> None:
+        """Restores what `state()` returned."""

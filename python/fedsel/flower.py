@@ -1,0 +1,282 @@
+"""fedsel selectors choosing the nodes of a Flower federation (Flower's message API).
+
+:class:`FedselStrategy` is Flower's ``FedAvg`` with its node sampling replaced by a fedsel
+:class:`~fedsel.Selector` and its aggregation by the strategy's own rule. Everything the
+selector learns comes through real Flower messages, so a simulation and a deployment see
+the same thing:
+
+* the federation is the nodes connected at the first round, once ``min_available_nodes``
+  are (set it to the federation's size in a deployment); each node's size is the
+  ``num-examples`` of its reply to one evaluate message sent to every node then;
+* availability in a round is the set of nodes connected then (``grid.get_node_ids()``);
+* held-out losses (Pow-d, FedCor, AFL) are evaluate messages to the nodes the selector
+  names, answered with an ``eval_loss`` metric;
+* probe trainings (FedCor) and local updates (FedGS_cos) are train messages whose models
+  are not aggregated into the global one;
+* updates (HiCS-FL, Clustered Sampling) are read from the round's train replies, whole or
+  the output layer only (its bias, then its weight);
+* aggregation is the strategy's: the plain mean, data-size weights (FedGS, DivFL) or the
+  selector's own weights (F3AST's p_k / r_k, not renormalised).
+
+Requests that need something Flower's messages do not carry (mini-batch losses, client
+gradients, secure scalar products, noise responses) are not answered: a strategy that
+asks for them fails with an error naming the missing method.
+
+Every message sent is booked in :attr:`FedselStrategy.ledger`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from . import FedselError, Selector
+
+__all__ = ["FedselStrategy"]
+
+
+def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def _metrics(message: Message) -> MetricRecord:
+    """The reply's (first) metric record; a reply without one breaks the protocol."""
+    records = list(message.content.metric_records.values())
+    if not records:
+        raise FedselError(f"node {message.metadata.src_node_id} replied without metrics")
+    return records[0]
+
+
+class FedselStrategy(FedAvg):
+    """FedAvg whose node sampling and aggregation are a fedsel strategy's.
+
+    ``strategy`` is any fedsel strategy name and ``options`` its config keys (as
+    ``[selection.<strategy>]`` in a fedsel config). ``per_round`` nodes are trained per
+    round, ``num_rounds`` is the run's length (some strategies plan with it). The output
+    layer, for strategies that read it, is the ArrayRecord's ``output_keys`` = (bias key,
+    weight key), by default its last 1-D array and the array before it. ``timeout`` bounds
+    each exchange of messages. Other keyword arguments go to ``FedAvg``; federated
+    evaluation is off unless ``fraction_evaluate`` is given, since the selectors send their
+    own evaluate messages.
+    """
+
+    def __init__(
+        self,
+        strategy: str,
+        *,
+        per_round: int,
+        num_rounds: int,
+        seed: int = 0,
+        options: dict[str, Any] | None = None,
+        output_keys: tuple[str, str] | None = None,
+        timeout: float | None = 600.0,
+        **fedavg: Any,
+    ) -> None:
+        fedavg.setdefault("fraction_evaluate", 0.0)
+        super().__init__(**fedavg)
+        self.strategy = strategy
+        self.per_round = per_round
+        self.num_rounds = num_rounds
+        self.seed = seed
+        self.options = dict(options or {})
+        self.output_keys = output_keys
+        self.timeout = timeout
+        self.selector: Selector | None = None
+        self.nodes: list[int] = []
+        self.index: dict[int, int] = {}
+        self.sizes: list[int] = []
+        #: Messages sent and replies received, by kind, over the whole run.
+        self.ledger: Counter[str] = Counter()
+        #: Per round: the selection, the available nodes and that round's ledger.
+        self.history: list[dict[str, Any]] = []
+        self._global: dict[str, np.ndarray] = {}
+        self._entries: list[int] = []
+        self._weights: list[float] | None = None
+        self._round_ledger: Counter[str] = Counter()
+
+    def summary(self) -> None:
+        log(INFO, "\t├── fedsel strategy: %s, %d nodes per round", self.strategy, self.per_round)
+        super().summary()
+
+    # -- messages ------------------------------------------------------------------
+
+    def _exchange(self, kind: str, arrays: dict[str, np.ndarray], nodes: list[int], grid: Grid, config: dict[str, Any]) -> dict[int, Message]:
+        """Sends `arrays` to `nodes` as `kind` messages and returns the good replies by
+        node; every message and reply is booked under `kind`."""
+        content = RecordDict({self.arrayrecord_key: _record(arrays), self.configrecord_key: ConfigRecord(config)})
+        message_type = MessageType.TRAIN if kind in ("train", "probe_train", "update_train") else MessageType.EVALUATE
+        messages = [Message(content=content, message_type=message_type, dst_node_id=n) for n in nodes]
+        replies = list(grid.send_and_receive(messages, timeout=self.timeout))
+        good = {m.metadata.src_node_id: m for m in replies if not m.has_error()}
+        for book in (self.ledger, self._round_ledger):
+            book[f"{kind}_messages"] += len(messages)
+            book["model_broadcasts"] += len(messages)
+            book[f"{kind}_replies"] += len(good)
+            book["failed_replies"] += len(messages) - len(good)
+        return good
+
+    def _ask(self, kind: str, arrays: dict[str, np.ndarray], clients: list[int], grid: Grid, config: dict[str, Any]) -> list[Message]:
+        """Replies of every named client, in order; a silent node is an error naming it,
+        since a selector's request must be answered in full."""
+        nodes = [self.nodes[k] for k in clients]
+        got = self._exchange(kind, arrays, sorted(set(nodes)), grid, config)
+        missing = [n for n in nodes if n not in got]
+        if missing:
+            raise FedselError(f"{kind}: nodes {missing} did not reply (strategy {self.strategy})")
+        return [got[n] for n in nodes]
+
+    def _aggregate(self, old: dict[str, np.ndarray], entries: list[int], locals_: list[dict[str, np.ndarray]], weights: list[float] | None) -> dict[str, np.ndarray]:
+        """The strategy's own rule over the entries' local models."""
+        rule = self.selector.aggregation
+        if rule == "selector":
+            w = np.asarray(weights, dtype=np.float64)
+            return {k: old[k] + sum(wi * (x[k] - old[k]) for wi, x in zip(w, locals_)).astype(old[k].dtype) for k in old}
+        if rule == "data_size":
+            w = np.asarray([self.sizes[k] for k in entries], dtype=np.float64)
+        else:
+            w = np.ones(len(entries))
+        w = w / w.sum()
+        return {k: sum(wi * x[k] for wi, x in zip(w, locals_)).astype(old[k].dtype) for k in old}
+
+    def _output_layer(self, arrays: dict[str, np.ndarray]) -> tuple[str, str]:
+        if self.output_keys is not None:
+            return self.output_keys
+        keys = list(arrays)
+        bias = [k for k in keys if arrays[k].ndim == 1]
+        if not bias:
+            raise FedselError("no 1-D array (output-layer bias) in the model; pass output_keys")
+        b = bias[-1]
+        i = keys.index(b)
+        if i == 0:
+            raise FedselError(f"no array before the bias `{b}` to be its weight; pass output_keys")
+        return b, keys[i - 1]
+
+    def _update(self, local: dict[str, np.ndarray], old: dict[str, np.ndarray]) -> np.ndarray:
+        """The part of x_k - w the selector reads, flattened as the core lays it out."""
+        if self.selector.updates == "output_layer":
+            b, w = self._output_layer(old)
+            return np.concatenate([(local[b] - old[b]).ravel(), (local[w] - old[w]).ravel()])
+        return np.concatenate([(local[k] - old[k]).ravel() for k in old])
+
+    # -- Flower's strategy interface -------------------------------------------------
+
+    def _connected(self, grid: Grid) -> set[int]:
+        """The nodes connected now, after waiting (as FedAvg does) for ``min_available_nodes``."""
+        return set(sample_nodes(grid, self.min_available_nodes, 0)[1])
+
+    def _start(self, arrays: dict[str, np.ndarray], grid: Grid) -> None:
+        """Meets the federation: every connected node reports its size."""
+        self.nodes = sorted(self._connected(grid))
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        replies = self._ask("size", arrays, list(range(len(self.nodes))), grid, {"fedsel": "size"})
+        self.sizes = [int(_metrics(m)["num-examples"]) for m in replies]
+        options = dict(self.options)
+        if self.strategy == "hics":
+            options.setdefault("entropy_report", False)
+        b, _ = self._output_layer(arrays)
+        self.selector = Selector(
+            self.strategy,
+            sizes=self.sizes,
+            per_round=self.per_round,
+            rounds=self.num_rounds,
+            seed=self.seed,
+            classes=int(arrays[b].shape[0]),
+            **options,
+        )
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """Lets the fedsel selector choose among the connected nodes, answering its
+        requests with messages, then configures their training."""
+        old = _arrays(arrays)
+        self._round_ledger = Counter()
+        if self.selector is None:
+            self._start(old, grid)
+        connected = self._connected(grid)
+        available = [self.index[n] for n in sorted(connected) if n in self.index]
+        query = _FlowerQuery(self, old, grid, server_round)
+        self._entries = self.selector.select(server_round - 1, available, min(self.per_round, len(available)), query)
+        self._weights = self.selector.weights
+        self._global = old
+        nodes = sorted({self.nodes[k] for k in self._entries})
+        log(INFO, "configure_train: fedsel %s chose %d of %d available nodes", self.strategy, len(nodes), len(available))
+        config["server-round"] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        for book in (self.ledger, self._round_ledger):
+            book["train_messages"] += len(nodes)
+            book["model_broadcasts"] += len(nodes)
+        self.history.append({"round": server_round, "available": [self.nodes[k] for k in available], "selected": [self.nodes[k] for k in self._entries]})
+        return self._construct_messages(record, nodes, MessageType.TRAIN)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """FedAvg's federated evaluation (off unless ``fraction_evaluate`` > 0), booked."""
+        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
+        self.ledger["federated_evaluate_messages"] += len(messages)
+        self.ledger["model_broadcasts"] += len(messages)
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregates by the strategy's rule and reports the round to the selector."""
+        valid, _ = self._check_and_log_replies(list(replies), is_train=True)
+        by_node = {m.metadata.src_node_id: m for m in valid}
+        for book in (self.ledger, self._round_ledger):
+            book["train_replies"] += len(by_node)
+            book["failed_replies"] += len({self.nodes[k] for k in self._entries}) - len(by_node)
+        self.history[-1]["ledger"] = dict(self._round_ledger)
+        kept = [i for i, k in enumerate(self._entries) if self.nodes[k] in by_node]
+        if not kept:
+            return None, None
+        entries = [self._entries[i] for i in kept]
+        locals_ = [_arrays(by_node[self.nodes[k]].content.array_records[self.arrayrecord_key]) for k in entries]
+        weights = None if self._weights is None else [self._weights[i] for i in kept]
+        new = self._aggregate(self._global, entries, locals_, weights)
+        losses = [float(_metrics(by_node[self.nodes[k]]).get("train_loss", 0.0)) for k in entries]
+        updates = None if self.selector.updates == "none" else [self._update(x, self._global).tolist() for x in locals_]
+        self.selector.observe(entries, updates=updates, train_losses=losses)
+        metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
+        return _record(new), metrics
+
+
+class _FlowerQuery:
+    """Answers a selector's requests with Flower messages to the nodes it names."""
+
+    def __init__(self, strategy: FedselStrategy, arrays: dict[str, np.ndarray], grid: Grid, server_round: int):
+        self.s = strategy
+        self.arrays = arrays
+        self.grid = grid
+        self.config = {"server-round": server_round}
+
+    def _losses(self, kind: str, arrays: dict[str, np.ndarray], clients: list[int]) -> list[float]:
+        replies = self.s._ask(kind, arrays, list(clients), self.grid, {**self.config, "fedsel": kind})
+        return [float(_metrics(m)["eval_loss"]) for m in replies]
+
+    def _trained(self, kind: str, clients: list[int]) -> list[dict[str, np.ndarray]]:
+        replies = self.s._ask(kind, self.arrays, list(clients), self.grid, {**self.config, "fedsel": kind})
+        return [_arrays(m.content.array_records[self.s.arrayrecord_key]) for m in replies]
+
+    def losses(self, clients: list[int]) -> list[float]:
+        return self._losses("loss", self.arrays, clients)
+
+    def probe(self, clients: list[int], evaluate: list[int]) -> list[float]:
+        locals_ = self._trained("probe_train", clients)
+        # A probe model is aggregated by the run's rule; F3AST's weights belong to its own
+        # selection, so a probe uses the plain mean (FedCor's rule, the only prober).
+        weights = [1.0 / len(clients)] * len(clients) if self.s.selector.aggregation == "selector" else None
+        probe = self.s._aggregate(self.arrays, list(clients), locals_, weights)
+        return self._losses("probe_loss", probe, evaluate)
+
+    def updates(self, clients: list[int]) -> list[list[float]]:
+        locals_ = self._trained("update_train", clients)
+        return [np.concatenate([(x[k] - self.arrays[k]).ravel() for k in self.arrays]).tolist() for x in locals_]

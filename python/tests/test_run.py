@@ -1,0 +1,144 @@
+"""`fedsel.run` against the CLI: same config and seed, same rows."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import fedsel
+
+
+def rows_without_timing(path):
+    """metrics.csv without its `elapsed_s` column, the only one that depends on the clock."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    drop = rows[0].index("elapsed_s")
+    return [r[:drop] + r[drop + 1 :] for r in rows]
+
+
+def test_dict_over_default_matches_the_cli(tmp_path, cli):
+    res = fedsel.run({"rounds": 20, "seed": 3}, out=tmp_path / "py")
+    subprocess.run(
+        [cli, "run", "--set", "rounds=20", "--seed", "3", "--out", tmp_path / "cli"],
+        check=True,
+        capture_output=True,
+    )
+    ours = rows_without_timing(res.out_dir / "metrics.csv")
+    theirs = rows_without_timing(tmp_path / "cli" / "metrics.csv")
+    assert len(ours) == 21
+    assert ours == theirs
+    assert res.summary["status"] == "finished"
+    assert res.summary["rounds"] == 20
+    assert res.metrics["round"].tolist() == list(range(20))
+    assert res.metrics["test_acc"].dtype == np.float64
+    assert res.metrics["test_acc"][-1] == pytest.approx(res.summary["final_acc"], abs=1e-6)
+
+
+def test_toml_string_path_and_overrides_match_the_cli(tmp_path, cli):
+    text = 'rounds = 8\nseed = 5\n[selection]\nstrategy = "powd"\n'
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    a = fedsel.run(text, overrides={"train.lr": 0.05}, out=tmp_path / "text")
+    b = fedsel.run(path, overrides=["train.lr=0.05"], out=tmp_path / "path")
+    subprocess.run(
+        [cli, "run", path, "--set", "train.lr=0.05", "--out", tmp_path / "cli"],
+        check=True,
+        capture_output=True,
+    )
+    want = rows_without_timing(tmp_path / "cli" / "metrics.csv")
+    assert rows_without_timing(a.out_dir / "metrics.csv") == want
+    assert rows_without_timing(b.out_dir / "metrics.csv") == want
+    assert a.summary["strategy"] == "powd"
+
+
+def test_bad_config_raises_fedsel_error_naming_the_key(tmp_path):
+    with pytest.raises(fedsel.FedselError, match="train.lr"):
+        fedsel.run({"train": {"lr": -1.0}}, out=tmp_path / "a")
+    with pytest.raises(fedsel.FedselError, match="selection.strategy"):
+        fedsel.run({"selection.strategy": "nope"}, out=tmp_path / "b")
+    with pytest.raises(fedsel.FedselError, match="lrr"):
+        fedsel.run({"train": {"lrr": 0.1}}, out=tmp_path / "c")
+
+
+def test_error_message_is_the_clis(tmp_path, cli):
+    with pytest.raises(fedsel.FedselError) as caught:
+        fedsel.run({"train": {"lr": -1.0}}, out=tmp_path / "a")
+    p = subprocess.run(
+        [cli, "run", "--set", "train.lr=-1", "--out", tmp_path / "b"], capture_output=True, text=True
+    )
+    assert p.returncode != 0
+    assert str(caught.value) in p.stderr
+
+
+def test_an_existing_run_is_refused_unless_overwrite(tmp_path):
+    fedsel.run({"rounds": 2}, out=tmp_path / "r")
+    with pytest.raises(fedsel.FedselError, match="already holds a run"):
+        fedsel.run({"rounds": 2}, out=tmp_path / "r")
+    assert fedsel.run({"rounds": 3}, out=tmp_path / "r", overwrite=True).summary["rounds"] == 3
+
+
+def test_to_pandas(tmp_path):
+    pd = pytest.importorskip("pandas", reason="pandas is not installed")
+    df = fedsel.run({"rounds": 3}, out=tmp_path / "r").to_pandas()
+    assert isinstance(df, pd.DataFrame) and len(df) == 3
+
+
+CHILD = """
+import sys, fedsel
+print("started", flush=True)
+fedsel.run({"rounds": 100000, "eval.every": 1000}, out=sys.argv[1], progress=False)
+"""
+
+
+def test_ctrl_c_stops_between_rounds_and_leaves_readable_outputs(tmp_path):
+    out = tmp_path / "r"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "started"
+    deadline = time.time() + 60
+    while not (out / "metrics.csv").exists() or os.path.getsize(out / "metrics.csv") < 2000:
+        assert time.time() < deadline, "the run wrote no rounds"
+        time.sleep(0.1)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode != 0
+    assert "KeyboardInterrupt" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "interrupted" in summary["error"]
+    metrics = fedsel.read_metrics(out / "metrics.csv")
+    done = len(metrics["round"])
+    assert 0 < done < 100000
+    assert summary["rounds_completed"] == done
+    assert metrics["round"].tolist() == list(range(done))
+
+
+def test_sweep_and_report(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('name = "t"\n[config]\nrounds = 20\n[axes]\nseed = [1, 2]\n')
+    out = tmp_path / "out"
+    first = fedsel.sweep(path, out, jobs=1, rounds=3)
+    assert (first["total"], first["skipped"], first["ran"], first["failed"]) == (2, 0, 2, [])
+    assert first["report"].is_file()
+    again = fedsel.sweep(path, out, jobs=1, rounds=3)
+    assert (again["skipped"], again["ran"]) == (2, 0)
+    text = fedsel.report(out)
+    assert text == (out / "report.md").read_text()
+    with pytest.raises(fedsel.FedselError, match="Savitzky"):
+        fedsel.report(out, smooth=4)
+
+
+def test_progress_lines_only_when_asked_off_a_terminal(tmp_path, capsys):
+    fedsel.run({"rounds": 10}, out=tmp_path / "quiet")
+    assert "done" not in capsys.readouterr().err
+    fedsel.run({"rounds": 10}, out=tmp_path / "asked", progress=True)
+    err = capsys.readouterr().err
+    assert "round 9 (10/10 done)" in err
+    assert err.count("done") == 10
