@@ -1528,7 +1528,7 @@ impl Config {
     pub fn hash(&self) -> String {
         let mut c = self.clone();
         c.fedsel_version = None;
-        crate::data::sha256_hex(
+        crate::digest::sha256_hex(
             toml::to_string(&c)
                 .expect("a Config always serializes")
                 .as_bytes(),

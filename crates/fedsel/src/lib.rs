@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod diagnostics;
+pub mod digest;
 pub mod engine;
 pub mod error;
 pub mod fuzzing;
@@ -23,6 +24,7 @@ pub mod report;
 pub mod rng;
 pub mod select;
 pub mod sspp;
+pub mod summary;
 pub mod sweep;
 pub mod train;
 
