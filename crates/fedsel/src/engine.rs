@@ -847,22 +847,41 @@ impl<'a> Run<'a> {
             .train
             .schedule
             .rate(self.exp.config.train.lr, 0);
+        self.with_query(0, lr, &all, cost, |selector, query| {
+            selector.initial_phase(query)
+        })
+    }
+
+    /// Lets the selector act on a query of round `t` that reaches only `available` and
+    /// books to `cost`: the one way its initial phase and its selections see clients.
+    fn with_query<T>(
+        &mut self,
+        t: usize,
+        lr: f64,
+        available: &[usize],
+        cost: &mut Ledger,
+        act: impl FnOnce(&mut dyn select::Selector, &mut dyn ClientQuery) -> Result<T>,
+    ) -> Result<T> {
+        let name = self.selector.name();
         let mut query = Query {
             exp: self.exp,
             global: &mut self.global,
             server: &mut self.server,
             rule: self.rule,
             ledger: cost,
-            round: 0,
+            round: t,
             lr,
             sizes: &self.sizes,
         };
-        self.selector.initial_phase(&mut AvailableOnly {
-            inner: &mut query,
-            available: &all,
-            selector: self.selector.name(),
-            round: 0,
-        })
+        act(
+            self.selector.as_mut(),
+            &mut AvailableOnly {
+                inner: &mut query,
+                available,
+                selector: name,
+                round: t,
+            },
+        )
     }
 
     /// Asks the selector for the round's clients, answering its queries, and checks that it
@@ -875,26 +894,14 @@ impl<'a> Run<'a> {
     ) -> Result<select::Selection> {
         let t = ctx.round;
         let name = self.selector.name();
-        let mut query = Query {
-            exp: self.exp,
-            global: &mut self.global,
-            server: &mut self.server,
-            rule: self.rule,
-            ledger: cost,
-            round: t,
-            lr,
-            sizes: &self.sizes,
-        };
-        let selection = self.selector.select(
-            ctx,
-            &mut AvailableOnly {
-                inner: &mut query,
-                available: ctx.available,
-                selector: name,
-                round: t,
-            },
-            &mut stream(self.exp.config.seed, Purpose::Selection, t as u64, 0),
-        )?;
+        let seed = self.exp.config.seed;
+        let selection = self.with_query(t, lr, ctx.available, cost, |selector, query| {
+            selector.select(
+                ctx,
+                query,
+                &mut stream(seed, Purpose::Selection, t as u64, 0),
+            )
+        })?;
         if let Some(&k) = selection
             .clients
             .iter()
