@@ -17,7 +17,7 @@ fi
 # `maturin develop --release` builds the abi3 wheel's extension in place of a wheel
 # round trip; `pip install ./python` (the README's command) builds the same crate.
 # The tests compare against the CLI built from this workspace.
-(cd "$root" && cargo build --release --quiet -p fedsel --bin fedsel)
+(cd "$root" && cargo build --release --quiet -p fedsel-cli --bin fedsel)
 (cd "$here" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" maturin develop --release --quiet)
 cd "$here"
 "$venv/bin/python" -m pytest -q tests "$@"

@@ -1,5 +1,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = fedsel::fuzzing::sweep(data);
+    let _ = fedsel_workbench::fuzzing::sweep(data);
 });

@@ -243,7 +243,7 @@ fn run(
 /// A sweep's progress: the bar's position, or nothing.
 struct SweepBar(Option<ProgressBar>);
 
-impl fedsel::sweep::SweepProgress for SweepBar {
+impl fedsel_workbench::sweep::SweepProgress for SweepBar {
     fn cell_done(&self, label: &str, done: usize, _total: usize, _ok: bool) {
         if let Some(b) = &self.0 {
             b.set_position(done as u64);
@@ -268,7 +268,7 @@ fn sweep(
     overrides: Vec<String>,
     progress: bool,
 ) -> PyResult<SweepCounts> {
-    let sweep = fedsel::sweep::Sweep::load(&path, &overrides)
+    let sweep = fedsel_workbench::sweep::Sweep::load(&path, &overrides)
         .map_err(|e| py_err(format!("sweep {}: {e}", path.display())))?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = jobs.unwrap_or(cores).max(1);
@@ -277,11 +277,11 @@ fn sweep(
     py.detach(|| {
         let total = sweep.cells()?.len();
         let bar = SweepBar(progress.then(|| ProgressBar::new(total as u64)));
-        let outcome = fedsel::sweep::run(&sweep, &out, &dir, jobs, threads, &bar)?;
+        let outcome = fedsel_workbench::sweep::run(&sweep, &out, &dir, jobs, threads, &bar)?;
         if let Some(b) = &bar.0 {
             b.finish_and_clear();
         }
-        fedsel::report::write(&out, None)?;
+        fedsel_workbench::report::write(&out, None)?;
         Ok::<_, Error>((outcome.total, outcome.skipped, outcome.ran, outcome.failed))
     })
     .map_err(py_err)
@@ -292,7 +292,7 @@ fn sweep(
 #[pyfunction]
 #[pyo3(signature = (dir, *, smooth=None))]
 fn report(py: Python<'_>, dir: PathBuf, smooth: Option<usize>) -> PyResult<String> {
-    py.detach(|| fedsel::report::write(&dir, smooth))
+    py.detach(|| fedsel_workbench::report::write(&dir, smooth))
         .map_err(py_err)
 }
 

@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::data::sha256_hex;
-use crate::engine::RunSummary;
+use crate::digest::sha256_hex;
 use crate::error::{CheckpointError, Error, Result};
+use crate::summary::RunSummary;
 use crate::train::OptimizerState;
 
 const STATE: &str = "state.json";

@@ -1528,7 +1528,7 @@ impl Config {
     pub fn hash(&self) -> String {
         let mut c = self.clone();
         c.fedsel_version = None;
-        crate::data::sha256_hex(
+        crate::digest::sha256_hex(
             toml::to_string(&c)
                 .expect("a Config always serializes")
                 .as_bytes(),
@@ -1559,7 +1559,7 @@ impl std::fmt::Display for ConfigWarning {
 }
 
 /// Parses TOML text, naming `source_name` in the error.
-pub(crate) fn parse_toml(text: &str, source_name: &str) -> Result<toml::Table, ConfigError> {
+pub fn parse_toml(text: &str, source_name: &str) -> Result<toml::Table, ConfigError> {
     text.parse()
         .map_err(|e: toml::de::Error| ConfigError::Parse {
             source_name: source_name.into(),
@@ -1639,7 +1639,7 @@ fn reject_ignored_keys(
 }
 
 /// Sets `a.b.c = value` in a TOML table; the value is parsed as TOML, else taken as a string.
-pub(crate) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), ConfigError> {
+pub fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), ConfigError> {
     let (key, raw) = spec
         .split_once('=')
         .ok_or_else(|| ConfigError::BadOverride(spec.into()))?;

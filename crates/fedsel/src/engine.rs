@@ -27,6 +27,7 @@ use crate::model::{self, Architecture, ParamLayout};
 use crate::partition::{self, ClientData};
 use crate::rng::{Purpose, stream};
 use crate::select::{self, ClientQuery, Feedback, RoundContext, Setup, UpdateKind};
+use crate::summary::RunSummary;
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
 
 /// A prepared run: data, clients, model.
@@ -614,40 +615,6 @@ impl ClientQuery for AvailableOnly<'_> {
     }
 }
 
-/// Outcome of a whole run.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct RunSummary {
-    /// Strategy name.
-    pub strategy: String,
-    /// Seed.
-    pub seed: u64,
-    /// Rounds run.
-    pub rounds: usize,
-    /// Test accuracy at the last evaluation (the last round always is one).
-    pub final_acc: Option<f64>,
-    /// Test loss at the last evaluation.
-    pub final_loss: Option<f64>,
-    /// Best test accuracy seen.
-    pub best_acc: Option<f64>,
-    /// Round (0-based) of the best accuracy.
-    pub best_acc_round: usize,
-    /// Lowest test loss seen.
-    pub best_loss: Option<f64>,
-    /// For each configured target: rounds needed to first reach it (round index + 1), if reached.
-    pub rounds_to_target: Vec<(f64, Option<usize>)>,
-    /// The first round whose test loss exceeded ten times ln C, the loss of predicting every
-    /// class alike: the run diverged although its parameters stayed finite (a learning rate
-    /// far too high).
-    #[serde(default)]
-    pub diverged_at: Option<usize>,
-    /// Wall-clock seconds.
-    pub wall_s: f64,
-    /// Cost totals.
-    pub cost: Ledger,
-    /// fedsel version.
-    pub version: String,
-}
-
 /// A test loss this many times ln C (C classes) flags the run as diverged.
 pub const DIVERGENCE_FACTOR: f64 = 10.0;
 
@@ -686,173 +653,299 @@ pub fn check_resumable(config: &Config, cp: &Checkpoint) -> Result<()> {
 /// Runs the rounds of `exp` with a given selector, from the start or from a checkpoint.
 pub fn run_with(
     exp: &Experiment,
-    mut selector: Box<dyn select::Selector>,
+    selector: Box<dyn select::Selector>,
     observer: &mut dyn Observer,
     from: Option<Checkpoint>,
 ) -> Result<RunSummary> {
     let cfg = &exp.config;
-    let config_hash = cfg.hash();
-    let seed = cfg.seed;
-    let n = exp.clients.len();
-    let sizes = exp.sizes();
-    let total: f64 = sizes.iter().sum::<usize>() as f64;
-    let per_round = cfg.selection.per_round(n);
-    let needs = selector.needs();
-    selector.setup(&Setup {
-        sizes: sizes.clone(),
-        weights: sizes.iter().map(|&s| s as f64 / total).collect(),
-        per_round,
-        rounds: cfg.rounds,
-        num_params: exp.layout.total,
-        classes: exp.data.train.classes,
-        oracle_label_histograms: needs.oracle_label_histograms.then(|| {
-            exp.clients
-                .iter()
-                .map(|c| exp.data.train.histogram(Some(&c.train)))
-                .collect()
-        }),
-        oracle_features: needs.oracle_features.then(|| exp.oracle_features()),
-    });
-    let env = availability::Environment::new(
-        &cfg.availability,
-        &cfg.budget,
-        per_round,
-        &exp.client_info(),
-        seed,
-    )?;
-    let trainer = exp.trainer();
-    let name = selector.name();
-    let rule = match cfg.server.aggregation {
-        AggregationRule::Auto => select::own_aggregation(name),
-        r => r,
-    };
-    if let Some(warning) = select::aggregation_override(rule, name) {
-        tracing::warn!("{warning}");
-    }
-    let (start, mut global, mut server, mut states, mut summary) = match from {
-        Some(cp) => {
-            check_resumable(cfg, &cp)?;
-            selector.load(&cp.selector)?;
-            (
-                cp.next_round,
-                cp.global,
-                Server::with_moments(&cfg.server, cp.server_m, cp.server_v),
-                cp.client_states,
-                cp.summary,
-            )
-        }
-        None => (
-            0,
-            exp.layout.init(seed),
-            Server::new(&cfg.server),
-            vec![None; n],
-            RunSummary {
-                strategy: selector.name().into(),
-                seed,
-                rounds: 0,
-                final_acc: None,
-                final_loss: None,
-                best_acc: None,
-                best_acc_round: 0,
-                best_loss: None,
-                rounds_to_target: cfg.targets.iter().map(|&t| (t, None)).collect(),
-                diverged_at: None,
-                wall_s: 0.0,
-                cost: Ledger::default(),
-                version: crate::VERSION.into(),
-            },
-        ),
+    let mut run = Run::new(exp, selector)?;
+    let start = match from {
+        Some(cp) => run.restore(cp)?,
+        None => 0,
     };
     // The initial phase's costs are booked to round 0.
     let mut initial_cost = Ledger::default();
     if start == 0 {
         observer.on_reports(&[("clients.csv".into(), exp.client_summary())])?;
-        let all: Vec<usize> = (0..n).collect();
-        let mut query = Query {
-            exp,
-            global: &mut global,
-            server: &mut server,
-            rule,
-            ledger: &mut initial_cost,
-            round: 0,
-            lr: cfg.train.schedule.rate(cfg.train.lr, 0),
-            sizes: &sizes,
-        };
-        selector.initial_phase(&mut AvailableOnly {
-            inner: &mut query,
-            available: &all,
-            selector: name,
-            round: 0,
-        })?;
+        run.initial_phase(&mut initial_cost)?;
     }
     // Time already spent before a resume counts towards elapsed_s.
-    let started = Instant::now() - std::time::Duration::from_secs_f64(summary.wall_s);
+    let started = Instant::now() - std::time::Duration::from_secs_f64(run.summary.wall_s);
 
     for t in start..cfg.rounds {
         let mut cost = std::mem::take(&mut initial_cost);
         let lr = cfg.train.schedule.rate(cfg.train.lr, t);
-        let round_avail = env.round(t);
-        let available = &round_avail.active;
-
+        // Availability A_t and budget K_t, then the phases in the order they run.
+        let availability::RoundAvailability { active, budget } = run.env.round(t);
         let ctx = RoundContext {
             round: t,
-            available,
-            budget: round_avail.budget,
+            available: &active,
+            budget,
         };
-        let mut query = Query {
+        let selection = run.select(&ctx, lr, &mut cost)?;
+        let trained = run.train(t, lr, &selection.clients, &mut cost);
+        run.aggregate(t, &selection, &trained)?;
+        let eval = run.evaluate(t);
+        let train_loss = trained.mean_loss();
+        run.feedback(t, &selection.clients, trained);
+        let record = RoundRecord {
+            round: t,
+            test_acc: eval.map(|e| e.accuracy),
+            test_loss: eval.map(|e| e.loss),
+            train_loss,
+            n_selected: selection.clients.len(),
+            n_available: active.len(),
+            budget,
+            lr,
+            cost,
+            elapsed_s: started.elapsed().as_secs_f64(),
+            selected: selection.clients,
+            available: active,
+        };
+        run.log(record, eval, observer)?;
+        run.checkpoint(t, observer)?;
+    }
+    observer.on_reports(&run.selector.reports())?;
+    Ok(run.summary)
+}
+
+/// The state a run carries from round to round, with one method per phase of a round so
+/// that [`run_with`] reads as the round's outline.
+struct Run<'a> {
+    exp: &'a Experiment,
+    selector: Box<dyn select::Selector>,
+    /// The selector's standing needs, asked once before setup.
+    needs: select::Needs,
+    env: availability::Environment,
+    trainer: Trainer<'a>,
+    /// The aggregation rule, resolved from `auto` to the selector's own.
+    rule: AggregationRule,
+    sizes: Vec<usize>,
+    /// Written into every checkpoint, so that a resume under another config is refused.
+    config_hash: String,
+    global: Vec<f32>,
+    server: Server,
+    /// Each client's persistent optimizer state, carried between its trainings.
+    states: Vec<Option<OptimizerState>>,
+    summary: RunSummary,
+}
+
+/// The round's local trainings: one per distinct selected client, shared by duplicates.
+struct Trained {
+    /// The selected clients, ascending, each once.
+    distinct: Vec<usize>,
+    /// One update per entry of `distinct`.
+    updates: Vec<train::LocalUpdate>,
+    /// Per selection entry, the mean training loss.
+    losses: Vec<f64>,
+    /// Per selection entry, the local model minus the broadcast one (whole or output layer,
+    /// as the selector asked), or `None` when it asked for no updates.
+    deltas: Option<Vec<Vec<f32>>>,
+}
+
+impl Trained {
+    /// The update of selected client `k`.
+    fn of(&self, k: usize) -> &train::LocalUpdate {
+        let i = self
+            .distinct
+            .binary_search(&k)
+            .expect("selected clients are in `distinct`");
+        &self.updates[i]
+    }
+
+    /// Mean training loss over the selection's entries, duplicates counted as selected.
+    fn mean_loss(&self) -> f64 {
+        self.losses.iter().sum::<f64>() / self.losses.len().max(1) as f64
+    }
+}
+
+impl<'a> Run<'a> {
+    /// Sets the selector up and builds the environment, starting from the initial model.
+    fn new(exp: &'a Experiment, mut selector: Box<dyn select::Selector>) -> Result<Self> {
+        let cfg = &exp.config;
+        let seed = cfg.seed;
+        let n = exp.clients.len();
+        let sizes = exp.sizes();
+        let total: f64 = sizes.iter().sum::<usize>() as f64;
+        let per_round = cfg.selection.per_round(n);
+        let needs = selector.needs();
+        selector.setup(&Setup {
+            sizes: sizes.clone(),
+            weights: sizes.iter().map(|&s| s as f64 / total).collect(),
+            per_round,
+            rounds: cfg.rounds,
+            num_params: exp.layout.total,
+            classes: exp.data.train.classes,
+            oracle_label_histograms: needs.oracle_label_histograms.then(|| {
+                exp.clients
+                    .iter()
+                    .map(|c| exp.data.train.histogram(Some(&c.train)))
+                    .collect()
+            }),
+            oracle_features: needs.oracle_features.then(|| exp.oracle_features()),
+        });
+        let env = availability::Environment::new(
+            &cfg.availability,
+            &cfg.budget,
+            per_round,
+            &exp.client_info(),
+            seed,
+        )?;
+        let name = selector.name();
+        let rule = match cfg.server.aggregation {
+            AggregationRule::Auto => select::own_aggregation(name),
+            r => r,
+        };
+        if let Some(warning) = select::aggregation_override(rule, name) {
+            tracing::warn!("{warning}");
+        }
+        let summary = RunSummary {
+            strategy: name.into(),
+            seed,
+            rounds: 0,
+            final_acc: None,
+            final_loss: None,
+            best_acc: None,
+            best_acc_round: 0,
+            best_loss: None,
+            rounds_to_target: cfg.targets.iter().map(|&t| (t, None)).collect(),
+            diverged_at: None,
+            wall_s: 0.0,
+            cost: Ledger::default(),
+            version: crate::VERSION.into(),
+        };
+        Ok(Run {
             exp,
-            global: &mut global,
-            server: &mut server,
+            selector,
+            needs,
+            env,
+            trainer: exp.trainer(),
             rule,
-            ledger: &mut cost,
+            sizes,
+            config_hash: cfg.hash(),
+            global: exp.layout.init(seed),
+            server: Server::new(&cfg.server),
+            states: vec![None; n],
+            summary,
+        })
+    }
+
+    /// Replaces the initial state with a checkpoint's; returns the round to continue from.
+    fn restore(&mut self, cp: Checkpoint) -> Result<usize> {
+        check_resumable(&self.exp.config, &cp)?;
+        self.selector.load(&cp.selector)?;
+        self.global = cp.global;
+        self.server = Server::with_moments(&self.exp.config.server, cp.server_m, cp.server_v);
+        self.states = cp.client_states;
+        self.summary = cp.summary;
+        Ok(cp.next_round)
+    }
+
+    /// The selector's initial phase (FedCor's warm-up, FedGS's graph), with every client
+    /// reachable; its costs go to `cost`.
+    fn initial_phase(&mut self, cost: &mut Ledger) -> Result<()> {
+        let all: Vec<usize> = (0..self.exp.clients.len()).collect();
+        let lr = self
+            .exp
+            .config
+            .train
+            .schedule
+            .rate(self.exp.config.train.lr, 0);
+        self.with_query(0, lr, &all, cost, |selector, query| {
+            selector.initial_phase(query)
+        })
+    }
+
+    /// Lets the selector act on a query of round `t` that reaches only `available` and
+    /// books to `cost`: the one way its initial phase and its selections see clients.
+    fn with_query<T>(
+        &mut self,
+        t: usize,
+        lr: f64,
+        available: &[usize],
+        cost: &mut Ledger,
+        act: impl FnOnce(&mut dyn select::Selector, &mut dyn ClientQuery) -> Result<T>,
+    ) -> Result<T> {
+        let name = self.selector.name();
+        let mut query = Query {
+            exp: self.exp,
+            global: &mut self.global,
+            server: &mut self.server,
+            rule: self.rule,
+            ledger: cost,
             round: t,
             lr,
-            sizes: &sizes,
+            sizes: &self.sizes,
         };
-        let selection = selector.select(
-            &ctx,
+        act(
+            self.selector.as_mut(),
             &mut AvailableOnly {
                 inner: &mut query,
                 available,
                 selector: name,
                 round: t,
             },
-            &mut stream(seed, Purpose::Selection, t as u64, 0),
-        )?;
+        )
+    }
+
+    /// Asks the selector for the round's clients, answering its queries, and checks that it
+    /// chose only available clients and, under the `selector` rule, gave their weights.
+    fn select(
+        &mut self,
+        ctx: &RoundContext,
+        lr: f64,
+        cost: &mut Ledger,
+    ) -> Result<select::Selection> {
+        let t = ctx.round;
+        let name = self.selector.name();
+        let seed = self.exp.config.seed;
+        let selection = self.with_query(t, lr, ctx.available, cost, |selector, query| {
+            selector.select(
+                ctx,
+                query,
+                &mut stream(seed, Purpose::Selection, t as u64, 0),
+            )
+        })?;
         if let Some(&k) = selection
             .clients
             .iter()
-            .find(|k| available.binary_search(k).is_err())
+            .find(|k| ctx.available.binary_search(k).is_err())
         {
             return Err(Error::Selection {
-                selector: selector.name().into(),
+                selector: name.into(),
                 round: t,
                 reason: format!("chose client {k}, which is not available"),
             });
         }
-        if rule == AggregationRule::Selector
+        if self.rule == AggregationRule::Selector
             && selection.weights.as_ref().map(Vec::len) != Some(selection.clients.len())
         {
             return Err(Error::Selection {
-                selector: selector.name().into(),
+                selector: name.into(),
                 round: t,
                 reason: "the `selector` aggregation rule needs one weight per selected client"
                     .into(),
             });
         }
+        Ok(selection)
+    }
 
-        // Broadcast and train: each distinct client trains once; duplicates share its update.
-        let mut distinct = selection.clients.clone();
+    /// Broadcasts the global model and trains: each distinct client trains once, in
+    /// parallel, and duplicates share its update.
+    fn train(&mut self, t: usize, lr: f64, selected: &[usize], cost: &mut Ledger) -> Trained {
+        let seed = self.exp.config.seed;
+        let mut distinct = selected.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
         let taken: Vec<Option<OptimizerState>> =
-            distinct.iter().map(|&k| states[k].take()).collect();
+            distinct.iter().map(|&k| self.states[k].take()).collect();
+        let (exp, trainer, global) = (self.exp, &self.trainer, &self.global);
         let updates: Vec<train::LocalUpdate> = distinct
             .par_iter()
             .zip(taken)
             .map(|(&k, state)| {
                 let mut rng = stream(seed, Purpose::Training, t as u64, k as u64);
-                trainer.train(&global, &exp.clients[k].train, lr, &mut rng, state)
+                trainer.train(global, &exp.clients[k].train, lr, &mut rng, state)
             })
             .collect();
         let d = distinct.len() as u64;
@@ -860,25 +953,61 @@ pub fn run_with(
         cost.uploads += d;
         cost.trainings += d;
         cost.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
-
-        let entry_of = |k: usize| {
-            distinct
-                .binary_search(&k)
-                .expect("selected clients are in `distinct`")
+        let mut trained = Trained {
+            distinct,
+            updates,
+            losses: Vec::new(),
+            deltas: None,
         };
+        trained.losses = selected.iter().map(|&k| trained.of(k).mean_loss).collect();
+        trained.deltas = (self.needs.updates != UpdateKind::None).then(|| {
+            selected
+                .iter()
+                .map(|&k| self.delta(&trained.of(k).params))
+                .collect()
+        });
+        trained
+    }
+
+    /// A local model minus the global one, over the part the selector asked for.
+    fn delta(&self, local: &[f32]) -> Vec<f32> {
+        let diff = |r: std::ops::Range<usize>| {
+            local[r.clone()]
+                .iter()
+                .zip(&self.global[r])
+                .map(|(a, b)| a - b)
+                .collect::<Vec<f32>>()
+        };
+        match self.needs.updates {
+            UpdateKind::OutputLayer => [
+                diff(self.exp.layout.output_bias()),
+                diff(self.exp.layout.output_weight()),
+            ]
+            .concat(),
+            _ => diff(0..self.global.len()),
+        }
+    }
+
+    /// Averages the local models into the global one and takes the server step. A
+    /// non-finite local model is dropped with weight 0 (F3AST's code, TFF's
+    /// `zero_all_if_any_non_finite`), and the drop is logged.
+    fn aggregate(
+        &mut self,
+        t: usize,
+        selection: &select::Selection,
+        trained: &Trained,
+    ) -> Result<()> {
         let locals: Vec<&[f32]> = selection
             .clients
             .iter()
-            .map(|&k| updates[entry_of(k)].params.as_slice())
+            .map(|&k| trained.of(k).params.as_slice())
             .collect();
         let mut w = aggregate::weights(
-            rule,
+            self.rule,
             &selection.clients,
-            &sizes,
+            &self.sizes,
             selection.weights.as_deref(),
         );
-        // A non-finite local model is dropped with weight 0 (F3AST's code, TFF's
-        // `zero_all_if_any_non_finite`); the drop is logged.
         let mut dropped = 0;
         for (i, x) in locals.iter().enumerate() {
             if x.iter().any(|v| !v.is_finite()) {
@@ -896,76 +1025,51 @@ pub fn run_with(
                 what: "every local model of the round".into(),
             });
         }
-        let old_global = (needs.updates != UpdateKind::None).then(|| global.clone());
         // A round with nobody selected (an empty trace round, K_t = 0) leaves the model alone.
         if !selection.clients.is_empty() {
-            let delta = aggregate::delta(&global, &locals, &w);
-            server.step(&mut global, &delta);
+            let delta = aggregate::delta(&self.global, &locals, &w);
+            self.server.step(&mut self.global, &delta);
         }
-        if global.iter().any(|x| !x.is_finite()) {
+        if self.global.iter().any(|x| !x.is_finite()) {
             return Err(Error::Diverged {
                 round: t,
                 what: "parameters after aggregation".into(),
             });
         }
+        Ok(())
+    }
 
+    /// Tests the global model on evaluation rounds and on the last round.
+    fn evaluate(&self, t: usize) -> Option<Evaluation> {
+        let cfg = &self.exp.config;
         let evaluate = (t + 1).is_multiple_of(cfg.eval.every) || t + 1 == cfg.rounds;
-        let eval = evaluate.then(|| exp.test(&global));
+        evaluate.then(|| self.exp.test(&self.global))
+    }
 
-        let train_losses: Vec<f64> = selection
-            .clients
-            .iter()
-            .map(|&k| updates[entry_of(k)].mean_loss)
-            .collect();
-        let parts: Option<Vec<Vec<f32>>> = old_global.map(|old| {
-            selection
-                .clients
-                .iter()
-                .map(|&k| {
-                    let x = &updates[entry_of(k)].params;
-                    let diff = |r: std::ops::Range<usize>| {
-                        x[r.clone()]
-                            .iter()
-                            .zip(&old[r])
-                            .map(|(a, b)| a - b)
-                            .collect::<Vec<f32>>()
-                    };
-                    match needs.updates {
-                        UpdateKind::OutputLayer => [
-                            diff(exp.layout.output_bias()),
-                            diff(exp.layout.output_weight()),
-                        ]
-                        .concat(),
-                        _ => diff(0..old.len()),
-                    }
-                })
-                .collect()
-        });
-        selector.observe(&Feedback {
+    /// Reports the round to the selector and keeps each trained client's optimizer state.
+    fn feedback(&mut self, t: usize, selected: &[usize], trained: Trained) {
+        self.selector.observe(&Feedback {
             round: t,
-            selected: &selection.clients,
-            train_losses: &train_losses,
-            updates: parts.as_deref(),
+            selected,
+            train_losses: &trained.losses,
+            updates: trained.deltas.as_deref(),
         });
-        for (k, u) in distinct.iter().zip(updates) {
-            states[*k] = u.state;
+        for (k, u) in trained.distinct.iter().zip(trained.updates) {
+            self.states[*k] = u.state;
         }
+    }
 
-        summary.cost.add(&cost);
-        let record = RoundRecord {
-            round: t,
-            test_acc: eval.map(|e| e.accuracy),
-            test_loss: eval.map(|e| e.loss),
-            train_loss: train_losses.iter().sum::<f64>() / train_losses.len().max(1) as f64,
-            n_selected: selection.clients.len(),
-            n_available: available.len(),
-            budget: round_avail.budget,
-            lr,
-            cost,
-            elapsed_s: started.elapsed().as_secs_f64(),
-            selected: selection.clients,
-            available: round_avail.active,
-        };
+    /// Folds the round into the summary and hands its record to the observer; a
+    /// non-finite test loss ends the run.
+    fn log(
+        &mut self,
+        record: RoundRecord,
+        eval: Option<Evaluation>,
+        observer: &mut dyn Observer,
+    ) -> Result<()> {
+        let t = record.round;
+        let summary = &mut self.summary;
+        summary.cost.add(&record.cost);
         if let Some(e) = eval {
             if !e.loss.is_finite() {
                 return Err(Error::Diverged {
@@ -979,7 +1083,7 @@ pub fn run_with(
                 summary.best_acc = Some(e.accuracy);
                 summary.best_acc_round = t;
             }
-            let uniform = (exp.data.train.classes as f64).ln();
+            let uniform = (self.exp.data.train.classes as f64).ln();
             if summary.diverged_at.is_none() && e.loss > DIVERGENCE_FACTOR * uniform {
                 summary.diverged_at = Some(t);
                 tracing::warn!(
@@ -996,24 +1100,28 @@ pub fn run_with(
         }
         summary.rounds = t + 1;
         summary.wall_s = record.elapsed_s;
-        observer.on_round(&record)?;
-        if cfg.checkpoint_every > 0
-            && (t + 1).is_multiple_of(cfg.checkpoint_every)
-            && t + 1 < cfg.rounds
-        {
-            let (m, v) = server.moments();
-            observer.on_checkpoint(&Checkpoint {
-                next_round: t + 1,
-                config_hash: config_hash.clone(),
-                global: global.clone(),
-                server_m: m.to_vec(),
-                server_v: v.to_vec(),
-                client_states: states.clone(),
-                selector: selector.save(),
-                summary: summary.clone(),
-            })?;
-        }
+        observer.on_round(&record)
     }
-    observer.on_reports(&selector.reports())?;
-    Ok(summary)
+
+    /// Hands the observer a checkpoint every `checkpoint_every` rounds, except after the last.
+    fn checkpoint(&self, t: usize, observer: &mut dyn Observer) -> Result<()> {
+        let cfg = &self.exp.config;
+        if cfg.checkpoint_every == 0
+            || !(t + 1).is_multiple_of(cfg.checkpoint_every)
+            || t + 1 >= cfg.rounds
+        {
+            return Ok(());
+        }
+        let (m, v) = self.server.moments();
+        observer.on_checkpoint(&Checkpoint {
+            next_round: t + 1,
+            config_hash: self.config_hash.clone(),
+            global: self.global.clone(),
+            server_m: m.to_vec(),
+            server_v: v.to_vec(),
+            client_states: self.states.clone(),
+            selector: self.selector.save(),
+            summary: self.summary.clone(),
+        })
+    }
 }

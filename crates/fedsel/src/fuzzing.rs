@@ -1,7 +1,8 @@
 //! Entry points of the fuzz targets under `fuzz/`, one per parser of untrusted input.
 //!
+//! The sweep parser's entry point is in `fedsel-workbench`, beside sweeps.
 //! The cargo-fuzz targets are one-line calls of these functions, and
-//! `tests/fuzz_corpus.rs` replays the stored corpora through the same
+//! `crates/fedsel-workbench/tests/fuzz_corpus.rs` replays the stored corpora through the same
 //! [`TARGETS`] on stable, so what CI checks is exactly what was fuzzed. Each
 //! function hands arbitrary bytes to the parser production uses and returns its
 //! verdict: an error is a correct answer to bad input, while a panic, a hang or
@@ -17,7 +18,6 @@ use crate::data::cifar::{self, V10, V100};
 use crate::data::fmnist::{self, Split};
 use crate::data::shakespeare::{self, ShakespeareSpec};
 use crate::error::Result;
-use crate::sweep::Sweep;
 
 /// A fuzz entry point.
 pub type Target = fn(&[u8]) -> Result<()>;
@@ -25,7 +25,6 @@ pub type Target = fn(&[u8]) -> Result<()>;
 /// Every fuzz target by name; `fuzz/fuzz_targets/<name>.rs` and `fuzz/corpus/<name>/` go with it.
 pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
-    ("sweep", sweep),
     ("idx", idx),
     ("cifar", cifar),
     ("trace", trace),
@@ -70,20 +69,9 @@ pub fn config(data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// A sweep file, then NUL and the text of the config its `base` key names (if any), then
-/// NUL-separated overrides, as `fedsel sweep --set` passes them.
-pub fn sweep(data: &[u8]) -> Result<()> {
-    let mut parts = data.split(|&b| b == 0);
-    let text = String::from_utf8_lossy(parts.next().unwrap_or_default());
-    let base = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
-    let overrides = lossy_all(parts);
-    Sweep::from_toml_str(&text, "fuzz-input", Path::new("dir"), &overrides, |_| {
-        Ok(base)
-    })?;
-    Ok(())
-}
-
-fn lossy_all<'a>(parts: impl Iterator<Item = &'a [u8]>) -> Vec<String> {
+/// Decodes NUL-separated overrides lossily, as [`config`] reads them (the sweep target of
+/// `fedsel-workbench` reads its overrides the same way).
+pub fn lossy_all<'a>(parts: impl Iterator<Item = &'a [u8]>) -> Vec<String> {
     parts
         .map(|o| String::from_utf8_lossy(o).into_owned())
         .collect()

@@ -1,5 +1,8 @@
 //! fedsel: federated learning built around client selection.
 //!
+//! This is the core library: everything a run needs. Sweeps, reports and plots are in
+//! the `fedsel-workbench` crate, the command line in `fedsel-cli`.
+//!
 //! The round loop lives in [`engine`]; each selection strategy is one file
 //! under [`select`], each availability model one file under [`availability`].
 //! See `DESIGN.md` at the repository root for how the strategies plug in.
@@ -11,6 +14,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod diagnostics;
+pub mod digest;
 pub mod engine;
 pub mod error;
 pub mod fuzzing;
@@ -18,12 +22,10 @@ pub mod ledger;
 pub mod model;
 pub mod output;
 pub mod partition;
-pub mod plot;
-pub mod report;
 pub mod rng;
 pub mod select;
 pub mod sspp;
-pub mod sweep;
+pub mod summary;
 pub mod train;
 
 /// The crate version, recorded in every output.

@@ -10,9 +10,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
-use crate::engine::{Observer, RoundRecord, RunSummary};
+use crate::engine::{Observer, RoundRecord};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
+use crate::summary::RunSummary;
 
 /// Writes a run's files into one directory.
 pub struct RunWriter {

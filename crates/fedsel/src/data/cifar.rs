@@ -8,7 +8,8 @@
 
 use std::path::Path;
 
-use super::{Dataset, FederatedData, Inputs, md5_hex, read_file};
+use super::{Dataset, FederatedData, Inputs, read_file};
+use crate::digest::md5_hex;
 use crate::error::DataError;
 
 /// CIFAR-10 subdirectory of the data directory.

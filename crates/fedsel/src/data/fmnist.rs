@@ -10,7 +10,8 @@ use std::borrow::Cow;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::{Dataset, FederatedData, Inputs, read_file, sha256_hex};
+use super::{Dataset, FederatedData, Inputs, read_file};
+use crate::digest::sha256_hex;
 use crate::error::DataError;
 
 /// Subdirectory of the data directory.

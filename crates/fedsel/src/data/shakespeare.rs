@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 
 use rand::seq::SliceRandom;
 
-use super::{Dataset, FederatedData, Inputs, read_file, sha256_hex};
+use super::{Dataset, FederatedData, Inputs, read_file};
+use crate::digest::sha256_hex;
 use crate::error::DataError;
 use crate::rng::{Purpose, stream};
 

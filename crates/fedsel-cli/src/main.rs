@@ -318,12 +318,12 @@ fn run(args: RunArgs) -> Result<()> {
             r.map_or("not reached".into(), |r| r.to_string())
         );
     }
-    for (stem, s) in fedsel::diagnostics::embeddings(&out)? {
+    for (stem, s) in fedsel_workbench::inspect::embeddings(&out)? {
         println!(
             "  {stem}: silhouette of dominant-label groups on normalised embeddings {s:.3} ({stem}_pca.png)"
         );
     }
-    if let Some(c) = fedsel::diagnostics::entropy(&out)? {
+    if let Some(c) = fedsel_workbench::inspect::entropy(&out)? {
         let ((t0, r0), (t1, r1)) = (c.first, c.last);
         println!(
             "  estimated vs true label entropy, Spearman: {r0:.3} at round {t0} (after warm-up), {r1:.3} at round {t1} (entropy.png), mean {:.3} over rounds {t0}-{t1}",
@@ -342,7 +342,7 @@ fn run(args: RunArgs) -> Result<()> {
             );
         }
     }
-    if let Some(w) = fedsel::report::f3ast_weight_mean(&out)? {
+    if let Some(w) = fedsel_workbench::report::f3ast_weight_mean(&out)? {
         println!(
             "  F3AST aggregation weights: Σ_S p_k/r_k averages {w:.4} per round (f3ast_weights.csv)"
         );
@@ -371,7 +371,7 @@ fn run(args: RunArgs) -> Result<()> {
 
 struct SweepBar(Option<ProgressBar>);
 
-impl fedsel::sweep::SweepProgress for SweepBar {
+impl fedsel_workbench::sweep::SweepProgress for SweepBar {
     fn cell_done(&self, label: &str, done: usize, total: usize, ok: bool) {
         match &self.0 {
             Some(b) => {
@@ -394,12 +394,12 @@ fn sweep(
     data_dir: Option<PathBuf>,
     dry_run: bool,
 ) -> Result<()> {
-    let sweep = fedsel::sweep::Sweep::load(&path, set)
+    let sweep = fedsel_workbench::sweep::Sweep::load(&path, set)
         .with_context(|| format!("sweep {}", path.display()))?;
     if dry_run {
         let cells = sweep.cells()?;
         for c in &cells {
-            let done = fedsel::sweep::is_finished(&out.join("cells").join(&c.dir_name));
+            let done = fedsel_workbench::sweep::is_finished(&out.join("cells").join(&c.dir_name));
             let state = if done { "finished" } else { "to run" };
             println!("{:<40} {state:<10} {}", c.label, c.dir_name);
         }
@@ -427,7 +427,8 @@ fn sweep(
         b
     });
     let t0 = Instant::now();
-    let outcome = fedsel::sweep::run(&sweep, &out, &dir, jobs, threads, &SweepBar(bar.clone()))?;
+    let outcome =
+        fedsel_workbench::sweep::run(&sweep, &out, &dir, jobs, threads, &SweepBar(bar.clone()))?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -442,7 +443,7 @@ fn sweep(
     for (label, err) in &outcome.failed {
         println!("  {label}: {err}");
     }
-    fedsel::report::write(&out, None)?;
+    fedsel_workbench::report::write(&out, None)?;
     println!("report: {}", out.join("report.md").display());
     anyhow::ensure!(
         outcome.failed.is_empty(),
@@ -669,7 +670,7 @@ fn main() -> Result<()> {
             sweep(path, &set, out, jobs, data_dir, dry_run)
         }
         Some(Command::Report { dir, smooth }) => {
-            print!("{}", fedsel::report::write(&dir, smooth)?);
+            print!("{}", fedsel_workbench::report::write(&dir, smooth)?);
             Ok(())
         }
         Some(Command::Datasets { data_dir }) => {

@@ -36,10 +36,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::Deserialize;
 
-use crate::config::Config;
-use crate::engine::{self, Experiment};
-use crate::error::{ConfigError, Error, Result};
-use crate::output::RunWriter;
+use fedsel::config::Config;
+use fedsel::engine::{self, Experiment};
+use fedsel::error::{ConfigError, Error, Result};
+use fedsel::output::RunWriter;
 
 /// The `[axes]` table.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -207,18 +207,18 @@ impl Sweep {
                 let p = here.join(b);
                 let base_name = p.display().to_string();
                 let t = read_base(&p)?;
-                let mut table = crate::config::parse_toml(&t, &base_name)?;
-                crate::config::anchor_paths(&mut table, p.parent().unwrap_or(Path::new("")));
+                let mut table = fedsel::config::parse_toml(&t, &base_name)?;
+                fedsel::config::anchor_paths(&mut table, p.parent().unwrap_or(Path::new("")));
                 Config::read_keys(table.clone(), &base_name)?;
                 table
             }
             None => toml::Table::new(),
         };
         let mut inline = file.config;
-        crate::config::anchor_paths(&mut inline, here);
+        fedsel::config::anchor_paths(&mut inline, here);
         merge(&mut base, inline);
         for o in overrides {
-            crate::config::apply_override(&mut base, o)?;
+            fedsel::config::apply_override(&mut base, o)?;
         }
         let mut axes = Vec::new();
         let a = file.axes;
@@ -591,7 +591,7 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
             })
         })
         .collect();
-    let index = serde_json::json!({ "name": sweep.name, "baseline": sweep.baseline, "version": crate::VERSION, "cells": entries });
+    let index = serde_json::json!({ "name": sweep.name, "baseline": sweep.baseline, "version": fedsel::VERSION, "cells": entries });
     let path = out.join("sweep.json");
     std::fs::write(&path, serde_json::to_string_pretty(&index).expect("json"))
         .map_err(|source| Error::Output { path, source })
@@ -604,7 +604,7 @@ fn run_cell(cell: &Cell, dir: &Path, data_dir: &Path) -> Result<()> {
     for w in cell.config.warnings(exp.clients.len()) {
         tracing::warn!(cell = %cell.label, "{w}");
     }
-    let checkpoint = crate::checkpoint::load(dir)
+    let checkpoint = fedsel::checkpoint::load(dir)
         .ok()
         .filter(|cp| cp.config_hash == cell.config.hash());
     let (writer, result) = match checkpoint {
@@ -802,7 +802,7 @@ mod tests {
             "name = \"t\"\nbase = \"base.toml\"\n[axes]\nseed = [1]\n",
         );
         let trace_of = |c: &Config| match &c.availability {
-            crate::config::AvailabilityConfig::Trace { trace } => trace.clone(),
+            fedsel::config::AvailabilityConfig::Trace { trace } => trace.clone(),
             other => panic!("{other:?}"),
         };
         let first_cell = |p: &Path| {

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::error::{Error, Result};
+use fedsel::error::{Error, Result};
 
 /// Colours that stay apart for up to ten series (Tableau 10).
 const COLOURS: [RGBColor; 10] = [

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use fedsel::config::{BudgetConfig, Config, DatasetConfig, PartitionScheme};
-use fedsel::sweep::Sweep;
+use fedsel_workbench::sweep::Sweep;
 
 fn toml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {

@@ -18,8 +18,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::error::{ConfigError, Error, Result};
-use crate::ledger::Ledger;
+use fedsel::error::{ConfigError, Error, Result};
+use fedsel::ledger::Ledger;
 
 #[derive(Debug, Clone, Deserialize)]
 struct IndexCell {
@@ -825,7 +825,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
     let mut md = format!(
         "# Report: {}\n\nfedsel {}; {} cells, {} finished{}.\nBaseline strategy: {}.\n\n",
         index.name,
-        crate::VERSION,
+        fedsel::VERSION,
         index.cells.len(),
         index.cells.len() - missing,
         if missing > 0 {

@@ -1,6 +1,6 @@
 //! Sweeps: every cell runs once, a rerun finishes only what is missing, and the report has every table.
 
-use fedsel::sweep::{self, Sweep, SweepProgress};
+use fedsel_workbench::sweep::{self, Sweep, SweepProgress};
 
 struct Silent;
 impl SweepProgress for Silent {
@@ -56,7 +56,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         metrics_before,
         "the rerun cell reproduces its rows"
     );
-    let report = fedsel::report::write(&out, None).unwrap();
+    let report = fedsel_workbench::report::write(&out, None).unwrap();
     for needle in [
         "Rounds to target",
         "Best and final",
@@ -102,7 +102,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         .to_string();
     std::fs::write(cut.join("metrics.csv"), format!("{header}\n0,0.1")).unwrap();
     std::fs::write(out.join("report.md"), "old").unwrap();
-    let report = fedsel::report::write(&out, None).unwrap();
+    let report = fedsel_workbench::report::write(&out, None).unwrap();
     assert!(
         report.contains("could not be read") && report.contains(cells[2].dir_name.as_str()),
         "{report}"
