@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use fedsel::config::{BudgetConfig, Config, DatasetConfig, PartitionScheme};
+use fedsel::config::{AvailabilityConfig, BudgetConfig, Config, DatasetConfig, PartitionScheme};
 use fedsel_workbench::sweep::Sweep;
 
 fn toml_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -78,6 +78,25 @@ fn shipped_powd_runs_draw_more_candidates_than_they_keep() {
         checked += 1;
     }
     assert!(checked >= 20, "{checked} pow-d configs");
+}
+
+/// A trace path in a config file is taken from the file's directory, so every shipped trace
+/// must be found from there, whatever the working directory.
+#[test]
+fn shipped_trace_files_exist() {
+    let mut checked = 0;
+    for (f, c) in shipped() {
+        if let AvailabilityConfig::Trace { trace } = &c.availability {
+            assert!(
+                trace.is_file(),
+                "{}: availability.trace {} is not a file",
+                f.display(),
+                trace.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "{checked} trace configs");
 }
 
 #[test]
