@@ -14,8 +14,8 @@ rounds=${2:-200}
 out=${OUT:-gpu-check}
 mkdir -p "$out"
 
-cargo build --release --features cuda
-bin=target/release/fedsel
+cargo build --release -p fedsel-cli --features cuda
+bin=${CARGO_TARGET_DIR:-target}/release/fedsel
 
 {
     date -u
@@ -24,6 +24,7 @@ bin=target/release/fedsel
     git rev-parse HEAD
 } > "$out/machine.txt"
 
+# `fedsel bench` times the CPU paths (flex), the reference for the GPU run below.
 "$bin" bench --data-dir "$data" | tee "$out/bench-cpu.txt"
 
 # One HiCS-FL FMNIST run with the paper's CNN, on the GPU and then on the CPU, timed by

@@ -82,7 +82,19 @@ fn batches(idx: &[usize], work: LocalWork, batch: usize, rng: &mut Rng) -> Vec<V
     out
 }
 
+/// The fused paths compute on host `f32` slices: they stand in for burn's pass only
+/// where burn itself would compute on the CPU. On a GPU device burn's own kernels run.
+fn on_host(device: &Device) -> bool {
+    *device == Device::flex()
+}
+
 impl Trainer<'_> {
+    /// The architecture's hand-derived loss and gradient, when it has one and the
+    /// trainer's device is the CPU (see [`on_host`]).
+    fn fused(&self) -> Option<&dyn LossGradient> {
+        self.arch.loss_gradient().filter(|_| on_host(self.device))
+    }
+
     /// Trains from `global` on examples `idx` with learning rate `lr`.
     pub fn train(
         &self,
@@ -92,7 +104,7 @@ impl Trainer<'_> {
         rng: &mut Rng,
         state: Option<OptimizerState>,
     ) -> LocalUpdate {
-        if let Some(f) = self.arch.loss_gradient() {
+        if let Some(f) = self.fused() {
             return self.train_fused(f, global, idx, lr, rng, state);
         }
         let cfg = self.cfg;
@@ -333,7 +345,7 @@ impl Trainer<'_> {
         let examples: usize = batches.iter().map(Vec::len).sum();
         let mut sum: Vec<Tensor<1>> = params.iter().map(Tensor::zeros_like).collect();
         let specs = &self.layout.specs;
-        let fused = self.arch.loss_gradient();
+        let fused = self.fused();
         for b in batches.iter().filter(|b| !b.is_empty()) {
             let share = b.len() as f64 / examples as f64;
             if let Some(f) = fused {
@@ -409,7 +421,8 @@ pub fn evaluate(
 
 /// Evaluates parameters on batches already on the device (the server's test set is
 /// gathered once per run rather than every round). Architectures with
-/// [`Architecture::fused_logits`] compute their logits without burn.
+/// [`Architecture::fused_logits`] compute their logits without burn when the
+/// parameters are on the CPU.
 pub fn evaluate_batches(
     arch: &dyn Architecture,
     params: &[Tensor<1>],
@@ -418,7 +431,8 @@ pub fn evaluate_batches(
     let mut loss = 0.0;
     let mut correct = 0;
     let mut examples = 0;
-    let fused = arch.fused_logits().map(|f| {
+    let host = params.first().is_none_or(|p| on_host(&p.device()));
+    let fused = arch.fused_logits().filter(|_| host).map(|f| {
         let flat: Vec<f32> = params
             .iter()
             .flat_map(|p| {
