@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
+pub use crate::select::afl::AflConfig;
+pub use crate::select::fedcor::FedCorConfig;
+pub use crate::select::powd::PowdConfig;
 
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -492,123 +495,6 @@ impl Default for SelectionConfig {
     }
 }
 
-/// Power-of-choice (Cho et al.): how many candidates d a round draws.
-///
-/// The papers give d either absolutely (F3AST's pool of 30, HiCS-FL's ideal d = N) or
-/// relative to the budget (FedCor App. C.1: d = 2m, so 10 with m = 5 and 20 with m = 10;
-/// Cho et al. Fig. 4: d ∈ {2m, 3m, 5m}). `d_per_m > 0` wins over `d`. Rejecting configs
-/// that set both is impossible: `d` has a default that TOML has no null to unset, so such
-/// a rule would reject every config that sets only `d_per_m`. [`Config::warnings`] names a
-/// non-default `d` that `d_per_m` overrides.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PowdConfig {
-    /// Candidates drawn ∝ p_k without replacement; 0 means all available clients ("ideal").
-    /// Ignored when `d_per_m` > 0.
-    pub d: usize,
-    /// Candidates per unit of the round's budget: d = d_per_m · K_t each round. 0 = use `d`.
-    pub d_per_m: usize,
-}
-
-impl Default for PowdConfig {
-    fn default() -> Self {
-        Self { d: 10, d_per_m: 0 }
-    }
-}
-
-impl PowdConfig {
-    /// d for a round with budget K_t = `budget` and `available` clients: d_per_m · K_t
-    /// when `d_per_m` > 0, else `d` (0 = all), never more than the available count.
-    pub fn candidates(&self, budget: usize, available: usize) -> usize {
-        let d = match (self.d_per_m, self.d) {
-            (0, 0) => available,
-            (0, d) => d,
-            (per_m, _) => per_m.saturating_mul(budget),
-        };
-        d.min(available)
-    }
-
-    /// The key that sets d: `d_per_m` when in effect, else `d`.
-    fn key(&self) -> &'static str {
-        if self.d_per_m > 0 {
-            "selection.powd.d_per_m"
-        } else {
-            "selection.powd.d"
-        }
-    }
-}
-
-/// Active Federated Learning (Goetz et al. 2019), as FedCor ran it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AflConfig {
-    /// Fraction of clients with the lowest valuations dropped.
-    pub alpha1: f64,
-    /// Softmax temperature on the valuations.
-    pub alpha2: f64,
-    /// Fraction of the m picks made uniformly instead of by softmax.
-    pub alpha3: f64,
-}
-
-impl Default for AflConfig {
-    fn default() -> Self {
-        Self {
-            alpha1: 0.75,
-            alpha2: 0.01,
-            alpha3: 0.1,
-        }
-    }
-}
-
-/// FedCor (seed 000) and its FedGP variant (seed 001).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedCorConfig {
-    /// Embedding dimension d.
-    pub dim: usize,
-    /// Observation noise σ_n.
-    pub noise: f64,
-    /// Warm-up rounds R_w: rounds 0..=R_w select uniformly and train the GP every round.
-    pub warmup: usize,
-    /// GP-training interval Δt.
-    pub interval: usize,
-    /// Annealing coefficient β.
-    pub beta: f64,
-    /// Discount base θ; samples are weighted θ^(age in rounds), i.e. γ = θ^Δt per interval.
-    pub theta: f64,
-    /// Past samples kept during warm-up (M in Eq. 17, warm-up phase).
-    pub history_warmup: usize,
-    /// Past GP-training samples kept after warm-up (M in Eq. 17).
-    pub history: usize,
-    /// Probe selections per GP-training round (S in Eq. 17).
-    pub probes: usize,
-    /// Adam steps per GP fit after warm-up.
-    pub steps: usize,
-    /// Adam steps per GP fit during warm-up.
-    pub warmup_steps: usize,
-    /// Adam learning rate of the embeddings.
-    pub lr: f64,
-}
-
-impl Default for FedCorConfig {
-    fn default() -> Self {
-        Self {
-            dim: 15,
-            noise: 0.01,
-            warmup: 15,
-            interval: 10,
-            beta: 0.95,
-            theta: 0.9,
-            history_warmup: 10,
-            history: 1,
-            probes: 1,
-            steps: 100,
-            warmup_steps: 150,
-            lr: 0.01,
-        }
-    }
-}
-
 /// Where FedGS's client features for the 3DG come from (FedGS §3.2, Table 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -1056,7 +942,8 @@ const STRATEGIES: &[&str] = &[
 /// (1000 users of dimension 60), far below what would exhaust a workstation.
 const SYNTHETIC_MAX_FLOATS: usize = 1_000_000_000;
 
-fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
+/// `Ok` when `ok`, else the error naming `key` with `reason`.
+pub(crate) fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
     if ok {
         Ok(())
     } else {
@@ -1064,7 +951,13 @@ fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigErr
     }
 }
 
-fn check_prob(x: f64, key: &str, lo_open: bool, hi_open: bool) -> Result<(), ConfigError> {
+/// `x` must lie in the unit interval, each end open or closed as asked.
+pub(crate) fn check_prob(
+    x: f64,
+    key: &str,
+    lo_open: bool,
+    hi_open: bool,
+) -> Result<(), ConfigError> {
     let lo = if lo_open { x > 0.0 } else { x >= 0.0 };
     let hi = if hi_open { x < 1.0 } else { x <= 1.0 };
     check(
@@ -1078,7 +971,8 @@ fn check_prob(x: f64, key: &str, lo_open: bool, hi_open: bool) -> Result<(), Con
     )
 }
 
-fn check_pos(x: f64, key: &str) -> Result<(), ConfigError> {
+/// `x` must be finite and > 0.
+pub(crate) fn check_pos(x: f64, key: &str) -> Result<(), ConfigError> {
     check(x.is_finite() && x > 0.0, key, format!("{x} must be > 0"))
 }
 
@@ -1384,25 +1278,8 @@ impl Config {
             format!("`{}` is not one of {}", sel.strategy, STRATEGIES.join(", ")),
         )?;
         check_prob(sel.fraction, "selection.fraction", true, false)?;
-        check_prob(sel.afl.alpha1, "selection.afl.alpha1", false, true)?;
-        check_pos(sel.afl.alpha2, "selection.afl.alpha2")?;
-        check_prob(sel.afl.alpha3, "selection.afl.alpha3", false, false)?;
-        let fc = &sel.fedcor;
-        check(fc.dim > 0, "selection.fedcor.dim", "must be at least 1")?;
-        check_pos(fc.noise, "selection.fedcor.noise")?;
-        check(
-            fc.interval > 0,
-            "selection.fedcor.interval",
-            "must be at least 1",
-        )?;
-        check_prob(fc.beta, "selection.fedcor.beta", true, false)?;
-        check_prob(fc.theta, "selection.fedcor.theta", true, false)?;
-        check(
-            fc.probes > 0,
-            "selection.fedcor.probes",
-            "must be at least 1",
-        )?;
-        check_pos(fc.lr, "selection.fedcor.lr")?;
+        sel.afl.validate()?;
+        sel.fedcor.validate()?;
         let gs = &sel.fedgs;
         check(
             gs.alpha.is_finite() && gs.alpha >= 0.0,
@@ -1796,19 +1673,6 @@ mod tests {
         let mut o = vec!["selection.strategy=\"powd\"".to_string()];
         o.extend(overrides.iter().map(|s| s.to_string()));
         Config::from_toml_str("", "d", &o).unwrap()
-    }
-
-    #[test]
-    fn powd_candidates_resolve_per_round() {
-        let rel = PowdConfig { d: 10, d_per_m: 2 };
-        // d_per_m wins over d: 2 · 10 = 20 candidates with m = 10, capped by availability.
-        assert_eq!(rel.candidates(10, 100), 20);
-        assert_eq!(rel.candidates(5, 100), 10);
-        assert_eq!(rel.candidates(10, 13), 13);
-        let abs = PowdConfig { d: 10, d_per_m: 0 };
-        assert_eq!((abs.candidates(5, 100), abs.candidates(5, 7)), (10, 7));
-        let all = PowdConfig { d: 0, d_per_m: 0 };
-        assert_eq!(all.candidates(5, 37), 37);
     }
 
     #[test]

@@ -455,8 +455,8 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{FixedLosses, setup};
     use super::*;
-    use crate::config::PowdConfig;
     use crate::rng::{Purpose, stream};
+    use crate::select::powd::PowdConfig;
 
     /// Inclusion probabilities of 2 draws without replacement from weights (0.5, 0.3, 0.2),
     /// by hand: P(0 not drawn) = 0.3·0.2/0.7 + 0.2·0.3/0.8, and so on.
@@ -563,7 +563,7 @@ mod tests {
     fn afl_drops_the_lowest_values_and_samples_the_softmax() {
         // Valuations loss·√n with n = 1: (1, 2, 3, 4). α1 = 0.5 drops clients 0 and 1;
         // α2 = 1 gives softmax(3, 4) = (0.2689, 0.7311) over clients 2 and 3.
-        let cfg = crate::config::AflConfig {
+        let cfg = afl::AflConfig {
             alpha1: 0.5,
             alpha2: 1.0,
             alpha3: 0.0,
