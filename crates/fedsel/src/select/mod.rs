@@ -19,9 +19,24 @@ pub mod powd;
 pub mod uniform;
 pub mod ward;
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::{AggregationRule, GradientScope, SelectionConfig};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+
+/// Which of a method's two definitions a run follows (decisions.md): a paper's tables were
+/// produced by its authors' code, so where the text and the code differ, `paper` follows
+/// the text's equations and `code` what produced the tables. FedGS and F3AST have both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// The paper's equations and settings.
+    #[default]
+    Paper,
+    /// The authors' code, which produced the tables.
+    Code,
+}
 
 /// Which part of each selected client's update the selector wants back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
