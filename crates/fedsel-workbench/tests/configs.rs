@@ -145,7 +145,8 @@ fn fedcor_table1_cases_carry_their_own_m_and_target() {
 /// its frozen updates follow the setting's α groups.
 #[test]
 fn hics_table1_runs_paper_positive_part_and_code_side_by_side() {
-    use fedsel::config::{HicsEstimator, HicsProtocol, HicsStatistic, LocalWork};
+    use fedsel::config::LocalWork;
+    use fedsel::select::hics::{HicsEstimator, HicsProtocol, HicsStatistic};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/hics");
     for (file, model) in [
         ("table1_fmnist_cpu.toml", "mlp"),

@@ -11,9 +11,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 pub use crate::select::afl::AflConfig;
+pub use crate::select::divfl::DivflConfig;
 pub use crate::select::f3ast::F3astConfig;
 pub use crate::select::fedcor::FedCorConfig;
 pub use crate::select::fedgs::FedGsConfig;
+pub use crate::select::hics::HicsConfig;
 pub use crate::select::powd::PowdConfig;
 
 /// A whole run.
@@ -493,147 +495,6 @@ impl Default for SelectionConfig {
             f3ast: F3astConfig::default(),
             hics: HicsConfig::default(),
             divfl: DivflConfig::default(),
-        }
-    }
-}
-
-/// What HiCS-FL turns into a label-distribution estimate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HicsStatistic {
-    /// The output-layer bias update Δb (paper Eq. 7).
-    Bias,
-    /// The row means of the output-layer weight update (the authors' code).
-    WeightRows,
-}
-
-/// How HiCS-FL turns a client's statistic x into a label distribution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HicsEstimator {
-    /// softmax(x / T) (paper Eq. 7).
-    Softmax,
-    /// x⁺ / Σ x⁺, the update's positive part, with no temperature (ours; see
-    /// `select::hics` for why).
-    PositivePart,
-}
-
-/// Which HiCS-FL the selector runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HicsProtocol {
-    /// Alg. 1 with Eq. 9 and Eq. 10 as printed.
-    Paper,
-    /// What the authors' code (`server_hics.py`) does where the paper says otherwise and
-    /// no key of its own covers it: a uniform choice inside a cluster instead of ∝ p_k,
-    /// the distance arccos(cos(G_u, G_k)) + λ|Ĥ_u − Ĥ_k| over the whole output-layer
-    /// update G = [ΔW, Δb] (λ = 10 there), and, with `several_alpha_groups`, every
-    /// client's update frozen after warm-up. The code's other choices have keys, which
-    /// the `configs/hics/*_code.toml` configs and the Table 1 sweeps' `hics-code` method
-    /// set: `statistic = "weight_rows"`, `temperature = 0.001`, `clusters = 5` (for
-    /// K = 10: `selection.fraction = 0.2`), `cs_switch = 0.1`, `lambda = 10`, one local
-    /// epoch, `train.prox_mu = 0.5` and `model.kind = "cnn_hics_code"`.
-    Code,
-}
-
-/// HiCS-FL (seed 003), defaults from its App. 6.1 for FMNIST.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HicsConfig {
-    /// The paper's algorithm or the authors' code (see [`HicsProtocol`]).
-    pub protocol: HicsProtocol,
-    /// Softmax temperature T of Eq. 7 (FMNIST 0.0025, CIFAR 0.0015; the code 0.001).
-    pub temperature: f64,
-    /// λ of Eq. 9, in [0, 1] (paper: 0.1); under protocol `code` the weight of
-    /// |Ĥ_u − Ĥ_k| next to an unweighted arccos, any λ ≥ 0 (the code: 10).
-    pub lambda: f64,
-    /// γ⁰ of Eq. 10 (4; 2 for CIFAR-100).
-    pub gamma0: f64,
-    /// Clusters M; 0 means K, the clients per round (App. 6.1). The code's FMNIST
-    /// configs use 5 clusters for K = 10 in settings (1)–(2).
-    pub clusters: usize,
-    /// The statistic behind Ĥ.
-    pub statistic: HicsStatistic,
-    /// How the statistic becomes a distribution whose entropy is Ĥ.
-    pub estimator: HicsEstimator,
-    /// Select by Clustered Sampling Alg. 2 on the Eq. 9 rows in rounds where the
-    /// variance of Ĥ over the clients is at least this (the authors' code, 0.1; not in
-    /// the paper). 0 turns it off, the default.
-    pub cs_switch: f64,
-    /// The experimenter's statement that the partition mixes clients drawn with several
-    /// Dirichlet α (HiCS-FL App. 6.10 settings with more than one distinct α). The
-    /// authors' code reads the same fact from its config's `alphas` list and then keeps
-    /// each client's warm-up update for the rest of the run; under protocol `code` so
-    /// does the selector. It is a fact about the experiment's design, not about the
-    /// clients' data, so no oracle is involved; validation checks it against a
-    /// `class_dirichlet` partition. Ignored under protocol `paper` (Alg. 1 line 18 keeps
-    /// the latest update).
-    pub several_alpha_groups: bool,
-    /// Write `entropy.csv` (true vs estimated entropy, and how the high-entropy group
-    /// fares). Needs the **oracle** label histograms, used for that file only.
-    pub entropy_report: bool,
-}
-
-impl Default for HicsConfig {
-    fn default() -> Self {
-        Self {
-            protocol: HicsProtocol::Paper,
-            temperature: 0.0025,
-            lambda: 0.1,
-            gamma0: 4.0,
-            clusters: 0,
-            statistic: HicsStatistic::Bias,
-            estimator: HicsEstimator::Softmax,
-            cs_switch: 0.0,
-            several_alpha_groups: false,
-            entropy_report: true,
-        }
-    }
-}
-
-/// How DivFL refreshes client gradients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DivflRefresh {
-    /// Every available client sends its gradient every round.
-    Ideal,
-    /// All clients once, then only the selected, at the model they receive.
-    Stale,
-}
-
-/// Which training examples a client's gradient of the global model covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GradientScope {
-    /// The mean loss over all of the client's training examples (the full-batch gradient
-    /// of the DivFL code, algorithms.md §8).
-    Full,
-    /// The mean loss over one random mini-batch of the training batch size.
-    Minibatch,
-}
-
-/// DivFL (Balakrishnan et al. 2022).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DivflConfig {
-    /// Gradient refresh.
-    pub refresh: DivflRefresh,
-    /// What each client gradient covers: `full` (all local training data at the received
-    /// global model, as the DivFL code computes it) or `minibatch` (one batch, cheaper).
-    pub gradient: GradientScope,
-    /// Stochastic greedy: scan a random subset of candidates per step.
-    pub stochastic: bool,
-    /// Size of that subset as a fraction of the available clients (at least m).
-    pub fraction: f64,
-}
-
-impl Default for DivflConfig {
-    fn default() -> Self {
-        Self {
-            refresh: DivflRefresh::Ideal,
-            gradient: GradientScope::Full,
-            stochastic: false,
-            fraction: 0.1,
         }
     }
 }
@@ -1161,46 +1022,8 @@ impl Config {
         sel.fedcor.validate()?;
         sel.fedgs.validate()?;
         sel.f3ast.validate()?;
-        check_pos(sel.hics.temperature, "selection.hics.temperature")?;
-        match sel.hics.protocol {
-            HicsProtocol::Paper => {
-                check_prob(sel.hics.lambda, "selection.hics.lambda", false, false)?
-            }
-            HicsProtocol::Code => check(
-                sel.hics.lambda.is_finite() && sel.hics.lambda >= 0.0,
-                "selection.hics.lambda",
-                "must be a finite number ≥ 0",
-            )?,
-        }
-        if let PartitionScheme::ClassDirichlet { alphas } = &self.partition.scheme
-            && sel.strategy == "hics"
-            && sel.hics.protocol == HicsProtocol::Code
-        {
-            let mut distinct = alphas.clone();
-            distinct.sort_by(f64::total_cmp);
-            distinct.dedup();
-            let several = distinct.len() > 1;
-            check(
-                sel.hics.several_alpha_groups == several,
-                "selection.hics.several_alpha_groups",
-                format!(
-                    "is {} but the partition has {} distinct α",
-                    sel.hics.several_alpha_groups,
-                    distinct.len()
-                ),
-            )?;
-        }
-        check(
-            sel.hics.gamma0.is_finite(),
-            "selection.hics.gamma0",
-            "must be finite",
-        )?;
-        check(
-            sel.hics.cs_switch.is_finite() && sel.hics.cs_switch >= 0.0,
-            "selection.hics.cs_switch",
-            "must be a finite number ≥ 0 (0 turns the switch off)",
-        )?;
-        check_prob(sel.divfl.fraction, "selection.divfl.fraction", true, false)?;
+        sel.hics.validate(&sel.strategy, &self.partition.scheme)?;
+        sel.divfl.validate()?;
         self.validate_availability()?;
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
         check(

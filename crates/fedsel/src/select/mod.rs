@@ -21,7 +21,7 @@ pub mod ward;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{AggregationRule, GradientScope, SelectionConfig};
+use crate::config::{AggregationRule, SelectionConfig};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
 
@@ -36,6 +36,17 @@ pub enum Protocol {
     Paper,
     /// The authors' code, which produced the tables.
     Code,
+}
+
+/// Which training examples a client's gradient of the global model covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradientScope {
+    /// The mean loss over all of the client's training examples (the full-batch gradient
+    /// of the DivFL code, algorithms.md §8).
+    Full,
+    /// The mean loss over one random mini-batch of the training batch size.
+    Minibatch,
 }
 
 /// Which part of each selected client's update the selector wants back.
