@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use fedsel::availability::trace::TraceConfig;
 use fedsel::config::{AvailabilityConfig, BudgetConfig, Config, DatasetConfig, PartitionScheme};
 use fedsel_workbench::sweep::Sweep;
 
@@ -86,7 +87,7 @@ fn shipped_powd_runs_draw_more_candidates_than_they_keep() {
 fn shipped_trace_files_exist() {
     let mut checked = 0;
     for (f, c) in shipped() {
-        if let AvailabilityConfig::Trace { trace } = &c.availability {
+        if let AvailabilityConfig::Trace(TraceConfig { trace }) = &c.availability {
             assert!(
                 trace.is_file(),
                 "{}: availability.trace {} is not a file",

@@ -4,12 +4,27 @@
 //! the key, and [`Config::validate`] rejects out-of-range values by key.
 //! [`Config::to_resolved_toml`] writes every default out, with the version,
 //! so that any result can be traced back to the exact choices behind it.
+//!
+//! The options of each selection strategy (the sections of [`SelectionConfig`]) are
+//! defined in the strategy's module under [`select`](crate::select), and those of each
+//! availability model (what an [`AvailabilityConfig`] kind carries) in the model's module
+//! under [`availability`](crate::availability), each with its defaults and its part of
+//! validation: an option is read, documented and checked in one place, beside the code
+//! that uses it. This module ties them into the schema, and loads, overrides, validates
+//! and hashes the whole; it re-exports those option types so that the schema can be
+//! named from here.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
+
+pub use crate::availability::f3ast::{HomeDeviceConfig, ScarceConfig, SmartphonesConfig};
+pub use crate::availability::fedgs::{
+    LdfConfig, LnConfig, MdfConfig, SlnConfig, YcConfig, YmfConfig,
+};
+pub use crate::availability::trace::TraceConfig;
 pub use crate::select::afl::AflConfig;
 pub use crate::select::divfl::DivflConfig;
 pub use crate::select::f3ast::F3astConfig;
@@ -135,21 +150,6 @@ pub enum DatasetConfig {
     },
 }
 
-fn seven_tenths() -> f64 {
-    0.7
-}
-fn nine_tenths() -> f64 {
-    0.9
-}
-fn fifth() -> f64 {
-    0.2
-}
-fn quarter() -> f64 {
-    0.25
-}
-fn twenty_four() -> usize {
-    24
-}
 fn one() -> usize {
     1
 }
@@ -514,7 +514,8 @@ impl SelectionConfig {
 ///
 /// The FedGS modes follow FedGS Table 1 with β as their `beta`; the F3AST
 /// models follow F3AST §4.1 and App. D.4. Log-normal parameters are the σ of
-/// the underlying normal (numpy's `lognormal(0, σ)`).
+/// the underlying normal (numpy's `lognormal(0, σ)`). A model's options are
+/// defined in its module under [`availability`](crate::availability).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AvailabilityConfig {
@@ -522,80 +523,28 @@ pub enum AvailabilityConfig {
     #[default]
     #[serde(alias = "idl")]
     Always,
-    /// FedGS MoreDataFirst: n_k^β / max n^β.
-    Mdf {
-        /// β.
-        #[serde(default = "seven_tenths")]
-        beta: f64,
-    },
-    /// FedGS LessDataFirst: n_k^−β / max n^−β.
-    Ldf {
-        /// β.
-        #[serde(default = "seven_tenths")]
-        beta: f64,
-    },
-    /// FedGS YMaxFirst: β · min label of k / max label + (1 − β).
-    Ymf {
-        /// β.
-        #[serde(default = "nine_tenths")]
-        beta: f64,
-    },
-    /// FedGS YCycle: β · 1[(1 + t mod T_p)/T_p falls in a label's bin] + (1 − β).
-    Yc {
-        /// β.
-        #[serde(default = "nine_tenths")]
-        beta: f64,
-        /// Period T_p in rounds; unset means the authors' 10·L (one 10-round window per
-        /// label).
-        #[serde(default)]
-        period: Option<usize>,
-    },
-    /// FedGS LogNormal: c_k / max c, c_k ~ LogNormal(0, ln 1/(1−β)) drawn once.
-    Ln {
-        /// β.
-        #[serde(default = "half")]
-        beta: f64,
-    },
-    /// FedGS SinLogNormal: the LN rate times 0.4 sin(2π(1 + t mod T_p)/T_p) + 0.5.
-    Sln {
-        /// β.
-        #[serde(default = "half")]
-        beta: f64,
-        /// Period T_p in rounds.
-        #[serde(default = "twenty_four")]
-        period: usize,
-    },
-    /// F3AST Scarce: every client with probability q.
-    Scarce {
-        /// q.
-        #[serde(default = "fifth")]
-        q: f64,
-    },
-    /// F3AST HomeDevice: q_k = T_k / max T, T_k ~ LogNormal(0, σ) drawn once.
-    HomeDevice {
-        /// σ.
-        #[serde(default = "half")]
-        sigma: f64,
-    },
+    /// FedGS MoreDataFirst.
+    Mdf(MdfConfig),
+    /// FedGS LessDataFirst.
+    Ldf(LdfConfig),
+    /// FedGS YMaxFirst.
+    Ymf(YmfConfig),
+    /// FedGS YCycle.
+    Yc(YcConfig),
+    /// FedGS LogNormal.
+    Ln(LnConfig),
+    /// FedGS SinLogNormal.
+    Sln(SlnConfig),
+    /// F3AST Scarce.
+    Scarce(ScarceConfig),
+    /// F3AST HomeDevice.
+    HomeDevice(HomeDeviceConfig),
     /// F3AST Uneven: q_k ∝ 1/p_k, scaled so that the largest is 1.
     Uneven,
-    /// F3AST SmartPhones: f_t · q_k with q_k as HomeDevice and
-    /// f_t = 0.4 sin(2π (t mod T)/T) + 0.5.
-    Smartphones {
-        /// σ of the log-normal q_k.
-        #[serde(default = "quarter")]
-        sigma: f64,
-        /// Period T in rounds.
-        #[serde(default = "twenty_four")]
-        period: usize,
-    },
-    /// A recorded trace: a CSV with header `round,client`, one row per active pair;
-    /// rounds past its end repeat it cyclically. A relative path in a config file is
-    /// taken from that file's directory ([`anchor_paths`]).
-    Trace {
-        /// The CSV file.
-        trace: PathBuf,
-    },
+    /// F3AST SmartPhones.
+    Smartphones(SmartphonesConfig),
+    /// A recorded trace.
+    Trace(TraceConfig),
 }
 
 impl AvailabilityConfig {
@@ -721,44 +670,16 @@ impl Config {
         use AvailabilityConfig as A;
         match &self.availability {
             A::Always | A::Uneven => {}
-            A::Mdf { beta } | A::Ldf { beta } => check(
-                beta.is_finite() && *beta >= 0.0,
-                "availability.beta",
-                format!("{beta} must be >= 0"),
-            )?,
-            A::Ymf { beta } => check_prob(*beta, "availability.beta", false, false)?,
-            A::Ln { beta } => check_prob(*beta, "availability.beta", true, true)?,
-            A::Yc { beta, period } => {
-                check_prob(*beta, "availability.beta", false, false)?;
-                check(
-                    period.is_none_or(|p| p > 0),
-                    "availability.period",
-                    "must be at least 1",
-                )?;
-            }
-            A::Sln { beta, period } => {
-                check_prob(*beta, "availability.beta", true, true)?;
-                check(*period > 0, "availability.period", "must be at least 1")?;
-            }
-            A::Scarce { q } => check_prob(*q, "availability.q", true, false)?,
-            A::HomeDevice { sigma } => check(
-                sigma.is_finite() && *sigma >= 0.0,
-                "availability.sigma",
-                "must be >= 0",
-            )?,
-            A::Smartphones { sigma, period } => {
-                check(
-                    sigma.is_finite() && *sigma >= 0.0,
-                    "availability.sigma",
-                    "must be >= 0",
-                )?;
-                check(*period > 0, "availability.period", "must be at least 1")?;
-            }
-            A::Trace { trace } => check(
-                !trace.as_os_str().is_empty(),
-                "availability.trace",
-                "needs the path of a `round,client` CSV",
-            )?,
+            A::Mdf(c) => c.validate()?,
+            A::Ldf(c) => c.validate()?,
+            A::Ymf(c) => c.validate()?,
+            A::Yc(c) => c.validate()?,
+            A::Ln(c) => c.validate()?,
+            A::Sln(c) => c.validate()?,
+            A::Scarce(c) => c.validate()?,
+            A::HomeDevice(c) => c.validate()?,
+            A::Smartphones(c) => c.validate()?,
+            A::Trace(c) => c.validate()?,
         }
         match &self.budget {
             BudgetConfig::Constant => {}
@@ -1246,7 +1167,10 @@ mod tests {
         assert!(e.to_string().contains("beta"), "{e}");
         // An explicit kind still replaces the default's table.
         let c = Config::load(None, &["availability={ kind = \"ln\", beta = 0.5 }".into()]).unwrap();
-        assert_eq!(c.availability, AvailabilityConfig::Ln { beta: 0.5 });
+        assert_eq!(
+            c.availability,
+            AvailabilityConfig::Ln(LnConfig { beta: 0.5 })
+        );
     }
 
     /// A billion Synthetic users is refused by validation, before the generator runs (it

@@ -6,6 +6,11 @@
 //! features), and asks for on-demand reports (held-out losses, gradients,
 //! probe trainings) through [`ClientQuery`] while it selects. The engine performs every such request
 //! and books its cost in the run's [`Ledger`](crate::ledger::Ledger).
+//!
+//! A strategy's options (e.g. [`powd::PowdConfig`]) are defined in its module, beside the
+//! code that reads them, with their defaults and their part of
+//! [`Config::validate`](crate::config::Config::validate);
+//! [`SelectionConfig`] gathers them into the `[selection]` table.
 
 pub mod afl;
 pub mod clustered;
