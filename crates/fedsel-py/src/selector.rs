@@ -11,12 +11,12 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use fedsel::config::{Config, GradientScope};
+use fedsel::config::Config;
 use fedsel::engine::AvailableOnly;
 use fedsel::error::Error;
 use fedsel::rng::{Purpose, stream};
 use fedsel::select::{
-    self, ClientQuery, Feedback, Needs, RoundContext, Selector, Setup, UpdateKind,
+    self, ClientQuery, Feedback, GradientScope, Needs, RoundContext, Selector, Setup, UpdateKind,
 };
 
 use crate::{FedselError, convert, py_err};

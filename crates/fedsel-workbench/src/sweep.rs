@@ -802,7 +802,7 @@ mod tests {
             "name = \"t\"\nbase = \"base.toml\"\n[axes]\nseed = [1]\n",
         );
         let trace_of = |c: &Config| match &c.availability {
-            fedsel::config::AvailabilityConfig::Trace { trace } => trace.clone(),
+            fedsel::config::AvailabilityConfig::Trace(t) => t.trace.clone(),
             other => panic!("{other:?}"),
         };
         let first_cell = |p: &Path| {

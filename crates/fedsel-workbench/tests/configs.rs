@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use fedsel::availability::trace::TraceConfig;
 use fedsel::config::{AvailabilityConfig, BudgetConfig, Config, DatasetConfig, PartitionScheme};
 use fedsel_workbench::sweep::Sweep;
 
@@ -86,7 +87,7 @@ fn shipped_powd_runs_draw_more_candidates_than_they_keep() {
 fn shipped_trace_files_exist() {
     let mut checked = 0;
     for (f, c) in shipped() {
-        if let AvailabilityConfig::Trace { trace } = &c.availability {
+        if let AvailabilityConfig::Trace(TraceConfig { trace }) = &c.availability {
             assert!(
                 trace.is_file(),
                 "{}: availability.trace {} is not a file",
@@ -145,7 +146,8 @@ fn fedcor_table1_cases_carry_their_own_m_and_target() {
 /// its frozen updates follow the setting's α groups.
 #[test]
 fn hics_table1_runs_paper_positive_part_and_code_side_by_side() {
-    use fedsel::config::{HicsEstimator, HicsProtocol, HicsStatistic, LocalWork};
+    use fedsel::config::LocalWork;
+    use fedsel::select::hics::{HicsEstimator, HicsProtocol, HicsStatistic};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/hics");
     for (file, model) in [
         ("table1_fmnist_cpu.toml", "mlp"),

@@ -4,12 +4,34 @@
 //! the key, and [`Config::validate`] rejects out-of-range values by key.
 //! [`Config::to_resolved_toml`] writes every default out, with the version,
 //! so that any result can be traced back to the exact choices behind it.
+//!
+//! The options of each selection strategy (the sections of [`SelectionConfig`]) are
+//! defined in the strategy's module under [`select`](crate::select), and those of each
+//! availability model (what an [`AvailabilityConfig`] kind carries) in the model's module
+//! under [`availability`](crate::availability), each with its defaults and its part of
+//! validation: an option is read, documented and checked in one place, beside the code
+//! that uses it. This module ties them into the schema, and loads, overrides, validates
+//! and hashes the whole; it re-exports those option types so that the schema can be
+//! named from here.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
+
+pub use crate::availability::f3ast::{HomeDeviceConfig, ScarceConfig, SmartphonesConfig};
+pub use crate::availability::fedgs::{
+    LdfConfig, LnConfig, MdfConfig, SlnConfig, YcConfig, YmfConfig,
+};
+pub use crate::availability::trace::TraceConfig;
+pub use crate::select::afl::AflConfig;
+pub use crate::select::divfl::DivflConfig;
+pub use crate::select::f3ast::F3astConfig;
+pub use crate::select::fedcor::FedCorConfig;
+pub use crate::select::fedgs::FedGsConfig;
+pub use crate::select::hics::HicsConfig;
+pub use crate::select::powd::PowdConfig;
 
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,21 +150,6 @@ pub enum DatasetConfig {
     },
 }
 
-fn seven_tenths() -> f64 {
-    0.7
-}
-fn nine_tenths() -> f64 {
-    0.9
-}
-fn fifth() -> f64 {
-    0.2
-}
-fn quarter() -> f64 {
-    0.25
-}
-fn twenty_four() -> usize {
-    24
-}
 fn one() -> usize {
     1
 }
@@ -492,387 +499,6 @@ impl Default for SelectionConfig {
     }
 }
 
-/// Power-of-choice (Cho et al.): how many candidates d a round draws.
-///
-/// The papers give d either absolutely (F3AST's pool of 30, HiCS-FL's ideal d = N) or
-/// relative to the budget (FedCor App. C.1: d = 2m, so 10 with m = 5 and 20 with m = 10;
-/// Cho et al. Fig. 4: d ∈ {2m, 3m, 5m}). `d_per_m > 0` wins over `d`. Rejecting configs
-/// that set both is impossible: `d` has a default that TOML has no null to unset, so such
-/// a rule would reject every config that sets only `d_per_m`. [`Config::warnings`] names a
-/// non-default `d` that `d_per_m` overrides.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PowdConfig {
-    /// Candidates drawn ∝ p_k without replacement; 0 means all available clients ("ideal").
-    /// Ignored when `d_per_m` > 0.
-    pub d: usize,
-    /// Candidates per unit of the round's budget: d = d_per_m · K_t each round. 0 = use `d`.
-    pub d_per_m: usize,
-}
-
-impl Default for PowdConfig {
-    fn default() -> Self {
-        Self { d: 10, d_per_m: 0 }
-    }
-}
-
-impl PowdConfig {
-    /// d for a round with budget K_t = `budget` and `available` clients: d_per_m · K_t
-    /// when `d_per_m` > 0, else `d` (0 = all), never more than the available count.
-    pub fn candidates(&self, budget: usize, available: usize) -> usize {
-        let d = match (self.d_per_m, self.d) {
-            (0, 0) => available,
-            (0, d) => d,
-            (per_m, _) => per_m.saturating_mul(budget),
-        };
-        d.min(available)
-    }
-
-    /// The key that sets d: `d_per_m` when in effect, else `d`.
-    fn key(&self) -> &'static str {
-        if self.d_per_m > 0 {
-            "selection.powd.d_per_m"
-        } else {
-            "selection.powd.d"
-        }
-    }
-}
-
-/// Active Federated Learning (Goetz et al. 2019), as FedCor ran it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AflConfig {
-    /// Fraction of clients with the lowest valuations dropped.
-    pub alpha1: f64,
-    /// Softmax temperature on the valuations.
-    pub alpha2: f64,
-    /// Fraction of the m picks made uniformly instead of by softmax.
-    pub alpha3: f64,
-}
-
-impl Default for AflConfig {
-    fn default() -> Self {
-        Self {
-            alpha1: 0.75,
-            alpha2: 0.01,
-            alpha3: 0.1,
-        }
-    }
-}
-
-/// FedCor (seed 000) and its FedGP variant (seed 001).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedCorConfig {
-    /// Embedding dimension d.
-    pub dim: usize,
-    /// Observation noise σ_n.
-    pub noise: f64,
-    /// Warm-up rounds R_w: rounds 0..=R_w select uniformly and train the GP every round.
-    pub warmup: usize,
-    /// GP-training interval Δt.
-    pub interval: usize,
-    /// Annealing coefficient β.
-    pub beta: f64,
-    /// Discount base θ; samples are weighted θ^(age in rounds), i.e. γ = θ^Δt per interval.
-    pub theta: f64,
-    /// Past samples kept during warm-up (M in Eq. 17, warm-up phase).
-    pub history_warmup: usize,
-    /// Past GP-training samples kept after warm-up (M in Eq. 17).
-    pub history: usize,
-    /// Probe selections per GP-training round (S in Eq. 17).
-    pub probes: usize,
-    /// Adam steps per GP fit after warm-up.
-    pub steps: usize,
-    /// Adam steps per GP fit during warm-up.
-    pub warmup_steps: usize,
-    /// Adam learning rate of the embeddings.
-    pub lr: f64,
-}
-
-impl Default for FedCorConfig {
-    fn default() -> Self {
-        Self {
-            dim: 15,
-            noise: 0.01,
-            warmup: 15,
-            interval: 10,
-            beta: 0.95,
-            theta: 0.9,
-            history_warmup: 10,
-            history: 1,
-            probes: 1,
-            steps: 100,
-            warmup_steps: 150,
-            lr: 0.01,
-        }
-    }
-}
-
-/// Where FedGS's client features for the 3DG come from (FedGS §3.2, Table 4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FedGsGraph {
-    /// **Oracle** features read directly (label distributions; generating models on Synthetic).
-    Oracle,
-    /// The same oracle features, but the server learns only their dot products, by the
-    /// secure scalar product protocol (FedGS App. D).
-    Sspp,
-    /// Functional similarity: output-layer responses to Gaussian noise (Eq. 12), FedGS_func.
-    Functional,
-    /// Cosine of the clients' first model updates (Eq. 11), FedGS_cos.
-    Update,
-}
-
-/// Which of a method's two definitions a run follows (decisions.md): a paper's tables were
-/// produced by its authors' code, so where the text and the code differ, `paper` follows
-/// the text's equations and `code` what produced the tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Protocol {
-    /// The paper's equations and settings.
-    #[default]
-    Paper,
-    /// The authors' code, which produced the tables.
-    Code,
-}
-
-/// FedGS (seed 002).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FedGsConfig {
-    /// Weight α of the graph-distance term (decisions.md: 1.0; the paper sweeps 0–5).
-    pub alpha: f64,
-    /// Source of the 3DG.
-    pub graph: FedGsGraph,
-    /// Paper or code (module docs of `select::fedgs`): the objective's scale, the
-    /// similarity, the edge rule and the edge length.
-    pub protocol: Protocol,
-    /// Edge threshold ε on the normalised similarity; unset means the protocol's
-    /// (paper 0.1, code 0.01).
-    pub epsilon: Option<f64>,
-    /// σ² of the paper's edge length e^{−V/σ²}, or σ of the code's exp(−V²/σ); unset
-    /// means the protocol's (paper 0.01, code 0.1).
-    pub sigma2: Option<f64>,
-    /// Solve exactly by branch-and-bound when at most this many clients are available.
-    pub exact_up_to: usize,
-    /// Node budget of the branch-and-bound; past it the best found is kept and the gap reported.
-    pub node_budget: usize,
-    /// Improving 1-swaps the local search may make.
-    pub swap_budget: usize,
-    /// Gaussian-noise batch of the functional similarity.
-    pub noise_batch: usize,
-    /// **Oracle** diagnostic: also build the oracle 3DG and report the precision, recall
-    /// and F1 of the constructed graph's edges against it (FedGS Table 3).
-    pub graph_quality: bool,
-}
-
-impl Default for FedGsConfig {
-    fn default() -> Self {
-        Self {
-            alpha: 1.0,
-            graph: FedGsGraph::Oracle,
-            protocol: Protocol::Paper,
-            epsilon: None,
-            sigma2: None,
-            exact_up_to: 1000,
-            node_budget: 200_000,
-            swap_budget: 10_000,
-            noise_batch: 128,
-            graph_quality: false,
-        }
-    }
-}
-
-impl FedGsConfig {
-    /// (ε, σ) of the 3DG's edges: the configured values, or the protocol's (paper
-    /// ε = 0.1, σ² = 0.01 as its 3DG experiment states; code ε = 0.01, σ = 0.1, the
-    /// defaults the authors' code calls its graph builder with).
-    pub fn edge_parameters(&self) -> (f64, f64) {
-        let (epsilon, sigma) = match self.protocol {
-            Protocol::Paper => (0.1, 0.01),
-            Protocol::Code => (0.01, 0.1),
-        };
-        (
-            self.epsilon.unwrap_or(epsilon),
-            self.sigma2.unwrap_or(sigma),
-        )
-    }
-}
-
-/// Which H(r) F3AST minimises (F3AST Eq. 3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum F3astObjective {
-    /// H = Σ p_k² / r_k, the default.
-    Independent,
-    /// H = Σ p_k / r_k, for positively correlated availability.
-    Correlated,
-}
-
-/// F3AST (seed 004).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct F3astConfig {
-    /// Rate-smoothing β of Eq. 5 (App. D: 0.001).
-    pub beta: f64,
-    /// The variance proxy H.
-    pub objective: F3astObjective,
-    /// `code` divides the aggregate by K_t as the authors' code does; `paper` does not.
-    pub protocol: Protocol,
-}
-
-impl Default for F3astConfig {
-    fn default() -> Self {
-        Self {
-            beta: 0.001,
-            objective: F3astObjective::Independent,
-            protocol: Protocol::Paper,
-        }
-    }
-}
-
-/// What HiCS-FL turns into a label-distribution estimate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HicsStatistic {
-    /// The output-layer bias update Δb (paper Eq. 7).
-    Bias,
-    /// The row means of the output-layer weight update (the authors' code).
-    WeightRows,
-}
-
-/// How HiCS-FL turns a client's statistic x into a label distribution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HicsEstimator {
-    /// softmax(x / T) (paper Eq. 7).
-    Softmax,
-    /// x⁺ / Σ x⁺, the update's positive part, with no temperature (ours; see
-    /// `select::hics` for why).
-    PositivePart,
-}
-
-/// Which HiCS-FL the selector runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HicsProtocol {
-    /// Alg. 1 with Eq. 9 and Eq. 10 as printed.
-    Paper,
-    /// What the authors' code (`server_hics.py`) does where the paper says otherwise and
-    /// no key of its own covers it: a uniform choice inside a cluster instead of ∝ p_k,
-    /// the distance arccos(cos(G_u, G_k)) + λ|Ĥ_u − Ĥ_k| over the whole output-layer
-    /// update G = [ΔW, Δb] (λ = 10 there), and, with `several_alpha_groups`, every
-    /// client's update frozen after warm-up. The code's other choices have keys, which
-    /// the `configs/hics/*_code.toml` configs and the Table 1 sweeps' `hics-code` method
-    /// set: `statistic = "weight_rows"`, `temperature = 0.001`, `clusters = 5` (for
-    /// K = 10: `selection.fraction = 0.2`), `cs_switch = 0.1`, `lambda = 10`, one local
-    /// epoch, `train.prox_mu = 0.5` and `model.kind = "cnn_hics_code"`.
-    Code,
-}
-
-/// HiCS-FL (seed 003), defaults from its App. 6.1 for FMNIST.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HicsConfig {
-    /// The paper's algorithm or the authors' code (see [`HicsProtocol`]).
-    pub protocol: HicsProtocol,
-    /// Softmax temperature T of Eq. 7 (FMNIST 0.0025, CIFAR 0.0015; the code 0.001).
-    pub temperature: f64,
-    /// λ of Eq. 9, in [0, 1] (paper: 0.1); under protocol `code` the weight of
-    /// |Ĥ_u − Ĥ_k| next to an unweighted arccos, any λ ≥ 0 (the code: 10).
-    pub lambda: f64,
-    /// γ⁰ of Eq. 10 (4; 2 for CIFAR-100).
-    pub gamma0: f64,
-    /// Clusters M; 0 means K, the clients per round (App. 6.1). The code's FMNIST
-    /// configs use 5 clusters for K = 10 in settings (1)–(2).
-    pub clusters: usize,
-    /// The statistic behind Ĥ.
-    pub statistic: HicsStatistic,
-    /// How the statistic becomes a distribution whose entropy is Ĥ.
-    pub estimator: HicsEstimator,
-    /// Select by Clustered Sampling Alg. 2 on the Eq. 9 rows in rounds where the
-    /// variance of Ĥ over the clients is at least this (the authors' code, 0.1; not in
-    /// the paper). 0 turns it off, the default.
-    pub cs_switch: f64,
-    /// The experimenter's statement that the partition mixes clients drawn with several
-    /// Dirichlet α (HiCS-FL App. 6.10 settings with more than one distinct α). The
-    /// authors' code reads the same fact from its config's `alphas` list and then keeps
-    /// each client's warm-up update for the rest of the run; under protocol `code` so
-    /// does the selector. It is a fact about the experiment's design, not about the
-    /// clients' data, so no oracle is involved; validation checks it against a
-    /// `class_dirichlet` partition. Ignored under protocol `paper` (Alg. 1 line 18 keeps
-    /// the latest update).
-    pub several_alpha_groups: bool,
-    /// Write `entropy.csv` (true vs estimated entropy, and how the high-entropy group
-    /// fares). Needs the **oracle** label histograms, used for that file only.
-    pub entropy_report: bool,
-}
-
-impl Default for HicsConfig {
-    fn default() -> Self {
-        Self {
-            protocol: HicsProtocol::Paper,
-            temperature: 0.0025,
-            lambda: 0.1,
-            gamma0: 4.0,
-            clusters: 0,
-            statistic: HicsStatistic::Bias,
-            estimator: HicsEstimator::Softmax,
-            cs_switch: 0.0,
-            several_alpha_groups: false,
-            entropy_report: true,
-        }
-    }
-}
-
-/// How DivFL refreshes client gradients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DivflRefresh {
-    /// Every available client sends its gradient every round.
-    Ideal,
-    /// All clients once, then only the selected, at the model they receive.
-    Stale,
-}
-
-/// Which training examples a client's gradient of the global model covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GradientScope {
-    /// The mean loss over all of the client's training examples (the full-batch gradient
-    /// of the DivFL code, algorithms.md §8).
-    Full,
-    /// The mean loss over one random mini-batch of the training batch size.
-    Minibatch,
-}
-
-/// DivFL (Balakrishnan et al. 2022).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DivflConfig {
-    /// Gradient refresh.
-    pub refresh: DivflRefresh,
-    /// What each client gradient covers: `full` (all local training data at the received
-    /// global model, as the DivFL code computes it) or `minibatch` (one batch, cheaper).
-    pub gradient: GradientScope,
-    /// Stochastic greedy: scan a random subset of candidates per step.
-    pub stochastic: bool,
-    /// Size of that subset as a fraction of the available clients (at least m).
-    pub fraction: f64,
-}
-
-impl Default for DivflConfig {
-    fn default() -> Self {
-        Self {
-            refresh: DivflRefresh::Ideal,
-            gradient: GradientScope::Full,
-            stochastic: false,
-            fraction: 0.1,
-        }
-    }
-}
-
 impl SelectionConfig {
     /// m for `n` clients.
     pub fn per_round(&self, n: usize) -> usize {
@@ -888,7 +514,8 @@ impl SelectionConfig {
 ///
 /// The FedGS modes follow FedGS Table 1 with β as their `beta`; the F3AST
 /// models follow F3AST §4.1 and App. D.4. Log-normal parameters are the σ of
-/// the underlying normal (numpy's `lognormal(0, σ)`).
+/// the underlying normal (numpy's `lognormal(0, σ)`). A model's options are
+/// defined in its module under [`availability`](crate::availability).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AvailabilityConfig {
@@ -896,80 +523,28 @@ pub enum AvailabilityConfig {
     #[default]
     #[serde(alias = "idl")]
     Always,
-    /// FedGS MoreDataFirst: n_k^β / max n^β.
-    Mdf {
-        /// β.
-        #[serde(default = "seven_tenths")]
-        beta: f64,
-    },
-    /// FedGS LessDataFirst: n_k^−β / max n^−β.
-    Ldf {
-        /// β.
-        #[serde(default = "seven_tenths")]
-        beta: f64,
-    },
-    /// FedGS YMaxFirst: β · min label of k / max label + (1 − β).
-    Ymf {
-        /// β.
-        #[serde(default = "nine_tenths")]
-        beta: f64,
-    },
-    /// FedGS YCycle: β · 1[(1 + t mod T_p)/T_p falls in a label's bin] + (1 − β).
-    Yc {
-        /// β.
-        #[serde(default = "nine_tenths")]
-        beta: f64,
-        /// Period T_p in rounds; unset means the authors' 10·L (one 10-round window per
-        /// label).
-        #[serde(default)]
-        period: Option<usize>,
-    },
-    /// FedGS LogNormal: c_k / max c, c_k ~ LogNormal(0, ln 1/(1−β)) drawn once.
-    Ln {
-        /// β.
-        #[serde(default = "half")]
-        beta: f64,
-    },
-    /// FedGS SinLogNormal: the LN rate times 0.4 sin(2π(1 + t mod T_p)/T_p) + 0.5.
-    Sln {
-        /// β.
-        #[serde(default = "half")]
-        beta: f64,
-        /// Period T_p in rounds.
-        #[serde(default = "twenty_four")]
-        period: usize,
-    },
-    /// F3AST Scarce: every client with probability q.
-    Scarce {
-        /// q.
-        #[serde(default = "fifth")]
-        q: f64,
-    },
-    /// F3AST HomeDevice: q_k = T_k / max T, T_k ~ LogNormal(0, σ) drawn once.
-    HomeDevice {
-        /// σ.
-        #[serde(default = "half")]
-        sigma: f64,
-    },
+    /// FedGS MoreDataFirst.
+    Mdf(MdfConfig),
+    /// FedGS LessDataFirst.
+    Ldf(LdfConfig),
+    /// FedGS YMaxFirst.
+    Ymf(YmfConfig),
+    /// FedGS YCycle.
+    Yc(YcConfig),
+    /// FedGS LogNormal.
+    Ln(LnConfig),
+    /// FedGS SinLogNormal.
+    Sln(SlnConfig),
+    /// F3AST Scarce.
+    Scarce(ScarceConfig),
+    /// F3AST HomeDevice.
+    HomeDevice(HomeDeviceConfig),
     /// F3AST Uneven: q_k ∝ 1/p_k, scaled so that the largest is 1.
     Uneven,
-    /// F3AST SmartPhones: f_t · q_k with q_k as HomeDevice and
-    /// f_t = 0.4 sin(2π (t mod T)/T) + 0.5.
-    Smartphones {
-        /// σ of the log-normal q_k.
-        #[serde(default = "quarter")]
-        sigma: f64,
-        /// Period T in rounds.
-        #[serde(default = "twenty_four")]
-        period: usize,
-    },
-    /// A recorded trace: a CSV with header `round,client`, one row per active pair;
-    /// rounds past its end repeat it cyclically. A relative path in a config file is
-    /// taken from that file's directory ([`anchor_paths`]).
-    Trace {
-        /// The CSV file.
-        trace: PathBuf,
-    },
+    /// F3AST SmartPhones.
+    Smartphones(SmartphonesConfig),
+    /// A recorded trace.
+    Trace(TraceConfig),
 }
 
 impl AvailabilityConfig {
@@ -1056,7 +631,8 @@ const STRATEGIES: &[&str] = &[
 /// (1000 users of dimension 60), far below what would exhaust a workstation.
 const SYNTHETIC_MAX_FLOATS: usize = 1_000_000_000;
 
-fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
+/// `Ok` when `ok`, else the error naming `key` with `reason`.
+pub(crate) fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
     if ok {
         Ok(())
     } else {
@@ -1064,7 +640,13 @@ fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigErr
     }
 }
 
-fn check_prob(x: f64, key: &str, lo_open: bool, hi_open: bool) -> Result<(), ConfigError> {
+/// `x` must lie in the unit interval, each end open or closed as asked.
+pub(crate) fn check_prob(
+    x: f64,
+    key: &str,
+    lo_open: bool,
+    hi_open: bool,
+) -> Result<(), ConfigError> {
     let lo = if lo_open { x > 0.0 } else { x >= 0.0 };
     let hi = if hi_open { x < 1.0 } else { x <= 1.0 };
     check(
@@ -1078,7 +660,8 @@ fn check_prob(x: f64, key: &str, lo_open: bool, hi_open: bool) -> Result<(), Con
     )
 }
 
-fn check_pos(x: f64, key: &str) -> Result<(), ConfigError> {
+/// `x` must be finite and > 0.
+pub(crate) fn check_pos(x: f64, key: &str) -> Result<(), ConfigError> {
     check(x.is_finite() && x > 0.0, key, format!("{x} must be > 0"))
 }
 
@@ -1087,44 +670,16 @@ impl Config {
         use AvailabilityConfig as A;
         match &self.availability {
             A::Always | A::Uneven => {}
-            A::Mdf { beta } | A::Ldf { beta } => check(
-                beta.is_finite() && *beta >= 0.0,
-                "availability.beta",
-                format!("{beta} must be >= 0"),
-            )?,
-            A::Ymf { beta } => check_prob(*beta, "availability.beta", false, false)?,
-            A::Ln { beta } => check_prob(*beta, "availability.beta", true, true)?,
-            A::Yc { beta, period } => {
-                check_prob(*beta, "availability.beta", false, false)?;
-                check(
-                    period.is_none_or(|p| p > 0),
-                    "availability.period",
-                    "must be at least 1",
-                )?;
-            }
-            A::Sln { beta, period } => {
-                check_prob(*beta, "availability.beta", true, true)?;
-                check(*period > 0, "availability.period", "must be at least 1")?;
-            }
-            A::Scarce { q } => check_prob(*q, "availability.q", true, false)?,
-            A::HomeDevice { sigma } => check(
-                sigma.is_finite() && *sigma >= 0.0,
-                "availability.sigma",
-                "must be >= 0",
-            )?,
-            A::Smartphones { sigma, period } => {
-                check(
-                    sigma.is_finite() && *sigma >= 0.0,
-                    "availability.sigma",
-                    "must be >= 0",
-                )?;
-                check(*period > 0, "availability.period", "must be at least 1")?;
-            }
-            A::Trace { trace } => check(
-                !trace.as_os_str().is_empty(),
-                "availability.trace",
-                "needs the path of a `round,client` CSV",
-            )?,
+            A::Mdf(c) => c.validate()?,
+            A::Ldf(c) => c.validate()?,
+            A::Ymf(c) => c.validate()?,
+            A::Yc(c) => c.validate()?,
+            A::Ln(c) => c.validate()?,
+            A::Sln(c) => c.validate()?,
+            A::Scarce(c) => c.validate()?,
+            A::HomeDevice(c) => c.validate()?,
+            A::Smartphones(c) => c.validate()?,
+            A::Trace(c) => c.validate()?,
         }
         match &self.budget {
             BudgetConfig::Constant => {}
@@ -1384,83 +939,12 @@ impl Config {
             format!("`{}` is not one of {}", sel.strategy, STRATEGIES.join(", ")),
         )?;
         check_prob(sel.fraction, "selection.fraction", true, false)?;
-        check_prob(sel.afl.alpha1, "selection.afl.alpha1", false, true)?;
-        check_pos(sel.afl.alpha2, "selection.afl.alpha2")?;
-        check_prob(sel.afl.alpha3, "selection.afl.alpha3", false, false)?;
-        let fc = &sel.fedcor;
-        check(fc.dim > 0, "selection.fedcor.dim", "must be at least 1")?;
-        check_pos(fc.noise, "selection.fedcor.noise")?;
-        check(
-            fc.interval > 0,
-            "selection.fedcor.interval",
-            "must be at least 1",
-        )?;
-        check_prob(fc.beta, "selection.fedcor.beta", true, false)?;
-        check_prob(fc.theta, "selection.fedcor.theta", true, false)?;
-        check(
-            fc.probes > 0,
-            "selection.fedcor.probes",
-            "must be at least 1",
-        )?;
-        check_pos(fc.lr, "selection.fedcor.lr")?;
-        let gs = &sel.fedgs;
-        check(
-            gs.alpha.is_finite() && gs.alpha >= 0.0,
-            "selection.fedgs.alpha",
-            "must be >= 0",
-        )?;
-        if let Some(epsilon) = gs.epsilon {
-            check_prob(epsilon, "selection.fedgs.epsilon", false, false)?;
-        }
-        if let Some(sigma2) = gs.sigma2 {
-            check_pos(sigma2, "selection.fedgs.sigma2")?;
-        }
-        check(
-            gs.noise_batch > 0,
-            "selection.fedgs.noise_batch",
-            "must be at least 1",
-        )?;
-        check_prob(sel.f3ast.beta, "selection.f3ast.beta", true, true)?;
-        check_pos(sel.hics.temperature, "selection.hics.temperature")?;
-        match sel.hics.protocol {
-            HicsProtocol::Paper => {
-                check_prob(sel.hics.lambda, "selection.hics.lambda", false, false)?
-            }
-            HicsProtocol::Code => check(
-                sel.hics.lambda.is_finite() && sel.hics.lambda >= 0.0,
-                "selection.hics.lambda",
-                "must be a finite number ≥ 0",
-            )?,
-        }
-        if let PartitionScheme::ClassDirichlet { alphas } = &self.partition.scheme
-            && sel.strategy == "hics"
-            && sel.hics.protocol == HicsProtocol::Code
-        {
-            let mut distinct = alphas.clone();
-            distinct.sort_by(f64::total_cmp);
-            distinct.dedup();
-            let several = distinct.len() > 1;
-            check(
-                sel.hics.several_alpha_groups == several,
-                "selection.hics.several_alpha_groups",
-                format!(
-                    "is {} but the partition has {} distinct α",
-                    sel.hics.several_alpha_groups,
-                    distinct.len()
-                ),
-            )?;
-        }
-        check(
-            sel.hics.gamma0.is_finite(),
-            "selection.hics.gamma0",
-            "must be finite",
-        )?;
-        check(
-            sel.hics.cs_switch.is_finite() && sel.hics.cs_switch >= 0.0,
-            "selection.hics.cs_switch",
-            "must be a finite number ≥ 0 (0 turns the switch off)",
-        )?;
-        check_prob(sel.divfl.fraction, "selection.divfl.fraction", true, false)?;
+        sel.afl.validate()?;
+        sel.fedcor.validate()?;
+        sel.fedgs.validate()?;
+        sel.f3ast.validate()?;
+        sel.hics.validate(&sel.strategy, &self.partition.scheme)?;
+        sel.divfl.validate()?;
         self.validate_availability()?;
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
         check(
@@ -1683,7 +1167,10 @@ mod tests {
         assert!(e.to_string().contains("beta"), "{e}");
         // An explicit kind still replaces the default's table.
         let c = Config::load(None, &["availability={ kind = \"ln\", beta = 0.5 }".into()]).unwrap();
-        assert_eq!(c.availability, AvailabilityConfig::Ln { beta: 0.5 });
+        assert_eq!(
+            c.availability,
+            AvailabilityConfig::Ln(LnConfig { beta: 0.5 })
+        );
     }
 
     /// A billion Synthetic users is refused by validation, before the generator runs (it
@@ -1796,19 +1283,6 @@ mod tests {
         let mut o = vec!["selection.strategy=\"powd\"".to_string()];
         o.extend(overrides.iter().map(|s| s.to_string()));
         Config::from_toml_str("", "d", &o).unwrap()
-    }
-
-    #[test]
-    fn powd_candidates_resolve_per_round() {
-        let rel = PowdConfig { d: 10, d_per_m: 2 };
-        // d_per_m wins over d: 2 · 10 = 20 candidates with m = 10, capped by availability.
-        assert_eq!(rel.candidates(10, 100), 20);
-        assert_eq!(rel.candidates(5, 100), 10);
-        assert_eq!(rel.candidates(10, 13), 13);
-        let abs = PowdConfig { d: 10, d_per_m: 0 };
-        assert_eq!((abs.candidates(5, 100), abs.candidates(5, 7)), (10, 7));
-        let all = PowdConfig { d: 0, d_per_m: 0 };
-        assert_eq!(all.candidates(5, 37), 37);
     }
 
     #[test]

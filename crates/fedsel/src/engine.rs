@@ -26,7 +26,7 @@ use crate::ledger::Ledger;
 use crate::model::{self, Architecture, ParamLayout};
 use crate::partition::{self, ClientData};
 use crate::rng::{Purpose, stream};
-use crate::select::{self, ClientQuery, Feedback, RoundContext, Setup, UpdateKind};
+use crate::select::{self, ClientQuery, Feedback, GradientScope, RoundContext, Setup, UpdateKind};
 use crate::summary::RunSummary;
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
 
@@ -483,11 +483,7 @@ impl ClientQuery for Query<'_> {
             .collect())
     }
 
-    fn gradients(
-        &mut self,
-        clients: &[usize],
-        scope: crate::config::GradientScope,
-    ) -> Result<Vec<Vec<f32>>> {
+    fn gradients(&mut self, clients: &[usize], scope: GradientScope) -> Result<Vec<Vec<f32>>> {
         let exp = self.exp;
         let trainer = exp.trainer();
         let (seed, t, n) = (exp.config.seed, self.round as u64, exp.clients.len());
@@ -605,11 +601,7 @@ impl ClientQuery for AvailableOnly<'_> {
         self.inner.secure_gram(clients)
     }
 
-    fn gradients(
-        &mut self,
-        clients: &[usize],
-        scope: crate::config::GradientScope,
-    ) -> Result<Vec<Vec<f32>>> {
+    fn gradients(&mut self, clients: &[usize], scope: GradientScope) -> Result<Vec<Vec<f32>>> {
         self.check(clients)?;
         self.inner.gradients(clients, scope)
     }

@@ -9,10 +9,11 @@
 use burn::tensor::{Device, Int, Tensor};
 use rand::seq::SliceRandom;
 
-use crate::config::{GradientScope, LocalOptimizer, LocalWork, TrainConfig};
+use crate::config::{LocalOptimizer, LocalWork, TrainConfig};
 use crate::data::Dataset;
 use crate::model::{self, Architecture, Dropout, LossGradient, ParamLayout};
 use crate::rng::Rng;
+use crate::select::GradientScope;
 
 /// Optimizer state carried between a client's rounds when `persistent_state` is on.
 #[derive(Debug, Clone, PartialEq)]

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::Collect;
-use fedsel::config::{Config, GradientScope};
+use fedsel::config::Config;
 use fedsel::data::{self, locate};
 use fedsel::engine::{self, Experiment, RoundRecord};
 use fedsel::error::Error;
@@ -14,7 +14,8 @@ use fedsel::ledger::Ledger;
 use fedsel::output::RunWriter;
 use fedsel::rng::Rng;
 use fedsel::select::{
-    ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind,
+    ClientQuery, Feedback, GradientScope, Needs, RoundContext, Selection, Selector, Setup,
+    UpdateKind,
 };
 
 fn synthetic(overrides: &[&str]) -> Experiment {
@@ -395,10 +396,7 @@ fn a_query_for_an_unavailable_client_is_an_error() {
     let asks: [Ask; 5] = [
         |ctx, q| q.holdout_losses(&[away(ctx)]).map(drop),
         |ctx, q| q.minibatch_losses(&[away(ctx)]).map(drop),
-        |ctx, q| {
-            q.gradients(&[away(ctx)], fedsel::config::GradientScope::Full)
-                .map(drop)
-        },
+        |ctx, q| q.gradients(&[away(ctx)], GradientScope::Full).map(drop),
         |ctx, q| q.probe(&ctx.available[..1], &[away(ctx)]).map(drop),
         |ctx, q| q.advance(&[away(ctx)], ctx.available).map(drop),
     ];

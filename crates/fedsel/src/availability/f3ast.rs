@@ -2,8 +2,92 @@
 
 use std::f64::consts::PI;
 
+use serde::{Deserialize, Serialize};
+
 use super::{ActivityRate, ClientInfo, StaticRates, lognormal_rates, scale_to_max};
-use crate::config::AvailabilityConfig;
+use crate::config::{AvailabilityConfig, check, check_prob};
+use crate::error::ConfigError;
+
+/// F3AST Scarce: every client with probability q.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScarceConfig {
+    /// q.
+    pub q: f64,
+}
+
+impl Default for ScarceConfig {
+    fn default() -> Self {
+        Self { q: 0.2 }
+    }
+}
+
+impl ScarceConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(self.q, "availability.q", true, false)
+    }
+}
+
+/// F3AST HomeDevice: q_k = T_k / max T, T_k ~ LogNormal(0, σ) drawn once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HomeDeviceConfig {
+    /// σ.
+    pub sigma: f64,
+}
+
+impl Default for HomeDeviceConfig {
+    fn default() -> Self {
+        Self { sigma: 0.5 }
+    }
+}
+
+impl HomeDeviceConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            self.sigma.is_finite() && self.sigma >= 0.0,
+            "availability.sigma",
+            "must be >= 0",
+        )
+    }
+}
+
+/// F3AST SmartPhones: f_t · q_k with q_k as HomeDevice and
+/// f_t = 0.4 sin(2π (t mod T)/T) + 0.5.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SmartphonesConfig {
+    /// σ of the log-normal q_k.
+    pub sigma: f64,
+    /// Period T in rounds.
+    pub period: usize,
+}
+
+impl Default for SmartphonesConfig {
+    fn default() -> Self {
+        Self {
+            sigma: 0.25,
+            period: 24,
+        }
+    }
+}
+
+impl SmartphonesConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            self.sigma.is_finite() && self.sigma >= 0.0,
+            "availability.sigma",
+            "must be >= 0",
+        )?;
+        check(self.period > 0, "availability.period", "must be at least 1")
+    }
+}
 
 /// SmartPhones: f_t · q_k with f_t = 0.4 sin(2π (t mod T)/T) + 0.5.
 struct Smartphones {
@@ -22,18 +106,20 @@ impl ActivityRate for Smartphones {
 pub fn build(cfg: &AvailabilityConfig, info: &ClientInfo, seed: u64) -> Box<dyn ActivityRate> {
     let n = info.sizes.len();
     match *cfg {
-        AvailabilityConfig::Scarce { q } => Box::new(StaticRates(vec![q; n])),
-        AvailabilityConfig::HomeDevice { sigma } => {
+        AvailabilityConfig::Scarce(ScarceConfig { q }) => Box::new(StaticRates(vec![q; n])),
+        AvailabilityConfig::HomeDevice(HomeDeviceConfig { sigma }) => {
             Box::new(StaticRates(lognormal_rates(n, sigma, seed)))
         }
         // q_k ∝ 1/p_k = Σn / n_k: the smallest client is always available.
         AvailabilityConfig::Uneven => Box::new(StaticRates(scale_to_max(
             info.sizes.iter().map(|&s| 1.0 / s.max(1) as f64).collect(),
         ))),
-        AvailabilityConfig::Smartphones { sigma, period } => Box::new(Smartphones {
-            q: lognormal_rates(n, sigma, seed),
-            period,
-        }),
+        AvailabilityConfig::Smartphones(SmartphonesConfig { sigma, period }) => {
+            Box::new(Smartphones {
+                q: lognormal_rates(n, sigma, seed),
+                period,
+            })
+        }
         _ => unreachable!("not an F3AST availability model: {}", cfg.name()),
     }
 }
@@ -53,10 +139,10 @@ mod tests {
         let got: Vec<f64> = (0..3).map(|k| u.rate(0, k)).collect();
         assert_eq!(got, vec![1.0, 0.5, 0.25]);
         let s = build(
-            &AvailabilityConfig::Smartphones {
+            &AvailabilityConfig::Smartphones(SmartphonesConfig {
                 sigma: 0.0,
                 period: 24,
-            },
+            }),
             &info,
             1,
         );
@@ -78,7 +164,13 @@ mod tests {
             labels: vec![vec![0]; n],
             classes: 2,
         };
-        let home = |sigma| build(&AvailabilityConfig::HomeDevice { sigma }, &info, 4);
+        let home = |sigma| {
+            build(
+                &AvailabilityConfig::HomeDevice(HomeDeviceConfig { sigma }),
+                &info,
+                4,
+            )
+        };
         let (a, b) = (home(0.25), home(0.5));
         let ra: Vec<f64> = (0..n).map(|k| a.rate(7, k)).collect();
         let rb: Vec<f64> = (0..n).map(|k| b.rate(7, k)).collect();

@@ -6,8 +6,168 @@
 
 use std::f64::consts::PI;
 
+use serde::{Deserialize, Serialize};
+
 use super::{ActivityRate, ClientInfo, StaticRates, lognormal_rates, scale_to_max};
-use crate::config::AvailabilityConfig;
+use crate::config::{AvailabilityConfig, check, check_prob};
+use crate::error::ConfigError;
+
+/// FedGS MoreDataFirst: n_k^β / max n^β.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MdfConfig {
+    /// β.
+    pub beta: f64,
+}
+
+impl Default for MdfConfig {
+    fn default() -> Self {
+        Self { beta: 0.7 }
+    }
+}
+
+impl MdfConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            self.beta.is_finite() && self.beta >= 0.0,
+            "availability.beta",
+            format!("{} must be >= 0", self.beta),
+        )
+    }
+}
+
+/// FedGS LessDataFirst: n_k^−β / max n^−β.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LdfConfig {
+    /// β.
+    pub beta: f64,
+}
+
+impl Default for LdfConfig {
+    fn default() -> Self {
+        Self { beta: 0.7 }
+    }
+}
+
+impl LdfConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            self.beta.is_finite() && self.beta >= 0.0,
+            "availability.beta",
+            format!("{} must be >= 0", self.beta),
+        )
+    }
+}
+
+/// FedGS YMaxFirst: β · min label of k / max label + (1 − β).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct YmfConfig {
+    /// β.
+    pub beta: f64,
+}
+
+impl Default for YmfConfig {
+    fn default() -> Self {
+        Self { beta: 0.9 }
+    }
+}
+
+impl YmfConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(self.beta, "availability.beta", false, false)
+    }
+}
+
+/// FedGS YCycle: β · 1[(1 + t mod T_p)/T_p falls in a label's bin] + (1 − β).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct YcConfig {
+    /// β.
+    pub beta: f64,
+    /// Period T_p in rounds; unset means the authors' 10·L (one 10-round window per
+    /// label).
+    pub period: Option<usize>,
+}
+
+impl Default for YcConfig {
+    fn default() -> Self {
+        Self {
+            beta: 0.9,
+            period: None,
+        }
+    }
+}
+
+impl YcConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(self.beta, "availability.beta", false, false)?;
+        check(
+            self.period.is_none_or(|p| p > 0),
+            "availability.period",
+            "must be at least 1",
+        )
+    }
+}
+
+/// FedGS LogNormal: c_k / max c, c_k ~ LogNormal(0, ln 1/(1−β)) drawn once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LnConfig {
+    /// β.
+    pub beta: f64,
+}
+
+impl Default for LnConfig {
+    fn default() -> Self {
+        Self { beta: 0.5 }
+    }
+}
+
+impl LnConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(self.beta, "availability.beta", true, true)
+    }
+}
+
+/// FedGS SinLogNormal: the LN rate times 0.4 sin(2π(1 + t mod T_p)/T_p) + 0.5.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlnConfig {
+    /// β.
+    pub beta: f64,
+    /// Period T_p in rounds.
+    pub period: usize,
+}
+
+impl Default for SlnConfig {
+    fn default() -> Self {
+        Self {
+            beta: 0.5,
+            period: 24,
+        }
+    }
+}
+
+impl SlnConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(self.beta, "availability.beta", true, true)?;
+        check(self.period > 0, "availability.period", "must be at least 1")
+    }
+}
 
 /// SinLogNormal: c_k / max c · (0.4 sin(2π (1 + t mod T_p)/T_p) + 0.5).
 struct SinLogNormal {
@@ -49,13 +209,13 @@ pub fn build(cfg: &AvailabilityConfig, info: &ClientInfo, seed: u64) -> Box<dyn 
     let n = info.sizes.len();
     let sizes = || info.sizes.iter().map(|&s| s as f64);
     match *cfg {
-        AvailabilityConfig::Mdf { beta } => Box::new(StaticRates(scale_to_max(
+        AvailabilityConfig::Mdf(MdfConfig { beta }) => Box::new(StaticRates(scale_to_max(
             sizes().map(|s| s.powf(beta)).collect(),
         ))),
-        AvailabilityConfig::Ldf { beta } => Box::new(StaticRates(scale_to_max(
+        AvailabilityConfig::Ldf(LdfConfig { beta }) => Box::new(StaticRates(scale_to_max(
             sizes().map(|s| s.max(1.0).powf(-beta)).collect(),
         ))),
-        AvailabilityConfig::Ymf { beta } => {
+        AvailabilityConfig::Ymf(YmfConfig { beta }) => {
             // min label of k over the largest label any client holds (FedGS Table 1).
             let max_label = info
                 .labels
@@ -75,18 +235,18 @@ pub fn build(cfg: &AvailabilityConfig, info: &ClientInfo, seed: u64) -> Box<dyn 
                     .collect(),
             ))
         }
-        AvailabilityConfig::Yc { beta, period } => Box::new(YCycle {
+        AvailabilityConfig::Yc(YcConfig { beta, period }) => Box::new(YCycle {
             beta,
             period: period.unwrap_or(10 * info.classes),
             labels: info.labels.clone(),
             classes: info.classes,
         }),
-        AvailabilityConfig::Ln { beta } => Box::new(StaticRates(lognormal_rates(
+        AvailabilityConfig::Ln(LnConfig { beta }) => Box::new(StaticRates(lognormal_rates(
             n,
             (1.0 / (1.0 - beta)).ln(),
             seed,
         ))),
-        AvailabilityConfig::Sln { beta, period } => Box::new(SinLogNormal {
+        AvailabilityConfig::Sln(SlnConfig { beta, period }) => Box::new(SinLogNormal {
             base: lognormal_rates(n, (1.0 / (1.0 - beta)).ln(), seed),
             period,
         }),
@@ -105,21 +265,21 @@ mod tests {
             labels: vec![vec![0, 3], vec![6, 9]],
             classes: 10,
         };
-        let mdf = build(&AvailabilityConfig::Mdf { beta: 0.5 }, &info, 1);
+        let mdf = build(&AvailabilityConfig::Mdf(MdfConfig { beta: 0.5 }), &info, 1);
         assert!((mdf.rate(0, 0) - 0.5).abs() < 1e-12 && mdf.rate(0, 1) == 1.0);
-        let ldf = build(&AvailabilityConfig::Ldf { beta: 0.5 }, &info, 1);
+        let ldf = build(&AvailabilityConfig::Ldf(LdfConfig { beta: 0.5 }), &info, 1);
         assert!(ldf.rate(0, 0) == 1.0 && (ldf.rate(0, 1) - 0.5).abs() < 1e-12);
         // YMF 0.9: client 0 (min label 0) 0.1; client 1 (min label 6, max label 9) 0.9·6/9 + 0.1.
-        let ymf = build(&AvailabilityConfig::Ymf { beta: 0.9 }, &info, 1);
+        let ymf = build(&AvailabilityConfig::Ymf(YmfConfig { beta: 0.9 }), &info, 1);
         assert!((ymf.rate(0, 0) - 0.1).abs() < 1e-12);
         assert!((ymf.rate(0, 1) - (0.6 + 0.1)).abs() < 1e-12);
         // YC with T_p = 10: ρ_t = (1 + t)/10; client 0 holds labels 0 and 3, bins
         // (0, 0.1] and (0.3, 0.4]: on at ρ = 0.1 (t = 0) and 0.4 (t = 3), off at 0.3 (t = 2).
         let yc = build(
-            &AvailabilityConfig::Yc {
+            &AvailabilityConfig::Yc(YcConfig {
                 beta: 0.9,
                 period: Some(10),
-            },
+            }),
             &info,
             1,
         );
@@ -140,10 +300,10 @@ mod tests {
             classes,
         };
         let yc = build(
-            &AvailabilityConfig::Yc {
+            &AvailabilityConfig::Yc(YcConfig {
                 beta: 0.9,
                 period: None,
-            },
+            }),
             &info,
             1,
         );
@@ -168,7 +328,7 @@ mod tests {
             labels: vec![vec![0]; n],
             classes: 2,
         };
-        let ln = |beta| build(&AvailabilityConfig::Ln { beta }, &info, 3);
+        let ln = |beta| build(&AvailabilityConfig::Ln(LnConfig { beta }), &info, 3);
         let (half, three_quarters) = (ln(0.5), ln(0.75));
         let r1: Vec<f64> = (0..n).map(|k| half.rate(0, k)).collect();
         let r2: Vec<f64> = (0..n).map(|k| three_quarters.rate(0, k)).collect();
@@ -178,10 +338,10 @@ mod tests {
             assert!((2.0 * a.ln() - b.ln()).abs() < 1e-9, "{a} {b}");
         }
         let sln = build(
-            &AvailabilityConfig::Sln {
+            &AvailabilityConfig::Sln(SlnConfig {
                 beta: 0.5,
                 period: 24,
-            },
+            }),
             &info,
             3,
         );

@@ -6,6 +6,11 @@
 //! per-run draws (log-normal rates) from the key (seed, Availability, RUN, k).
 //! For a given seed every strategy therefore faces the same availability
 //! (FedGS App. C), and a resumed run sees the rounds it would have seen.
+//!
+//! A model's options (e.g. [`fedgs::MdfConfig`]) are defined in its module, beside the
+//! rates that read them, with their defaults and their part of
+//! [`Config::validate`](crate::config::Config::validate); [`AvailabilityConfig`] names
+//! each model by its `kind`.
 
 pub mod always;
 pub mod budget;
@@ -152,14 +157,11 @@ impl Environment {
         use AvailabilityConfig as A;
         let model: Box<dyn Availability> = match cfg {
             A::Always => Box::new(always::Always { clients: n }),
-            A::Trace { trace } => Box::new(trace::Trace::load(trace, n)?),
-            A::Mdf { .. }
-            | A::Ldf { .. }
-            | A::Ymf { .. }
-            | A::Yc { .. }
-            | A::Ln { .. }
-            | A::Sln { .. } => rates(fedgs::build(cfg, info, seed)),
-            A::Scarce { .. } | A::HomeDevice { .. } | A::Uneven | A::Smartphones { .. } => {
+            A::Trace(t) => Box::new(trace::Trace::load(&t.trace, n)?),
+            A::Mdf(_) | A::Ldf(_) | A::Ymf(_) | A::Yc(_) | A::Ln(_) | A::Sln(_) => {
+                rates(fedgs::build(cfg, info, seed))
+            }
+            A::Scarce(_) | A::HomeDevice(_) | A::Uneven | A::Smartphones(_) => {
                 rates(f3ast::build(cfg, info, seed))
             }
         };
@@ -180,6 +182,8 @@ impl Environment {
 
 #[cfg(test)]
 mod tests {
+    use super::f3ast::{HomeDeviceConfig, ScarceConfig, SmartphonesConfig};
+    use super::fedgs::{LdfConfig, LnConfig, MdfConfig, SlnConfig, YcConfig, YmfConfig};
     use super::*;
 
     fn info() -> ClientInfo {
@@ -197,32 +201,32 @@ mod tests {
         let info = info();
         let rounds = 4800;
         let models = [
-            AvailabilityConfig::Mdf { beta: 0.7 },
-            AvailabilityConfig::Ldf { beta: 0.7 },
-            AvailabilityConfig::Ymf { beta: 0.9 },
-            AvailabilityConfig::Yc {
+            AvailabilityConfig::Mdf(MdfConfig { beta: 0.7 }),
+            AvailabilityConfig::Ldf(LdfConfig { beta: 0.7 }),
+            AvailabilityConfig::Ymf(YmfConfig { beta: 0.9 }),
+            AvailabilityConfig::Yc(YcConfig {
                 beta: 0.9,
                 period: None,
-            },
-            AvailabilityConfig::Ln { beta: 0.5 },
-            AvailabilityConfig::Sln {
+            }),
+            AvailabilityConfig::Ln(LnConfig { beta: 0.5 }),
+            AvailabilityConfig::Sln(SlnConfig {
                 beta: 0.5,
                 period: 24,
-            },
-            AvailabilityConfig::Scarce { q: 0.2 },
-            AvailabilityConfig::HomeDevice { sigma: 0.5 },
+            }),
+            AvailabilityConfig::Scarce(ScarceConfig { q: 0.2 }),
+            AvailabilityConfig::HomeDevice(HomeDeviceConfig { sigma: 0.5 }),
             AvailabilityConfig::Uneven,
-            AvailabilityConfig::Smartphones {
+            AvailabilityConfig::Smartphones(SmartphonesConfig {
                 sigma: 0.25,
                 period: 24,
-            },
+            }),
         ];
         for cfg in models {
             let rates: Box<dyn ActivityRate> = match &cfg {
-                AvailabilityConfig::Scarce { .. }
-                | AvailabilityConfig::HomeDevice { .. }
+                AvailabilityConfig::Scarce(_)
+                | AvailabilityConfig::HomeDevice(_)
                 | AvailabilityConfig::Uneven
-                | AvailabilityConfig::Smartphones { .. } => f3ast::build(&cfg, &info, 7),
+                | AvailabilityConfig::Smartphones(_) => f3ast::build(&cfg, &info, 7),
                 _ => fedgs::build(&cfg, &info, 7),
             };
             let env = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 7).unwrap();
@@ -255,7 +259,7 @@ mod tests {
     #[test]
     fn availability_depends_only_on_seed_round_and_client() {
         let info = info();
-        let cfg = AvailabilityConfig::Ln { beta: 0.5 };
+        let cfg = AvailabilityConfig::Ln(LnConfig { beta: 0.5 });
         let a = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 3).unwrap();
         let b = Environment::new(&cfg, &BudgetConfig::Constant, 9, &info, 3).unwrap();
         let c = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 4).unwrap();
@@ -274,7 +278,7 @@ mod tests {
             classes: 2,
         };
         let env = Environment::new(
-            &AvailabilityConfig::Scarce { q: 0.05 },
+            &AvailabilityConfig::Scarce(ScarceConfig { q: 0.05 }),
             &BudgetConfig::Constant,
             1,
             &info,

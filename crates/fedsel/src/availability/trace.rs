@@ -4,11 +4,36 @@
 //! the end of the trace repeat it cyclically.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
 
 use super::Availability;
+use crate::config::check;
 use crate::data::read_file;
-use crate::error::{DataError, Result};
+use crate::error::{ConfigError, DataError, Result};
+
+/// A recorded trace: a CSV with header `round,client`, one row per active pair;
+/// rounds past its end repeat it cyclically. A relative path in a config file is
+/// taken from that file's directory ([`anchor_paths`](crate::config::anchor_paths)).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceConfig {
+    /// The CSV file.
+    pub trace: PathBuf,
+}
+
+impl TraceConfig {
+    /// Rejects values no run can use, naming the key: this model's part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check(
+            !self.trace.as_os_str().is_empty(),
+            "availability.trace",
+            "needs the path of a `round,client` CSV",
+        )
+    }
+}
 
 /// A trace loaded into memory.
 ///

@@ -14,11 +14,44 @@
 //! clients, the dropped ones included.
 
 use rand::seq::index::sample;
+use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, RoundContext, Selection, Selector, Setup, weighted_without_replacement};
-use crate::config::AflConfig;
-use crate::error::Error;
+use crate::config::{check_pos, check_prob};
+use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+
+/// Active Federated Learning (Goetz et al. 2019), as FedCor ran it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AflConfig {
+    /// Fraction of clients with the lowest valuations dropped.
+    pub alpha1: f64,
+    /// Softmax temperature on the valuations.
+    pub alpha2: f64,
+    /// Fraction of the m picks made uniformly instead of by softmax.
+    pub alpha3: f64,
+}
+
+impl Default for AflConfig {
+    fn default() -> Self {
+        Self {
+            alpha1: 0.75,
+            alpha2: 0.01,
+            alpha3: 0.1,
+        }
+    }
+}
+
+impl AflConfig {
+    /// Rejects values no run can use, naming the key: the `selection.afl` part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(self.alpha1, "selection.afl.alpha1", false, true)?;
+        check_pos(self.alpha2, "selection.afl.alpha2")?;
+        check_prob(self.alpha3, "selection.afl.alpha3", false, false)
+    }
+}
 
 /// The Active FL selector.
 #[derive(Debug, Clone)]

@@ -21,10 +21,54 @@
 use rand::seq::index::sample;
 use serde::{Deserialize, Serialize};
 
-use super::{ClientQuery, RoundContext, Selection, Selector, Setup};
-use crate::config::{DivflConfig, DivflRefresh};
-use crate::error::Error;
+use super::{ClientQuery, GradientScope, RoundContext, Selection, Selector, Setup};
+use crate::config::check_prob;
+use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+
+/// How DivFL refreshes client gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DivflRefresh {
+    /// Every available client sends its gradient every round.
+    Ideal,
+    /// All clients once, then only the selected, at the model they receive.
+    Stale,
+}
+
+/// DivFL (Balakrishnan et al. 2022).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DivflConfig {
+    /// Gradient refresh.
+    pub refresh: DivflRefresh,
+    /// What each client gradient covers: `full` (all local training data at the received
+    /// global model, as the DivFL code computes it) or `minibatch` (one batch, cheaper).
+    pub gradient: GradientScope,
+    /// Stochastic greedy: scan a random subset of candidates per step.
+    pub stochastic: bool,
+    /// Size of that subset as a fraction of the available clients (at least m).
+    pub fraction: f64,
+}
+
+impl Default for DivflConfig {
+    fn default() -> Self {
+        Self {
+            refresh: DivflRefresh::Ideal,
+            gradient: GradientScope::Full,
+            stochastic: false,
+            fraction: 0.1,
+        }
+    }
+}
+
+impl DivflConfig {
+    /// Rejects a fraction no run can use, naming the key: the `selection.divfl` part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(self.fraction, "selection.divfl.fraction", true, false)
+    }
+}
 
 /// Greedy facility location: `k` indices into `dist` (n × n), in pick order.
 /// With `subsample = Some(s)` each step scans `s` random candidates (stochastic greedy).

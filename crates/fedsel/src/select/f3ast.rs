@@ -23,10 +23,50 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ClientQuery, RoundContext, Selection, Selector, Setup};
-use crate::config::{F3astConfig, F3astObjective, Protocol};
-use crate::error::Error;
+use super::{ClientQuery, Protocol, RoundContext, Selection, Selector, Setup};
+use crate::config::check_prob;
+use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+
+/// Which H(r) F3AST minimises (F3AST Eq. 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum F3astObjective {
+    /// H = Σ p_k² / r_k, the default.
+    Independent,
+    /// H = Σ p_k / r_k, for positively correlated availability.
+    Correlated,
+}
+
+/// F3AST (seed 004).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct F3astConfig {
+    /// Rate-smoothing β of Eq. 5 (App. D: 0.001).
+    pub beta: f64,
+    /// The variance proxy H.
+    pub objective: F3astObjective,
+    /// `code` divides the aggregate by K_t as the authors' code does; `paper` does not.
+    pub protocol: Protocol,
+}
+
+impl Default for F3astConfig {
+    fn default() -> Self {
+        Self {
+            beta: 0.001,
+            objective: F3astObjective::Independent,
+            protocol: Protocol::Paper,
+        }
+    }
+}
+
+impl F3astConfig {
+    /// Rejects a β no run can use, naming the key: the `selection.f3ast` part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(self.beta, "selection.f3ast.beta", true, true)
+    }
+}
 
 /// The F3AST selector. Use it with the `selector` aggregation rule.
 #[derive(Debug, Clone)]

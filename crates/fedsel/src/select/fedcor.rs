@@ -42,11 +42,83 @@ use std::time::Instant;
 use nalgebra::{DMatrix, DVector};
 use rand::seq::index::sample;
 use rand_distr::{Distribution, StandardNormal};
+use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, RoundContext, Selection, Selector, Setup};
-use crate::config::FedCorConfig;
-use crate::error::Error;
+use crate::config::{check, check_pos, check_prob};
+use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+
+/// FedCor (seed 000) and its FedGP variant (seed 001).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FedCorConfig {
+    /// Embedding dimension d.
+    pub dim: usize,
+    /// Observation noise σ_n.
+    pub noise: f64,
+    /// Warm-up rounds R_w: rounds 0..=R_w select uniformly and train the GP every round.
+    pub warmup: usize,
+    /// GP-training interval Δt.
+    pub interval: usize,
+    /// Annealing coefficient β.
+    pub beta: f64,
+    /// Discount base θ; samples are weighted θ^(age in rounds), i.e. γ = θ^Δt per interval.
+    pub theta: f64,
+    /// Past samples kept during warm-up (M in Eq. 17, warm-up phase).
+    pub history_warmup: usize,
+    /// Past GP-training samples kept after warm-up (M in Eq. 17).
+    pub history: usize,
+    /// Probe selections per GP-training round (S in Eq. 17).
+    pub probes: usize,
+    /// Adam steps per GP fit after warm-up.
+    pub steps: usize,
+    /// Adam steps per GP fit during warm-up.
+    pub warmup_steps: usize,
+    /// Adam learning rate of the embeddings.
+    pub lr: f64,
+}
+
+impl Default for FedCorConfig {
+    fn default() -> Self {
+        Self {
+            dim: 15,
+            noise: 0.01,
+            warmup: 15,
+            interval: 10,
+            beta: 0.95,
+            theta: 0.9,
+            history_warmup: 10,
+            history: 1,
+            probes: 1,
+            steps: 100,
+            warmup_steps: 150,
+            lr: 0.01,
+        }
+    }
+}
+
+impl FedCorConfig {
+    /// Rejects values no run can use, naming the key: the `selection.fedcor` part of
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check(self.dim > 0, "selection.fedcor.dim", "must be at least 1")?;
+        check_pos(self.noise, "selection.fedcor.noise")?;
+        check(
+            self.interval > 0,
+            "selection.fedcor.interval",
+            "must be at least 1",
+        )?;
+        check_prob(self.beta, "selection.fedcor.beta", true, false)?;
+        check_prob(self.theta, "selection.fedcor.theta", true, false)?;
+        check(
+            self.probes > 0,
+            "selection.fedcor.probes",
+            "must be at least 1",
+        )?;
+        check_pos(self.lr, "selection.fedcor.lr")
+    }
+}
 
 /// Which paper's Algorithm 2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,11 @@
 //! features), and asks for on-demand reports (held-out losses, gradients,
 //! probe trainings) through [`ClientQuery`] while it selects. The engine performs every such request
 //! and books its cost in the run's [`Ledger`](crate::ledger::Ledger).
+//!
+//! A strategy's options (e.g. [`powd::PowdConfig`]) are defined in its module, beside the
+//! code that reads them, with their defaults and their part of
+//! [`Config::validate`](crate::config::Config::validate);
+//! [`SelectionConfig`] gathers them into the `[selection]` table.
 
 pub mod afl;
 pub mod clustered;
@@ -19,9 +24,35 @@ pub mod powd;
 pub mod uniform;
 pub mod ward;
 
-use crate::config::{AggregationRule, GradientScope, SelectionConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{AggregationRule, SelectionConfig};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+
+/// Which of a method's two definitions a run follows (decisions.md): a paper's tables were
+/// produced by its authors' code, so where the text and the code differ, `paper` follows
+/// the text's equations and `code` what produced the tables. FedGS and F3AST have both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// The paper's equations and settings.
+    #[default]
+    Paper,
+    /// The authors' code, which produced the tables.
+    Code,
+}
+
+/// Which training examples a client's gradient of the global model covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradientScope {
+    /// The mean loss over all of the client's training examples (the full-batch gradient
+    /// of the DivFL code, algorithms.md §8).
+    Full,
+    /// The mean loss over one random mini-batch of the training batch size.
+    Minibatch,
+}
 
 /// Which part of each selected client's update the selector wants back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -455,8 +486,8 @@ pub(crate) mod testing {
 mod tests {
     use super::testing::{FixedLosses, setup};
     use super::*;
-    use crate::config::PowdConfig;
     use crate::rng::{Purpose, stream};
+    use crate::select::powd::PowdConfig;
 
     /// Inclusion probabilities of 2 draws without replacement from weights (0.5, 0.3, 0.2),
     /// by hand: P(0 not drawn) = 0.3·0.2/0.7 + 0.2·0.3/0.8, and so on.
@@ -563,7 +594,7 @@ mod tests {
     fn afl_drops_the_lowest_values_and_samples_the_softmax() {
         // Valuations loss·√n with n = 1: (1, 2, 3, 4). α1 = 0.5 drops clients 0 and 1;
         // α2 = 1 gives softmax(3, 4) = (0.2689, 0.7311) over clients 2 and 3.
-        let cfg = crate::config::AflConfig {
+        let cfg = afl::AflConfig {
             alpha1: 0.5,
             alpha2: 1.0,
             alpha3: 0.0,

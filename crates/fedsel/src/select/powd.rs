@@ -13,12 +13,60 @@
 //! HiCS-FL, d = N). With d ≤ K_t every candidate is kept and pow-d is only the ∝ p_k draw,
 //! which [`crate::config::Config::warnings`] flags.
 
+use serde::{Deserialize, Serialize};
+
 use super::{
     ClientQuery, Feedback, RoundContext, Selection, Selector, Setup, weighted_without_replacement,
 };
-use crate::config::PowdConfig;
 use crate::error::Error;
 use crate::rng::Rng;
+
+/// Power-of-choice (Cho et al.): how many candidates d a round draws.
+///
+/// The papers give d either absolutely (F3AST's pool of 30, HiCS-FL's ideal d = N) or
+/// relative to the budget (FedCor App. C.1: d = 2m, so 10 with m = 5 and 20 with m = 10;
+/// Cho et al. Fig. 4: d ∈ {2m, 3m, 5m}). `d_per_m > 0` wins over `d`. Rejecting configs
+/// that set both is impossible: `d` has a default that TOML has no null to unset, so such
+/// a rule would reject every config that sets only `d_per_m`.
+/// [`Config::warnings`](crate::config::Config::warnings) names a non-default `d` that
+/// `d_per_m` overrides.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PowdConfig {
+    /// Candidates drawn ∝ p_k without replacement; 0 means all available clients ("ideal").
+    /// Ignored when `d_per_m` > 0.
+    pub d: usize,
+    /// Candidates per unit of the round's budget: d = d_per_m · K_t each round. 0 = use `d`.
+    pub d_per_m: usize,
+}
+
+impl Default for PowdConfig {
+    fn default() -> Self {
+        Self { d: 10, d_per_m: 0 }
+    }
+}
+
+impl PowdConfig {
+    /// d for a round with budget K_t = `budget` and `available` clients: d_per_m · K_t
+    /// when `d_per_m` > 0, else `d` (0 = all), never more than the available count.
+    pub fn candidates(&self, budget: usize, available: usize) -> usize {
+        let d = match (self.d_per_m, self.d) {
+            (0, 0) => available,
+            (0, d) => d,
+            (per_m, _) => per_m.saturating_mul(budget),
+        };
+        d.min(available)
+    }
+
+    /// The key that sets d: `d_per_m` when in effect, else `d`.
+    pub(crate) fn key(&self) -> &'static str {
+        if self.d_per_m > 0 {
+            "selection.powd.d_per_m"
+        } else {
+            "selection.powd.d"
+        }
+    }
+}
 
 /// Where candidate losses come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +182,19 @@ mod tests {
         let mut s = PowerOfChoice::new(PowdConfig { d, d_per_m }, source);
         s.setup(&setup(weights));
         s
+    }
+
+    #[test]
+    fn powd_candidates_resolve_per_round() {
+        let rel = PowdConfig { d: 10, d_per_m: 2 };
+        // d_per_m wins over d: 2 · 10 = 20 candidates with m = 10, capped by availability.
+        assert_eq!(rel.candidates(10, 100), 20);
+        assert_eq!(rel.candidates(5, 100), 10);
+        assert_eq!(rel.candidates(10, 13), 13);
+        let abs = PowdConfig { d: 10, d_per_m: 0 };
+        assert_eq!((abs.candidates(5, 100), abs.candidates(5, 7)), (10, 7));
+        let all = PowdConfig { d: 0, d_per_m: 0 };
+        assert_eq!(all.candidates(5, 37), 37);
     }
 
     #[test]

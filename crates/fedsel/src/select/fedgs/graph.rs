@@ -1,7 +1,7 @@
 //! The Data-Distribution-Dependency Graph (3DG) of FedGS §3.2 and its
 //! all-pairs shortest paths (Alg. 1 lines 2–3).
 
-use crate::config::Protocol;
+use crate::select::Protocol;
 
 /// How a Gram matrix of client features becomes the similarity matrix V (Eq. 10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -400,7 +400,7 @@ mod tests {
     /// the default limits.
     #[test]
     fn a_typical_fmnist_round_is_solved_to_a_small_gap() {
-        use crate::config::Protocol;
+        use crate::select::Protocol;
         use crate::select::fedgs::graph;
         let n = 100;
         let features: Vec<Vec<f64>> = (0..n)
@@ -425,7 +425,7 @@ mod tests {
         };
         // The shipped defaults: with the old `exact_up_to` of 30 no branch-and-bound ran at
         // N = 100 and the gap came from the loose root bound.
-        let d = crate::config::FedGsConfig::default();
+        let d = crate::select::fedgs::FedGsConfig::default();
         let started = std::time::Instant::now();
         let s = solve(
             &p,
