@@ -1,0 +1,102 @@
+"""fedsel against PyTorch in one sitting: the ratios bench/README.md reports (issue 12).
+
+Absolute times move with the machine and its load, so the two sides are run alternately,
+PAIRS times (PyTorch's scripts, then `fedsel bench`, then again), with the same number of
+threads, and each workload's speed ratio (PyTorch's time / fedsel's) is the median of the
+per-pair ratios. Needs a Python with CPU PyTorch (../shared/bench/setup-torch.sh makes one)
+and a release build of the CLI.
+
+Usage:
+  python bench/compare.py [--fedsel target/release/fedsel] [--pairs 3] [--threads 2]
+                          [--data-dir ../shared/data] [--rounds 30]
+
+Prints a Markdown table: workload, median PyTorch ms, median fedsel ms, speed ratio
+(> 1: fedsel is faster) and the per-pair ratios. The FedCor round needs Fashion-MNIST
+under DATA_DIR/fashion-mnist; without it that row is left out.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(cmd, env=None):
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return out.stdout
+
+
+def torch_side(py, threads, fmnist, rounds):
+    """{workload: ms} from the three PyTorch references."""
+    t = str(threads)
+    times = {}
+    for line in run([py, HERE / "torch_cnn.py", "--threads", t]).splitlines():
+        fields = dict(re.findall(r"(\w+)=([\d.]+)", line))
+        name = line.split()[0]
+        times[f"step {name}"] = float(fields["step_ms"])
+        times[f"eval {name}"] = float(fields["eval10k_ms"])
+    line = run([py, HERE / "torch_reference.py", "--threads", t]).strip()
+    fields = dict(re.findall(r"(\w+)=([\d.]+)", line))
+    times["step char_lstm"] = float(fields["ms_per_step"])
+    if "eval_ms" in fields:
+        times["eval char_lstm"] = float(fields["eval_ms"])
+    if fmnist is not None:
+        line = run([py, HERE / "torch_fedcor_round.py", fmnist, "--rounds", str(rounds),
+                    "--threads", t])
+        times["round fedcor"] = float(re.search(r"([\d.]+) ms/round", line).group(1))
+    return times
+
+
+def fedsel_side(binary, threads, data_dir, rounds):
+    """{workload: ms} from `fedsel bench` (fused paths where a model has one)."""
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    out = run([binary, "bench", "--data-dir", data_dir, "--rounds", str(rounds)], env)
+    times = {}
+    for line in out.splitlines():
+        if m := re.match(r"step\s+(\S+)\s+batch\s+\d+:\s+([\d.]+) ms", line):
+            times[f"step {m.group(1)}"] = float(m.group(2))
+        elif m := re.match(r"eval\s+(\S+) .*interleaved: ([\d.]+) ms vs", line):
+            times[f"eval {m.group(1)}"] = float(m.group(2))
+        elif m := re.match(r"round fedcor .*: ([\d.]+) ms/round", line):
+            times["round fedcor"] = float(m.group(1))
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fedsel", default=os.environ.get("CARGO_TARGET_DIR", "target") + "/release/fedsel")
+    ap.add_argument("--python", default=sys.executable, help="a Python with torch")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--data-dir", default=str(HERE.parent.parent / "shared" / "data"))
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    fmnist = Path(args.data_dir) / "fashion-mnist"
+    fmnist = str(fmnist) if (fmnist / "t10k-images-idx3-ubyte.gz").exists() else None
+
+    pairs = []
+    for i in range(args.pairs):
+        torch_ms = torch_side(args.python, args.threads, fmnist, args.rounds)
+        fedsel_ms = fedsel_side(args.fedsel, args.threads, args.data_dir, args.rounds)
+        pairs.append((torch_ms, fedsel_ms))
+        print(f"pair {i + 1}/{args.pairs} done", file=sys.stderr)
+
+    print(f"| workload ({args.threads} threads, {args.pairs} alternated pairs) "
+          "| PyTorch ms | fedsel ms | fedsel speed vs PyTorch | per pair |")
+    print("|---|---|---|---|---|")
+    for key in pairs[0][0]:
+        if not all(key in f for _, f in pairs):
+            continue
+        ratios = [t[key] / f[key] for t, f in pairs]
+        print(f"| {key} | {statistics.median(t[key] for t, _ in pairs):.1f} "
+              f"| {statistics.median(f[key] for _, f in pairs):.1f} "
+              f"| {statistics.median(ratios):.2f}x "
+              f"| {', '.join(f'{r:.2f}' for r in ratios)} |")
+
+
+if __name__ == "__main__":
+    main()
