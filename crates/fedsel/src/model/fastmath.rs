@@ -22,14 +22,8 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// Cephes' degree-7 minimax polynomial, 2^n built in the exponent bits.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    // Comparisons rather than `max`/`min`, so that NaN passes through.
-    let x = if x < -87.0 {
-        -87.0
-    } else if x > 88.0 {
-        88.0
-    } else {
-        x
-    };
+    // `clamp` passes NaN through (`max`/`min` would not).
+    let x = x.clamp(-87.0, 88.0);
     let t = x * std::f32::consts::LOG2_E + ROUND;
     let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
@@ -38,7 +32,7 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 8.333_452e-3;
     let p = p * r + 4.166_579_6e-2;
     let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
+    let p = p * r + 0.5;
     let e = p * (r * r) + r + 1.0;
     // n is t's low mantissa bits, offset by ROUND's; adding the exponent bias and
     // shifting gives 2^n (n ∈ [−126, 127] after the clamp).
@@ -59,10 +53,10 @@ pub fn tanh(x: f32) -> f32 {
     let a = x.abs();
     let z = a * a;
     let p = -5.704_988_7e-3;
-    let p = p * z + 2.063_908_9e-2;
+    let p = p * z + 2.063_909e-2;
     let p = p * z - 5.373_971_6e-2;
     let p = p * z + 1.333_144_2e-1;
-    let p = p * z - 3.333_328_2e-1;
+    let p = p * z - 3.333_328e-1;
     let small = p * z * a + a;
     let large = 1.0 - 2.0 / (exp(2.0 * a) + 1.0);
     let y = if a < 0.625 { small } else { large };

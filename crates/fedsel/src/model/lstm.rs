@@ -121,7 +121,10 @@ impl Architecture for CharLstm {
 
 impl FusedLogits for CharLstm {
     fn logits(&self, params: &[f32], x: &[f32], batch: usize) -> Vec<f32> {
-        assert!(batch > 0 && x.len() % batch == 0, "whole sequences");
+        assert!(
+            batch > 0 && x.len().is_multiple_of(batch),
+            "whole sequences"
+        );
         let tokens: Vec<usize> = x
             .iter()
             .map(|&t| {

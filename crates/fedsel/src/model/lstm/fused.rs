@@ -727,7 +727,10 @@ const EVAL_ROWS: usize = 24;
 pub(super) fn logits(net: &CharLstm, params: &[f32], tokens: &[usize], seq: usize) -> Vec<f32> {
     let layout = ParamLayout::of(net);
     assert_eq!(params.len(), layout.total, "parameter count");
-    assert!(seq > 0 && tokens.len() % seq == 0, "whole sequences");
+    assert!(
+        seq > 0 && tokens.len().is_multiple_of(seq),
+        "whole sequences"
+    );
     let batch = tokens.len() / seq;
     let (v, e, h) = (net.vocab, net.embed, net.hidden);
     let p = |i: usize| &params[layout.range(i)];
