@@ -448,13 +448,23 @@ pub fn evaluate_batches(
     for (x, y) in batches {
         let b = y.dims()[0];
         examples += b;
-        let (l, c) = match (&fused, x) {
-            (Some((f, flat)), model::Batch::Dense(x)) => {
-                let x = x
-                    .clone()
-                    .into_data()
-                    .try_into_vec::<f32>()
-                    .expect("dense inputs are f32");
+        let (l, c) = match &fused {
+            Some((f, flat)) => {
+                let x = match x {
+                    model::Batch::Dense(x) => x
+                        .clone()
+                        .into_data()
+                        .try_into_vec::<f32>()
+                        .expect("dense inputs are f32"),
+                    model::Batch::Tokens(x) => x
+                        .clone()
+                        .into_data()
+                        .try_into_vec_as::<i64>()
+                        .expect("token ids are integers")
+                        .into_iter()
+                        .map(|t| t as f32)
+                        .collect(),
+                };
                 let labels = y
                     .clone()
                     .into_data()
@@ -462,7 +472,7 @@ pub fn evaluate_batches(
                     .expect("labels are integers");
                 model::loss_and_correct_of(&f.logits(flat, &x, b), &labels)
             }
-            _ => model::loss_and_correct(arch.forward(params, x.clone(), None), y.clone()),
+            None => model::loss_and_correct(arch.forward(params, x.clone(), None), y.clone()),
         };
         loss += l;
         correct += c;

@@ -12,12 +12,13 @@
 //! against, and serves evaluation.
 
 mod fused;
+mod kernel;
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::{sigmoid, tanh};
 use burn::tensor::module::embedding;
 
-use super::{Architecture, Batch, Dropout, Init, LossGradient, ParamSpec};
+use super::{Architecture, Batch, Dropout, FusedLogits, Init, LossGradient, ParamSpec};
 use crate::data::{Dataset, Inputs};
 
 /// Character-level two-layer LSTM.
@@ -110,6 +111,29 @@ impl Architecture for CharLstm {
     fn loss_gradient(&self) -> Option<&dyn LossGradient> {
         Some(self)
     }
+
+    /// The fused forward pass computes [`Architecture::forward`]'s logits (there is
+    /// no dropout) with the training pass's own arithmetic.
+    fn fused_logits(&self) -> Option<&dyn FusedLogits> {
+        Some(self)
+    }
+}
+
+impl FusedLogits for CharLstm {
+    fn logits(&self, params: &[f32], x: &[f32], batch: usize) -> Vec<f32> {
+        assert!(
+            batch > 0 && x.len().is_multiple_of(batch),
+            "whole sequences"
+        );
+        let tokens: Vec<usize> = x
+            .iter()
+            .map(|&t| {
+                assert!(t >= 0.0 && t.fract() == 0.0, "token id {t} is not an index");
+                t as usize
+            })
+            .collect();
+        fused::logits(self, params, &tokens, x.len() / batch)
+    }
 }
 
 impl LossGradient for CharLstm {
@@ -132,7 +156,8 @@ mod tests {
 
     use super::*;
     use crate::bench::random_dataset;
-    use crate::model::{ParamLayout, batch, cross_entropy};
+    use crate::model::{AutodiffOnly, ParamLayout, batch, cross_entropy};
+    use crate::train::evaluate;
 
     /// Loss and flat gradient by burn's autodiff through [`CharLstm::forward`].
     fn autodiff(net: &CharLstm, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>) {
@@ -227,6 +252,99 @@ mod tests {
             assert_eq!(l.to_bits(), loss.to_bits(), "{threads} threads");
             assert!(
                 g.iter().zip(&grad).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{threads} threads"
+            );
+        }
+    }
+
+    /// The token ids of examples `idx` as the `f32` rows [`FusedLogits::logits`] reads.
+    fn token_rows(data: &Dataset, idx: &[usize]) -> Vec<f32> {
+        let Inputs::Tokens { len, values } = &data.inputs else {
+            unreachable!("a token dataset")
+        };
+        idx.iter()
+            .flat_map(|&i| values[i * len..(i + 1) * len].iter().map(|&t| f32::from(t)))
+            .collect()
+    }
+
+    /// The fused logits match burn's forward pass (30 rows: a whole and a partial
+    /// evaluation chunk; hidden 5: a partial unit block), and evaluation through them
+    /// matches evaluation through burn.
+    #[test]
+    fn the_fused_logits_match_the_burn_forward_pass() {
+        let device = Device::flex();
+        let nets = [
+            (
+                CharLstm {
+                    vocab: 7,
+                    embed: 3,
+                    hidden: 5,
+                },
+                6,
+            ),
+            (
+                CharLstm {
+                    vocab: 80,
+                    embed: 8,
+                    hidden: 256,
+                },
+                5,
+            ),
+        ];
+        for (net, seq) in nets {
+            let data = random_dataset(&[], Some(seq), 30, net.vocab);
+            let layout = ParamLayout::of(&net);
+            let params = layout.init(5);
+            let idx: Vec<usize> = (0..30).collect();
+            let p = layout.to_tensors(&params, &device);
+            let (x, _) = batch(&data, &idx, &device);
+            let want = net
+                .forward(&p, x, None)
+                .into_data()
+                .try_into_vec::<f32>()
+                .unwrap();
+            let got = net.logits(&params, &token_rows(&data, &idx), idx.len());
+            let err = relative_error(&got, &want);
+            assert!(err < 1e-5, "hidden {}: relative error {err:e}", net.hidden);
+            let fused = evaluate(&net, &p, &data, &idx, 7, &device);
+            let reference = evaluate(&AutodiffOnly(&net), &p, &data, &idx, 7, &device);
+            assert_eq!(fused.accuracy, reference.accuracy, "hidden {}", net.hidden);
+            assert!(
+                (fused.loss - reference.loss).abs() <= 1e-5 * reference.loss,
+                "hidden {}: {} vs {}",
+                net.hidden,
+                fused.loss,
+                reference.loss
+            );
+        }
+    }
+
+    /// 50 rows make three evaluation chunks, run on several threads.
+    #[test]
+    fn the_fused_logits_do_not_depend_on_the_thread_count() {
+        let net = CharLstm {
+            vocab: 80,
+            embed: 8,
+            hidden: 256,
+        };
+        let data = random_dataset(&[], Some(7), 50, 80);
+        let params = ParamLayout::of(&net).init(8);
+        let idx: Vec<usize> = (0..50).collect();
+        let x = token_rows(&data, &idx);
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| net.logits(&params, &x, idx.len()))
+        };
+        let want = run(1);
+        for threads in [2, 3, 4] {
+            let got = run(threads);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{threads} threads"
             );
         }

@@ -22,6 +22,7 @@ pub mod cnn_cifar;
 pub mod cnn_fmnist;
 mod cnn_fused;
 pub mod cnn_hics_code;
+mod fastmath;
 pub mod logreg;
 pub mod lstm;
 pub mod mlp;
@@ -204,8 +205,9 @@ pub trait Architecture: Send + Sync {
 
 /// Logits without burn, for evaluation.
 pub trait FusedLogits: Sync {
-    /// Logits `[batch, classes]`, row-major, of the `batch` dense examples `x` (one
-    /// after another) at the flat parameters `params`.
+    /// Logits `[batch, classes]`, row-major, of the `batch` examples `x` (one after
+    /// another) at the flat parameters `params`; a token model's examples are its
+    /// token ids as `f32` (exact below 2^24).
     fn logits(&self, params: &[f32], x: &[f32], batch: usize) -> Vec<f32>;
 }
 

@@ -40,7 +40,9 @@ use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
 
 use super::CharLstm;
+use super::kernel::{self, Panels, W};
 use crate::model::ParamLayout;
+use crate::model::fastmath::{sigmoid, tanh};
 
 /// A strided read-only matrix: element (r, c) is `data[r·rs + c·cs]`.
 #[derive(Clone, Copy)]
@@ -168,10 +170,6 @@ fn matmul(out: &mut [f32], a: View<'_>, b: View<'_>, accumulate: bool) {
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// What the forward pass of one layer keeps for the backward pass, all time-major.
 struct Trace {
     /// Activated gates `[i, f, g, o]`, `T·B × 4H`.
@@ -199,65 +197,270 @@ struct Dims {
     h: usize,
 }
 
+/// One layer's weights packed for the step products: panel `4u + g` holds gate `g`'s
+/// columns for units `u·W .. u·W + W` of `[W_ih; W_hh]` (inner dimension
+/// `inputs + H`), so one task computes all four gates of its units.
+struct Packed<'a> {
+    panels: Panels,
+    inputs: usize,
+    h: usize,
+    bias: &'a [f32],
+}
+
+impl<'a> Packed<'a> {
+    fn new(w: &Weights<'a>, inputs: usize, h: usize) -> Self {
+        let h4 = 4 * h;
+        let panels = Panels::pack(4 * h.div_ceil(W), inputs + h, |p, k, j| {
+            let unit = p / 4 * W + j;
+            let col = p % 4 * h + unit;
+            (unit < h).then(|| {
+                if k < inputs {
+                    w.w_ih[k * h4 + col]
+                } else {
+                    w.w_hh[(k - inputs) * h4 + col]
+                }
+            })
+        });
+        Self {
+            panels,
+            inputs,
+            h,
+            bias: w.bias,
+        }
+    }
+}
+
+/// `W_hhᵀ` in panels of [`W`] units (inner dimension 4H), for `δh_{t−1} = δa_t W_hhᵀ`.
+fn pack_transposed(w_hh: &[f32], h: usize) -> Panels {
+    Panels::pack(h.div_ceil(W), 4 * h, |u, n, j| {
+        let unit = u * W + j;
+        (unit < h).then(|| w_hh[unit * 4 * h + n])
+    })
+}
+
+/// Per-task working memory for one block of [`W`] units over `rows` rows; gates are
+/// gate-major (`a[(g·rows + r)·W + j]`) so that each gate's tile is one kernel output.
+struct Block {
+    rows: usize,
+    a: Vec<f32>,
+    c_prev: Vec<f32>,
+    c: Vec<f32>,
+    tc: Vec<f32>,
+    h: Vec<f32>,
+}
+
+impl Block {
+    fn new(rows: usize) -> Self {
+        Self {
+            rows,
+            a: vec![0.0; 4 * rows * W],
+            c_prev: vec![0.0; rows * W],
+            c: vec![0.0; rows * W],
+            tc: vec![0.0; rows * W],
+            h: vec![0.0; rows * W],
+        }
+    }
+
+    /// One time step for units `u·W ..` (module doc): `a = b + x_t W_ih + h_{t−1} W_hh`
+    /// through the kernel, then the cell. `x` is `rows × inputs`; `prev` holds
+    /// `h_{t−1}` and `c_{t−1}` (`rows × H` each), `None` at t = 0. Leaves the activated
+    /// gates in `a` and `c_t`, `tanh c_t`, `h_t` in `c`, `tc`, `h` (zero-padded past H).
+    fn forward(&mut self, p: &Packed<'_>, u: usize, x: &[f32], prev: Option<(&[f32], &[f32])>) {
+        let (rows, h, inputs) = (self.rows, p.h, p.inputs);
+        let width = W.min(h - u * W);
+        for (g, tile) in self.a.chunks_exact_mut(rows * W).enumerate() {
+            let bias = &p.bias[g * h + u * W..][..width];
+            for row in tile.chunks_exact_mut(W) {
+                row[..width].copy_from_slice(bias);
+                row[width..].fill(0.0);
+            }
+            let panel = 4 * u + g;
+            kernel::accumulate(tile, x, inputs, rows, p.panels.panel(panel, 0, inputs));
+            if let Some((h_prev, _)) = prev {
+                let hp = p.panels.panel(panel, inputs, inputs + h);
+                kernel::accumulate(tile, h_prev, h, rows, hp);
+            }
+        }
+        match prev {
+            Some((_, c_prev)) => gather(&mut self.c_prev, c_prev, h, u * W, width),
+            None => self.c_prev.fill(0.0),
+        }
+        cell_forward(
+            &mut self.a,
+            &self.c_prev,
+            &mut self.c,
+            &mut self.tc,
+            &mut self.h,
+        );
+    }
+}
+
+/// Copies columns `col..col + width` of the `H`-wide rows of `src` into the
+/// `W`-wide rows of `dst`, zero past `width`.
+fn gather(dst: &mut [f32], src: &[f32], stride: usize, col: usize, width: usize) {
+    for (d, s) in dst.chunks_exact_mut(W).zip(src.chunks(stride)) {
+        d[..width].copy_from_slice(&s[col..col + width]);
+        d[width..].fill(0.0);
+    }
+}
+
+/// Writes the `W`-wide rows of `src` (first `width` columns) to columns
+/// `col..col + width` of the rows of stride `stride` starting at `dst`.
+///
+/// # Safety
+/// `dst` points to `src.len() / W` rows of `stride` writable entries, and no other
+/// thread touches these columns meanwhile.
+unsafe fn scatter(dst: SharedMut, stride: usize, col: usize, width: usize, src: &[f32]) {
+    for (r, s) in src.chunks_exact(W).enumerate() {
+        // SAFETY: row r's columns col..col + width lie inside the caller's range.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr(), dst.get().add(r * stride + col), width);
+        }
+    }
+}
+
+/// The forward cell on one block (module doc): `a` (gate-major pre-activations)
+/// becomes the activated gates; `c`, `tc`, `h` get `c_t`, `tanh c_t` and `h_t`.
+/// Dispatched to an AVX2 build of the same code where the CPU has it; the bits are
+/// the same either way (plain IEEE operations, no fused multiply-add).
+fn cell_forward(a: &mut [f32], c_prev: &[f32], c: &mut [f32], tc: &mut [f32], h: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel::avx2() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        unsafe { cell_forward_avx2(a, c_prev, c, tc, h) };
+        return;
+    }
+    cell_forward_body(a, c_prev, c, tc, h);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn cell_forward_avx2(a: &mut [f32], c_prev: &[f32], c: &mut [f32], tc: &mut [f32], h: &mut [f32]) {
+    cell_forward_body(a, c_prev, c, tc, h);
+}
+
+#[inline(always)]
+fn cell_forward_body(a: &mut [f32], c_prev: &[f32], c: &mut [f32], tc: &mut [f32], h: &mut [f32]) {
+    let n = c.len();
+    let (ai, rest) = a.split_at_mut(n);
+    let (af, rest) = rest.split_at_mut(n);
+    let (ag, ao) = rest.split_at_mut(n);
+    let (ao, c_prev, tc, h) = (&mut ao[..n], &c_prev[..n], &mut tc[..n], &mut h[..n]);
+    for j in 0..n {
+        let i = sigmoid(ai[j]);
+        let f = sigmoid(af[j]);
+        let g = tanh(ag[j]);
+        let o = sigmoid(ao[j]);
+        let cj = f * c_prev[j] + i * g;
+        let t = tanh(cj);
+        (ai[j], af[j], ag[j], ao[j]) = (i, f, g, o);
+        (c[j], tc[j], h[j]) = (cj, t, o * t);
+    }
+}
+
+/// The backward cell on one block (module doc): from the activated gates `gates`
+/// (gate-major), `tanh c_t`, `c_{t−1}`, `δh_t` and the carried `δc`, the
+/// pre-activation gradients `da` (gate-major) and `δc_{t−1}` (in `dc`).
+fn cell_backward(
+    gates: &[f32],
+    tc: &[f32],
+    c_prev: &[f32],
+    dh: &[f32],
+    dc: &mut [f32],
+    da: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel::avx2() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        unsafe { cell_backward_avx2(gates, tc, c_prev, dh, dc, da) };
+        return;
+    }
+    cell_backward_body(gates, tc, c_prev, dh, dc, da);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn cell_backward_avx2(
+    gates: &[f32],
+    tc: &[f32],
+    c_prev: &[f32],
+    dh: &[f32],
+    dc: &mut [f32],
+    da: &mut [f32],
+) {
+    cell_backward_body(gates, tc, c_prev, dh, dc, da);
+}
+
+#[inline(always)]
+fn cell_backward_body(
+    gates: &[f32],
+    tc: &[f32],
+    c_prev: &[f32],
+    dh: &[f32],
+    dc: &mut [f32],
+    da: &mut [f32],
+) {
+    let n = dc.len();
+    let (gi, gf, gg, go) = (
+        &gates[..n],
+        &gates[n..2 * n],
+        &gates[2 * n..3 * n],
+        &gates[3 * n..4 * n],
+    );
+    let (di, rest) = da.split_at_mut(n);
+    let (df, rest) = rest.split_at_mut(n);
+    let (dg, dout) = rest.split_at_mut(n);
+    let (dout, tc, c_prev, dh) = (&mut dout[..n], &tc[..n], &c_prev[..n], &dh[..n]);
+    for j in 0..n {
+        let (i, f, g, o) = (gi[j], gf[j], gg[j], go[j]);
+        let dct = dc[j] + dh[j] * o * (1.0 - tc[j] * tc[j]);
+        di[j] = dct * g * i * (1.0 - i);
+        df[j] = dct * c_prev[j] * f * (1.0 - f);
+        dg[j] = dct * i * (1.0 - g * g);
+        dout[j] = dh[j] * tc[j] * o * (1.0 - o);
+        dc[j] = dct * f;
+    }
+}
+
+/// The forward pass of one layer over the whole sequence, keeping the [`Trace`].
+/// Steps run in order; within a step one rayon task per block of [`W`] units computes
+/// that block's four gate tiles and its cell, so each step costs one dispatch.
 fn forward_layer(x: &[f32], inputs: usize, w: &Weights<'_>, d: Dims) -> Trace {
     let Dims { t, b, h } = d;
     let h4 = 4 * h;
     let step = b * h;
+    let packed = Packed::new(w, inputs, h);
     let mut gates = vec![0.0; t * b * h4];
-    for row in gates.chunks_exact_mut(h4) {
-        row.copy_from_slice(w.bias);
-    }
-    // The input projection of all steps at once; only the recurrence is sequential.
-    matmul(
-        &mut gates,
-        View::new(x, t * b, inputs),
-        View::new(w.w_ih, inputs, h4),
-        true,
-    );
     let mut c = vec![0.0; t * step];
     let mut tc = vec![0.0; t * step];
     let mut hs = vec![0.0; t * step];
     for s in 0..t {
-        let g_s = &mut gates[s * b * h4..(s + 1) * b * h4];
-        if s > 0 {
-            matmul(
-                g_s,
-                View::new(&hs[(s - 1) * step..s * step], b, h),
-                View::new(w.w_hh, h, h4),
-                true,
-            );
-        }
-        let (c_done, c_rest) = c.split_at_mut(s * step);
-        let c_prev = if s > 0 {
-            &c_done[(s - 1) * step..]
-        } else {
-            &[][..]
-        };
-        g_s.par_chunks_mut(h4)
-            .zip(c_rest[..step].par_chunks_mut(h))
-            .zip(tc[s * step..(s + 1) * step].par_chunks_mut(h))
-            .zip(hs[s * step..(s + 1) * step].par_chunks_mut(h))
-            .enumerate()
-            .for_each(|(r, (((g, c), tc), hh))| {
-                for j in 0..h {
-                    let i = sigmoid(g[j]);
-                    let f = sigmoid(g[h + j]);
-                    let gg = g[2 * h + j].tanh();
-                    let o = sigmoid(g[3 * h + j]);
-                    g[j] = i;
-                    g[h + j] = f;
-                    g[2 * h + j] = gg;
-                    g[3 * h + j] = o;
-                    let cp = if c_prev.is_empty() {
-                        0.0
-                    } else {
-                        c_prev[r * h + j]
-                    };
-                    c[j] = f * cp + i * gg;
-                    tc[j] = c[j].tanh();
-                    hh[j] = o * tc[j];
+        let x_s = &x[s * b * inputs..(s + 1) * b * inputs];
+        let (c_done, c_now) = c.split_at_mut(s * step);
+        let (h_done, h_now) = hs.split_at_mut(s * step);
+        let prev = (s > 0).then(|| (&h_done[(s - 1) * step..], &c_done[(s - 1) * step..]));
+        let out = [
+            SharedMut(gates[s * b * h4..].as_mut_ptr()),
+            SharedMut(c_now.as_mut_ptr()),
+            SharedMut(tc[s * step..].as_mut_ptr()),
+            SharedMut(h_now.as_mut_ptr()),
+        ];
+        (0..h.div_ceil(W)).into_par_iter().for_each(|u| {
+            let mut blk = Block::new(b);
+            blk.forward(&packed, u, x_s, prev);
+            let width = W.min(h - u * W);
+            // SAFETY: the four pointers start step s's rows of `gates`, `c`, `tc` and
+            // `hs`, which hold b rows of 4H or H entries; this task alone writes units
+            // u·W .. u·W + width of them.
+            unsafe {
+                for (g, tile) in blk.a.chunks_exact(b * W).enumerate() {
+                    scatter(out[0], h4, g * h + u * W, width, tile);
                 }
-            });
+                scatter(out[1], h, u * W, width, &blk.c);
+                scatter(out[2], h, u * W, width, &blk.tc);
+                scatter(out[3], h, u * W, width, &blk.h);
+            }
+        });
     }
     Trace {
         gates,
@@ -277,6 +480,11 @@ struct Grads<'a> {
 /// Backward through time of one layer. `dh_out` is the loss gradient reaching the
 /// layer's outputs at steps `from..T` (time-major); returns `δX`, the gradient of
 /// the layer's inputs.
+///
+/// Steps run in reverse; within a step one rayon task per block of [`W`] units
+/// computes that block's `δh_t = δh_out + δa_{t+1} W_hhᵀ` (its columns need all of
+/// `δa_{t+1}`, finished by the previous step) and then its cell backward, so each
+/// step costs one dispatch.
 #[allow(clippy::too_many_arguments)]
 fn backward_layer(
     x: &[f32],
@@ -292,51 +500,46 @@ fn backward_layer(
     let h4 = 4 * h;
     let step = b * h;
     assert_eq!(dh_out.len(), (t - from) * step, "output gradient size");
+    let w_hh_t = pack_transposed(w.w_hh, h);
     let mut da = vec![0.0; t * b * h4];
-    // δh_t from step t + 1 (δa_{t+1} W_hhᵀ) and δc_t from step t + 1 (δc_{t+1} ⊙ f_{t+1}).
-    let mut dh_next = vec![0.0; step];
-    let mut dc = vec![0.0; step];
+    // δc_t carried from step t + 1 (δc_{t+1} ⊙ f_{t+1}), one `b × W` block per task.
+    let mut dc = vec![0.0; h.div_ceil(W) * b * W];
     for s in (0..t).rev() {
+        let (da_done, da_later) = da.split_at_mut((s + 1) * b * h4);
+        let da_s = SharedMut(da_done[s * b * h4..].as_mut_ptr());
+        let da_next = (s + 1 < t).then(|| &da_later[..b * h4]);
+        let out = (s >= from).then(|| &dh_out[(s - from) * step..(s - from + 1) * step]);
         let gates = &tr.gates[s * b * h4..(s + 1) * b * h4];
         let tc = &tr.tc[s * step..(s + 1) * step];
-        let c_prev = if s > 0 {
-            &tr.c[(s - 1) * step..s * step]
-        } else {
-            &[][..]
-        };
-        let out = (s >= from).then(|| &dh_out[(s - from) * step..(s - from + 1) * step]);
-        let da_s = &mut da[s * b * h4..(s + 1) * b * h4];
-        da_s.par_chunks_mut(h4)
-            .zip(dc.par_chunks_mut(h))
-            .zip(dh_next.par_chunks(h))
-            .enumerate()
-            .for_each(|(r, ((da, dc), dh_next))| {
-                let gr = &gates[r * h4..(r + 1) * h4];
-                for j in 0..h {
-                    let (i, f, gg, o) = (gr[j], gr[h + j], gr[2 * h + j], gr[3 * h + j]);
-                    let tcj = tc[r * h + j];
-                    let dh = dh_next[j] + out.map_or(0.0, |o| o[r * h + j]);
-                    let dct = dc[j] + dh * o * (1.0 - tcj * tcj);
-                    let cp = if c_prev.is_empty() {
-                        0.0
-                    } else {
-                        c_prev[r * h + j]
-                    };
-                    da[j] = dct * gg * i * (1.0 - i);
-                    da[h + j] = dct * cp * f * (1.0 - f);
-                    da[2 * h + j] = dct * i * (1.0 - gg * gg);
-                    da[3 * h + j] = dh * tcj * o * (1.0 - o);
-                    dc[j] = dct * f;
+        let c_prev = (s > 0).then(|| &tr.c[(s - 1) * step..s * step]);
+        dc.par_chunks_mut(b * W).enumerate().for_each(|(u, dc)| {
+            let (col, width) = (u * W, W.min(h - u * W));
+            let mut blk = Block::new(b);
+            let mut dh = vec![0.0; b * W];
+            if let Some(o) = out {
+                gather(&mut dh, o, h, col, width);
+            }
+            if let Some(next) = da_next {
+                kernel::accumulate(&mut dh, next, h4, b, w_hh_t.panel(u, 0, h4));
+            }
+            for (k, tile) in blk.a.chunks_exact_mut(b * W).enumerate() {
+                gather(tile, gates, h4, k * h + col, width);
+            }
+            gather(&mut blk.tc, tc, h, col, width);
+            match c_prev {
+                Some(cp) => gather(&mut blk.c_prev, cp, h, col, width),
+                None => blk.c_prev.fill(0.0),
+            }
+            let mut da_blk = vec![0.0; 4 * b * W];
+            cell_backward(&blk.a, &blk.tc, &blk.c_prev, &dh, dc, &mut da_blk);
+            // SAFETY: `da_s` starts step s's b rows of 4H entries of `da`; this task
+            // alone writes units col .. col + width of them.
+            unsafe {
+                for (k, tile) in da_blk.chunks_exact(b * W).enumerate() {
+                    scatter(da_s, h4, k * h + col, width, tile);
                 }
-            });
-        if s > 0 {
-            matmul(
-                &mut dh_next,
-                View::new(da_s, b, h4),
-                View::new(w.w_hh, h, h4).t(),
-                false,
-            );
-        }
+            }
+        });
     }
     // ∂W_hh = Σ_{t≥1} h_{t−1}ᵀ δa_t: h_{−1} = 0, so step 0 adds nothing (and a
     // one-step sequence leaves ∂W_hh zero).
@@ -510,4 +713,94 @@ pub(super) fn loss_and_gradient(
         }
     }
     ((loss / batch as f64) as f32, grad)
+}
+
+/// Rows per evaluation task: fixed, so the split depends on the batch size alone, and
+/// a multiple of the kernel's 6-row tile.
+const EVAL_ROWS: usize = 24;
+
+/// Logits `[batch, vocab]` of the sequences `tokens` (`seq` ids each, one after
+/// another) by the training forward pass's own per-row arithmetic ([`Block::forward`]
+/// and the same output product), keeping no trace. Rows are independent, so the batch
+/// is cut into chunks of [`EVAL_ROWS`], one rayon task each running both layers step
+/// by step: the bits depend neither on the thread count nor on the chunking.
+pub(super) fn logits(net: &CharLstm, params: &[f32], tokens: &[usize], seq: usize) -> Vec<f32> {
+    let layout = ParamLayout::of(net);
+    assert_eq!(params.len(), layout.total, "parameter count");
+    assert!(
+        seq > 0 && tokens.len().is_multiple_of(seq),
+        "whole sequences"
+    );
+    let batch = tokens.len() / seq;
+    let (v, e, h) = (net.vocab, net.embed, net.hidden);
+    let p = |i: usize| &params[layout.range(i)];
+    let weights = |i: usize| Weights {
+        w_ih: p(i),
+        w_hh: p(i + 1),
+        bias: p(i + 2),
+    };
+    let (l1, l2) = (
+        Packed::new(&weights(1), e, h),
+        Packed::new(&weights(4), h, h),
+    );
+    let mut last = vec![0.0; batch * h];
+    last.par_chunks_mut(EVAL_ROWS * h)
+        .zip(tokens.par_chunks(EVAL_ROWS * seq))
+        .for_each(|(last, toks)| {
+            let rows = toks.len() / seq;
+            let mut blk = Block::new(rows);
+            let mut x = vec![0.0; rows * e];
+            let [mut h1, mut c1, mut h2, mut c2, mut h_new] =
+                std::array::from_fn(|_| vec![0.0; rows * h]);
+            for s in 0..seq {
+                for (r, xr) in x.chunks_exact_mut(e).enumerate() {
+                    let tok = toks[r * seq + s];
+                    assert!(tok < v, "token id {tok} outside the vocabulary of {v}");
+                    xr.copy_from_slice(&p(0)[tok * e..(tok + 1) * e]);
+                }
+                eval_step(&l1, &mut blk, &x, s > 0, &mut h1, &mut c1, &mut h_new);
+                eval_step(&l2, &mut blk, &h1, s > 0, &mut h2, &mut c2, &mut h_new);
+            }
+            last.copy_from_slice(&h2);
+        });
+    let mut z = vec![0.0; batch * v];
+    for row in z.chunks_exact_mut(v) {
+        row.copy_from_slice(p(8));
+    }
+    matmul(
+        &mut z,
+        View::new(&last, batch, h),
+        View::new(p(7), h, v),
+        true,
+    );
+    z
+}
+
+/// One step of one layer for all its units, in place: `h` and `c` go from step t − 1
+/// (ignored where `!has_prev`) to step t; `h_new` is scratch.
+fn eval_step(
+    p: &Packed<'_>,
+    blk: &mut Block,
+    x: &[f32],
+    has_prev: bool,
+    h: &mut Vec<f32>,
+    c: &mut [f32],
+    h_new: &mut Vec<f32>,
+) {
+    let hh = p.h;
+    for u in 0..hh.div_ceil(W) {
+        // Block u reads only its own columns of c_{t−1}, so c is updated in place;
+        // every block reads all of h_{t−1}, so h_t goes to h_new.
+        blk.forward(p, u, x, has_prev.then_some((&h[..], &c[..])));
+        let (col, width) = (u * W, W.min(hh - u * W));
+        for (r, (cr, hr)) in c
+            .chunks_exact_mut(hh)
+            .zip(h_new.chunks_exact_mut(hh))
+            .enumerate()
+        {
+            cr[col..col + width].copy_from_slice(&blk.c[r * W..r * W + width]);
+            hr[col..col + width].copy_from_slice(&blk.h[r * W..r * W + width]);
+        }
+    }
+    std::mem::swap(h, h_new);
 }
