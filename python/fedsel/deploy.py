@@ -388,12 +388,19 @@ class Deployment:
 
     def wait(self, run_id: int, timeout: float) -> str:
         """Waits up to `timeout` s for the run to end; returns its status as the SuperLink
-        gives it (`finished:completed` for a run that ended well)."""
+        gives it (`finished:completed` for a run that ended well). The log stream may end
+        before the run does (seen on a loaded machine), so the status is asked for until it
+        says finished."""
+        deadline = time.time() + timeout
         try:
             self._runs[run_id][0].wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"run {run_id} still running after {timeout}s:\n{self.run_log(run_id)[-3000:]}") from None
-        return self.status(run_id)
+        while not (status := self.status(run_id)).startswith("finished"):
+            if time.time() > deadline:
+                raise TimeoutError(f"run {run_id} still {status} after {timeout}s:\n{self.run_log(run_id)[-3000:]}")
+            time.sleep(5)
+        return status
 
     def status(self, run_id: int) -> str:
         p = self._cli("ls", "--run-id", str(run_id), self.CONNECTION, "--format", "json")
