@@ -6,9 +6,15 @@ selector learns comes through real Flower messages, so a simulation and a deploy
 the same thing:
 
 * the federation is the nodes connected at the first round, once ``min_available_nodes``
-  are (set it to the federation's size in a deployment); each node's size is the
-  ``num-examples`` of its reply to one evaluate message sent to every node then;
-* availability in a round is the set of nodes connected then (``grid.get_node_ids()``);
+  are (set it to the federation's size in a deployment), that answer one evaluate message
+  sent to every node then: each node's size is the ``num-examples`` of its reply;
+* availability in a round is the set of the federation's nodes connected then
+  (``grid.get_node_ids()``); a node that dies without leaving stays connected for Flower
+  until it misses its heartbeats (up to a minute with flwr 1.41), and a message sent to it
+  meanwhile is answered with an error once the SuperLink gives up on it;
+* a round goes on with the replies it got: a train reply that is missing or an error is
+  booked under ``failed_replies`` and left out of the aggregate, and the round's record in
+  :attr:`FedselStrategy.history` names the nodes that failed;
 * held-out losses (Pow-d, FedCor, AFL) are evaluate messages to the nodes the selector
   names, answered with an ``eval_loss`` metric;
 * probe trainings (FedCor) and local updates (FedGS_cos) are train messages whose models
@@ -27,6 +33,7 @@ Every message sent is booked in :attr:`FedselStrategy.ledger`.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable
 from logging import INFO
@@ -100,7 +107,8 @@ class FedselStrategy(FedAvg):
         self.sizes: list[int] = []
         #: Messages sent and replies received, by kind, over the whole run.
         self.ledger: Counter[str] = Counter()
-        #: Per round: the selection, the available nodes and that round's ledger.
+        #: Per round: when it was configured, the available nodes, the selection, the
+        #: selected nodes whose train reply failed and that round's ledger.
         self.history: list[dict[str, Any]] = []
         self._global: dict[str, np.ndarray] = {}
         self._entries: list[int] = []
@@ -174,15 +182,26 @@ class FedselStrategy(FedAvg):
     # -- Flower's strategy interface -------------------------------------------------
 
     def _connected(self, grid: Grid) -> set[int]:
-        """The nodes connected now, after waiting (as FedAvg does) for ``min_available_nodes``."""
-        return set(sample_nodes(grid, self.min_available_nodes, 0)[1])
+        """The federation's nodes connected now. The first round waits, as FedAvg does, for
+        ``min_available_nodes``; later rounds go on with whoever is connected, waiting only
+        while none is, since in a deployment nodes leave and may never come back."""
+        if self.selector is None:
+            return set(sample_nodes(grid, self.min_available_nodes, 0)[1])
+        while not (connected := set(grid.get_node_ids()) & set(self.index)):
+            log(INFO, "Waiting for a node of the federation to connect")
+            time.sleep(1)
+        return connected
 
     def _start(self, arrays: dict[str, np.ndarray], grid: Grid) -> None:
-        """Meets the federation: every connected node reports its size."""
-        self.nodes = sorted(self._connected(grid))
+        """Meets the federation: the connected nodes that report their size (a node that
+        dies before it answers is not part of it)."""
+        connected = sorted(self._connected(grid))
+        got = self._exchange("size", arrays, connected, grid, {"fedsel": "size"})
+        self.nodes = [n for n in connected if n in got]
+        if not self.nodes:
+            raise FedselError(f"none of the {len(connected)} connected nodes answered the size request")
         self.index = {n: i for i, n in enumerate(self.nodes)}
-        replies = self._ask("size", arrays, list(range(len(self.nodes))), grid, {"fedsel": "size"})
-        self.sizes = [int(_metrics(m)["num-examples"]) for m in replies]
+        self.sizes = [int(_metrics(got[n])["num-examples"]) for n in self.nodes]
         options = dict(self.options)
         if self.strategy == "hics":
             options.setdefault("entropy_report", False)
@@ -217,7 +236,7 @@ class FedselStrategy(FedAvg):
         for book in (self.ledger, self._round_ledger):
             book["train_messages"] += len(nodes)
             book["model_broadcasts"] += len(nodes)
-        self.history.append({"round": server_round, "available": [self.nodes[k] for k in available], "selected": [self.nodes[k] for k in self._entries]})
+        self.history.append({"round": server_round, "time": time.time(), "available": [self.nodes[k] for k in available], "selected": [self.nodes[k] for k in self._entries]})
         return self._construct_messages(record, nodes, MessageType.TRAIN)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -235,6 +254,7 @@ class FedselStrategy(FedAvg):
             book["train_replies"] += len(by_node)
             book["failed_replies"] += len({self.nodes[k] for k in self._entries}) - len(by_node)
         self.history[-1]["ledger"] = dict(self._round_ledger)
+        self.history[-1]["failed"] = sorted({self.nodes[k] for k in self._entries} - set(by_node))
         kept = [i for i, k in enumerate(self._entries) if self.nodes[k] in by_node]
         if not kept:
             return None, None

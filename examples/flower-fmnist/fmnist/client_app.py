@@ -20,13 +20,11 @@ REQUESTS = ["", "probe_train", "update_train"]
 
 def _local(context: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     c = context.run_config
+    clients = int(c["clients"])
+    if int(context.node_config["num-partitions"]) != clients:
+        raise ValueError(f"{context.node_config['num-partitions']} nodes for {clients} partitions: set num-supernodes to `clients`")
     root = str(task.data_dir(str(c["data-dir"])))
-    part = task.partitions(root, int(c["clients"]), int(c["shards-per-client"]), int(c["seed"]))
-    k = int(context.node_config["partition-id"])
-    if int(context.node_config["num-partitions"]) != len(part):
-        raise ValueError(f"{context.node_config['num-partitions']} nodes for {len(part)} partitions: set num-supernodes to `clients`")
-    x, y = task.split(root, "train")
-    return x[part[k]["train"]], y[part[k]["train"]], x[part[k]["holdout"]], y[part[k]["holdout"]]
+    return task.node_data(root, clients, int(c["shards-per-client"]), int(c["seed"]), int(context.node_config["partition-id"]))
 
 
 def _arrays(msg: Message) -> dict[str, np.ndarray]:

@@ -2,10 +2,12 @@
 
 The run config's `strategy` names the fedsel strategy. At the end the app prints the
 accuracy per round, the nodes chosen and the ledger of messages the strategy sent, and
-writes them as JSON to the run config's `results` path when one is given.
+writes them as JSON to the run config's `results` path when one is given; that file is also
+written after every round, with `done` the last round finished.
 """
 
 import json
+import os
 import time
 
 from flwr.app import ArrayRecord, Context, MetricRecord
@@ -26,9 +28,21 @@ def main(grid: Grid, context: Context) -> None:
     if int(c["test-examples"]) > 0:
         tx, ty = tx[: int(c["test-examples"])], ty[: int(c["test-examples"])]
 
+    accs: dict[int, float] = {}
+
+    def write(out: dict) -> None:
+        """Replaces the results file at once, so a reader never sees half of it."""
+        if str(c["results"]):
+            tmp = f"{c['results']}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(tmp, str(c["results"]))
+
     def test(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        loss, acc = task.loss_acc({k: v.numpy() for k, v in arrays.items()}, tx, ty)
-        return MetricRecord({"test_loss": loss, "test_acc": acc})
+        loss, accs[server_round] = task.loss_acc({k: v.numpy() for k, v in arrays.items()}, tx, ty)
+        # The results so far, after every round: a run that dies keeps its finished rounds.
+        write({"strategy": strategy.strategy, "rounds": rounds, "done": server_round, "test_acc": accs, "ledger": dict(strategy.ledger), "history": strategy.history})
+        return MetricRecord({"test_loss": loss, "test_acc": accs[server_round]})
 
     strategy = FedselStrategy(
         str(c["strategy"]),
@@ -50,12 +64,11 @@ def main(grid: Grid, context: Context) -> None:
     out = {
         "strategy": strategy.strategy,
         "rounds": rounds,
+        "done": rounds,
         "wall_s": wall,
         "test_acc": acc,
         "ledger": dict(strategy.ledger),
         "history": strategy.history,
     }
     print(f"fedsel {strategy.strategy}: {rounds} rounds in {wall:.1f}s, final test acc {acc.get(rounds)}, ledger {dict(strategy.ledger)}")
-    if str(c["results"]):
-        with open(str(c["results"]), "w") as f:
-            json.dump(out, f, indent=1)
+    write(out)

@@ -10,7 +10,9 @@ files; nothing is downloaded.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -49,12 +51,22 @@ def _file(root: Path, stem: str) -> Path:
     raise FileNotFoundError(f"{stem}(.gz) not found under {root / 'fashion-mnist'}")
 
 
+def normalise(x: np.ndarray) -> np.ndarray:
+    """Pixels as fedsel normalises them."""
+    return (x.astype(np.float32) / 255.0 - MEAN) / STD
+
+
 @lru_cache(maxsize=2)
-def split(root: str, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Images normalised as fedsel normalises them, and labels, of `train` or `t10k`."""
+def _raw(root: str, name: str) -> tuple[np.ndarray, np.ndarray]:
     x = _idx(_file(Path(root), f"{name}-images-idx3-ubyte")).reshape(-1, PIXELS)
     y = _idx(_file(Path(root), f"{name}-labels-idx1-ubyte")).astype(np.int64)
-    return ((x.astype(np.float32) / 255.0 - MEAN) / STD), y
+    return x, y
+
+
+def split(root: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Normalised images, and labels, of `train` or `t10k`."""
+    x, y = _raw(root, name)
+    return normalise(x), y
 
 
 @lru_cache(maxsize=4)
@@ -68,6 +80,29 @@ def partitions(root: str, clients: int, shards: int, seed: int) -> list[dict[str
         },
         data_dir=root,
     )
+
+
+def node_data(root: str, clients: int, shards: int, seed: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Node k's training images and labels, then its held-out ones, normalised.
+
+    In a deployment each message starts a new ClientApp process, so reading and partitioning
+    the whole training set for every message would cost most of a message's CPU time. The
+    node's own examples are therefore kept, as bytes, in the system's temporary directory
+    after the first message, under a name that covers the data files (path, size, time) and
+    the partition's parameters.
+    """
+    files = [_file(Path(root), f"train-{kind}-idx{d}-ubyte") for kind, d in (("images", 3), ("labels", 1))]
+    key = repr([str(f.resolve()) for f in files] + [(f.stat().st_size, f.stat().st_mtime_ns) for f in files] + [clients, shards, seed, k])
+    cache = Path(tempfile.gettempdir()) / "fedsel-flower-fmnist" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+    if not cache.is_file():
+        part = partitions(root, clients, shards, seed)[k]
+        x, y = _raw(root, "train")
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f"{cache.stem}.{os.getpid()}.npz")
+        np.savez(tmp, x=x[part["train"]], y=y[part["train"]], hx=x[part["holdout"]], hy=y[part["holdout"]])
+        os.replace(tmp, cache)
+    with np.load(cache) as z:
+        return normalise(z["x"]), z["y"], normalise(z["hx"]), z["hy"]
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
