@@ -258,8 +258,9 @@ class Deployment:
             # The app's dependencies are those of this environment (no package index needed).
             "--disable-runtime-dependency-installation",
             "--host", "127.0.0.1", "--port", str(self.port),
-            # On disk, so that the runs' state (statuses, messages) can be read afterwards.
-            "--database", str(self.workdir / "superlink.db"),
+            # No --database: flwr's state in memory. With its SQLite file, concurrent node
+            # requests failed with "database is locked" on a loaded machine, and a message
+            # whose download failed that way was never answered.
         ]
         if self.auth:
             args.append("--enable-supernode-auth")
