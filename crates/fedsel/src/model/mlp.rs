@@ -10,9 +10,9 @@
 //! `gemm` calls and a few elementwise passes; the burn pass is the reference they
 //! are tested against, and serves evaluation.
 
+use crate::model::matmul::{View, gemm_into};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
-use gemm::{Parallelism, gemm};
 
 use super::{Architecture, Batch, Dropout, LossGradient, ParamLayout, ParamSpec, dense};
 use crate::data::{Dataset, Inputs};
@@ -70,70 +70,13 @@ impl Architecture for Mlp {
     }
 }
 
-/// A row-major matrix given by its slice and strides: element (r, c) is
-/// `data[r·rs + c·cs]`, so a transpose is the same slice with the strides swapped.
-#[derive(Clone, Copy)]
-struct Mat<'a> {
-    data: &'a [f32],
-    rs: usize,
-    cs: usize,
-}
-
-/// `out = a·b` for an `m × k` `a` and a `k × n` `b`; `out` is row-major `m × n`.
+/// `out = a·b`, `out` row-major `a.rows × b.cols`.
 ///
 /// Single-threaded: the engine already trains the round's clients in parallel, and a
 /// product's bits then cannot depend on the thread count.
-fn matmul(out: &mut [f32], (m, k, n): (usize, usize, usize), a: Mat<'_>, b: Mat<'_>) {
-    assert_eq!(out.len(), m * n, "output size");
-    for (v, rows, cols) in [(a, m, k), (b, k, n)] {
-        assert!(
-            rows == 0 || cols == 0 || (rows - 1) * v.rs + (cols - 1) * v.cs < v.data.len(),
-            "matrix inside its slice"
-        );
-    }
-    // SAFETY: the asserts keep every read inside `a.data` and `b.data` and every
-    // write inside `out`, which is borrowed exclusively.
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.data.as_ptr(),
-            a.cs as isize,
-            a.rs as isize,
-            b.data.as_ptr(),
-            b.cs as isize,
-            b.rs as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
-    }
-}
-
-/// Row-major `rows × cols`.
-fn rows(data: &[f32], cols: usize) -> Mat<'_> {
-    Mat {
-        data,
-        rs: cols,
-        cs: 1,
-    }
-}
-
-/// The transpose of row-major `rows × cols`, as a `cols × rows` matrix.
-fn transposed(data: &[f32], cols: usize) -> Mat<'_> {
-    Mat {
-        data,
-        rs: 1,
-        cs: cols,
-    }
+fn matmul(out: &mut [f32], a: View<'_>, b: View<'_>) {
+    assert_eq!(out.len(), a.rows * b.cols, "output size");
+    gemm_into(out, b.cols, a, b, false);
 }
 
 /// `Σ_r m[r, ·]` of row-major `m`, row by row in order.
@@ -204,13 +147,13 @@ impl Mlp {
         let (m1, m2) = masks.unzip();
 
         let mut a1 = vec![0.0; b * H1];
-        matmul(&mut a1, (b, n, H1), rows(x, n), rows(p(0), H1));
+        matmul(&mut a1, View::new(x, b, n), View::new(p(0), n, H1));
         let r1 = bias_dropout_relu(&mut a1, p(1), m1);
         let mut a2 = vec![0.0; b * H2];
-        matmul(&mut a2, (b, H1, H2), rows(&r1, H1), rows(p(2), H2));
+        matmul(&mut a2, View::new(&r1, b, H1), View::new(p(2), H1, H2));
         let r2 = bias_dropout_relu(&mut a2, p(3), m2);
         let mut dz = vec![0.0; b * c];
-        matmul(&mut dz, (b, H2, c), rows(&r2, H2), rows(p(4), c));
+        matmul(&mut dz, View::new(&r2, b, H2), View::new(p(4), H2, c));
 
         let scale = 1.0 / b as f32;
         let mut loss = 0.0f64;
@@ -231,17 +174,17 @@ impl Mlp {
 
         let mut grad = vec![0.0; layout.total];
         let [g1, gb1, g2, gb2, g3, gb3] = split(&mut grad, &layout);
-        matmul(g3, (H2, b, c), transposed(&r2, H2), rows(&dz, c));
+        matmul(g3, View::new(&r2, b, H2).t(), View::new(&dz, b, c));
         column_sums(gb3, &dz);
         let mut d2 = vec![0.0; b * H2];
-        matmul(&mut d2, (b, c, H2), rows(&dz, c), transposed(p(4), c));
+        matmul(&mut d2, View::new(&dz, b, c), View::new(p(4), H2, c).t());
         relu_dropout_back(&mut d2, &a2, m2);
-        matmul(g2, (H1, b, H2), transposed(&r1, H1), rows(&d2, H2));
+        matmul(g2, View::new(&r1, b, H1).t(), View::new(&d2, b, H2));
         column_sums(gb2, &d2);
         let mut d1 = vec![0.0; b * H1];
-        matmul(&mut d1, (b, H2, H1), rows(&d2, H2), transposed(p(2), H2));
+        matmul(&mut d1, View::new(&d2, b, H2), View::new(p(2), H1, H2).t());
         relu_dropout_back(&mut d1, &a1, m1);
-        matmul(g1, (n, b, H1), transposed(x, n), rows(&d1, H1));
+        matmul(g1, View::new(x, b, n).t(), View::new(&d1, b, H1));
         column_sums(gb1, &d1);
         ((loss / b as f64) as f32, grad)
     }

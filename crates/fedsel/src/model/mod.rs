@@ -25,6 +25,7 @@ pub mod cnn_hics_code;
 mod fastmath;
 pub mod logreg;
 pub mod lstm;
+mod matmul;
 pub mod mlp;
 
 use std::ops::Range;

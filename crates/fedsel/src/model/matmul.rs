@@ -1,0 +1,178 @@
+//! Matrix products for the fused model paths (`cnn_fused`, `lstm::fused`, `mlp`), on the
+//! `gemm` crate that burn-flex already uses.
+//!
+//! Every product is cut into pieces fixed by its shape, each piece one single-threaded
+//! `gemm` call, and rayon only schedules the pieces: each output entry's sum over k runs
+//! in the same order whatever the number of threads, so the fused paths keep fedsel's
+//! bit-identical results across thread counts.
+
+use gemm::{Parallelism, gemm};
+use rayon::prelude::*;
+
+/// Dense products below this many multiply-adds run as one call: a rayon split costs more.
+const SPLIT_WORK: usize = 1 << 18;
+/// Rows or columns of a dense product's output per task when it is split.
+const BLOCK: usize = 128;
+
+/// A strided read-only matrix: element (r, c) is `data[r·rs + c·cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) rs: usize,
+    pub(crate) cs: usize,
+}
+
+impl<'a> View<'a> {
+    /// A row-major `rows × cols` matrix.
+    pub(crate) fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(data.len(), rows * cols, "matrix size");
+        Self {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose, by swapping strides (no copy).
+    pub(crate) fn t(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+}
+
+/// A raw pointer that rayon tasks may share; each task writes a disjoint block.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut(pub(crate) *mut f32);
+// SAFETY: every user (`matmul`, the fused models' per-task writers) writes disjoint
+// blocks of one exclusively borrowed slice while the borrow is alive.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// The pointer, through a method so that closures capture the whole (`Sync`) wrapper.
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Checks that `a` and `b` can be multiplied and read inside their slices; returns
+/// the product's shape `(m, k, n)`.
+fn check(a: View<'_>, b: View<'_>) -> (usize, usize, usize) {
+    assert_eq!(b.rows, a.cols, "inner dimensions");
+    for v in [a, b] {
+        assert!(
+            v.rows == 0 || v.cols == 0 || (v.rows - 1) * v.rs + (v.cols - 1) * v.cs < v.data.len(),
+            "view inside its slice"
+        );
+    }
+    (a.rows, a.cols, b.cols)
+}
+
+/// `dst = a·b`, or `dst += a·b` with `accumulate`, on the calling thread; `dst` is
+/// row-major with `dst_rs` between rows.
+///
+/// # Safety
+/// `a` and `b` must have passed [`check`], and `dst` must be valid for writes of the
+/// `a.rows × b.cols` block at row stride `dst_rs`, with no other access to that block.
+pub(crate) unsafe fn gemm_raw(
+    dst: *mut f32,
+    dst_rs: usize,
+    a: View<'_>,
+    b: View<'_>,
+    accumulate: bool,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// `out = a·b`, or `out += a·b` with `accumulate`, on the calling thread; the product
+/// fills the first `a.rows × b.cols` block of `out`, rows `out_rs` apart.
+pub(crate) fn gemm_into(
+    out: &mut [f32],
+    out_rs: usize,
+    a: View<'_>,
+    b: View<'_>,
+    accumulate: bool,
+) {
+    let (m, _, n) = check(a, b);
+    assert!(
+        m == 0 || n == 0 || (m - 1) * out_rs + n <= out.len(),
+        "output inside its slice"
+    );
+    // SAFETY: checked above; `out` is borrowed exclusively.
+    unsafe { gemm_raw(out.as_mut_ptr(), out_rs, a, b, accumulate) }
+}
+
+/// `out = a·b` (or `+=`), `out` row-major `a.rows × b.cols`, with the larger output
+/// dimension cut into blocks of [`BLOCK`] run in parallel: a split fixed by the shape,
+/// so each entry's sum runs in the same order whatever the number of threads.
+pub(crate) fn matmul(out: &mut [f32], a: View<'_>, b: View<'_>, accumulate: bool) {
+    let (m, k, n) = check(a, b);
+    assert_eq!(out.len(), m * n, "output size");
+    let by_rows = m >= n;
+    let span = if by_rows { m } else { n };
+    if m * n * k < SPLIT_WORK || span <= BLOCK {
+        gemm_into(out, n, a, b, accumulate);
+        return;
+    }
+    let pieces = span.div_ceil(BLOCK);
+    let dst = SharedMut(out.as_mut_ptr());
+    (0..pieces).into_par_iter().for_each(|piece| {
+        let lo = piece * span / pieces;
+        let hi = (piece + 1) * span / pieces;
+        let (a, b, offset) = if by_rows {
+            let a = View {
+                data: &a.data[lo * a.rs..],
+                rows: hi - lo,
+                ..a
+            };
+            (a, b, lo * n)
+        } else {
+            let b = View {
+                data: &b.data[lo * b.cs..],
+                cols: hi - lo,
+                ..b
+            };
+            (a, b, lo)
+        };
+        // SAFETY: the views are sub-views of checked ones; the piece writes rows lo..hi
+        // (by rows) or columns lo..hi (by columns) of `out`, which this function borrows
+        // exclusively, and no two pieces share an entry.
+        unsafe { gemm_raw(dst.get().add(offset), n, a, b, accumulate) }
+    });
+}
