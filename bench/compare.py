@@ -15,6 +15,7 @@ Prints a Markdown table: workload, median PyTorch ms, median fedsel ms, speed ra
 under DATA_DIR/fashion-mnist; without it that row is left out.
 """
 import argparse
+import json
 import os
 import re
 import statistics
@@ -83,7 +84,10 @@ def main():
         torch_ms = torch_side(args.python, args.threads, fmnist, args.rounds)
         fedsel_ms = fedsel_side(args.fedsel, args.threads, args.data_dir, args.rounds)
         pairs.append((torch_ms, fedsel_ms))
-        print(f"pair {i + 1}/{args.pairs} done", file=sys.stderr)
+        # The raw times of each pair go to stderr as they come, so a sitting cut short
+        # still leaves its finished pairs readable.
+        print(f"pair {i + 1}/{args.pairs}: torch {json.dumps(torch_ms)} fedsel {json.dumps(fedsel_ms)}",
+              file=sys.stderr, flush=True)
 
     print(f"| workload ({args.threads} threads, {args.pairs} alternated pairs) "
           "| PyTorch ms | fedsel ms | fedsel speed vs PyTorch | per pair |")

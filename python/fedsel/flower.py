@@ -17,6 +17,10 @@ the same thing:
   :attr:`FedselStrategy.history` names the nodes that failed;
 * held-out losses (Pow-d, FedCor, AFL) are evaluate messages to the nodes the selector
   names, answered with an ``eval_loss`` metric;
+* a node that does not answer one of the selector's requests (it died, or timed out) is
+  unavailable for that round: the selection is made again, from the selector's state
+  before the round, among the nodes left, so that the selector learns nothing from a
+  request that was not answered in full; the round's record names these nodes;
 * probe trainings (FedCor) and local updates (FedGS_cos) are train messages whose models
   are not aggregated into the global one;
 * updates (HiCS-FL, Clustered Sampling) are read from the round's train replies, whole or
@@ -107,8 +111,9 @@ class FedselStrategy(FedAvg):
         self.sizes: list[int] = []
         #: Messages sent and replies received, by kind, over the whole run.
         self.ledger: Counter[str] = Counter()
-        #: Per round: when it was configured, the available nodes, the selection, the
-        #: selected nodes whose train reply failed and that round's ledger.
+        #: Per round: when it was configured, the available nodes, those of them that
+        #: did not answer the selector's requests (left out of the choice), the selection,
+        #: the selected nodes whose train reply failed and that round's ledger.
         self.history: list[dict[str, Any]] = []
         self._global: dict[str, np.ndarray] = {}
         self._entries: list[int] = []
@@ -137,13 +142,13 @@ class FedselStrategy(FedAvg):
         return good
 
     def _ask(self, kind: str, arrays: dict[str, np.ndarray], clients: list[int], grid: Grid, config: dict[str, Any]) -> list[Message]:
-        """Replies of every named client, in order; a silent node is an error naming it,
-        since a selector's request must be answered in full."""
+        """Replies of every named client, in order. A selector's request must be answered
+        in full, so a silent node raises :class:`_Unanswered`, naming it."""
         nodes = [self.nodes[k] for k in clients]
         got = self._exchange(kind, arrays, sorted(set(nodes)), grid, config)
-        missing = [n for n in nodes if n not in got]
+        missing = sorted({n for n in nodes if n not in got})
         if missing:
-            raise FedselError(f"{kind}: nodes {missing} did not reply (strategy {self.strategy})")
+            raise _Unanswered(kind, missing, self.strategy)
         return [got[n] for n in nodes]
 
     def _aggregate(self, old: dict[str, np.ndarray], entries: list[int], locals_: list[dict[str, np.ndarray]], weights: list[float] | None) -> dict[str, np.ndarray]:
@@ -202,11 +207,14 @@ class FedselStrategy(FedAvg):
             raise FedselError(f"none of the {len(connected)} connected nodes answered the size request")
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self.sizes = [int(_metrics(got[n])["num-examples"]) for n in self.nodes]
+        self.selector = self._new_selector(arrays)
+
+    def _new_selector(self, arrays: dict[str, np.ndarray]) -> Selector:
         options = dict(self.options)
         if self.strategy == "hics":
             options.setdefault("entropy_report", False)
         b, _ = self._output_layer(arrays)
-        self.selector = Selector(
+        return Selector(
             self.strategy,
             sizes=self.sizes,
             per_round=self.per_round,
@@ -215,6 +223,35 @@ class FedselStrategy(FedAvg):
             classes=int(arrays[b].shape[0]),
             **options,
         )
+
+    def _select(self, server_round: int, available: list[int], old: dict[str, np.ndarray], grid: Grid) -> tuple[list[int], list[int]]:
+        """The selector's choice among `available` and the nodes that left the round
+        unanswered. A request a node did not answer aborts the selection; the selector goes
+        back to its state before the round (a new selector if it has never chosen, so that
+        its initial phase runs again) and chooses again without that node. The draws are
+        keyed by the round, so the choice is the one it would have made had the node been
+        unavailable from the start."""
+        before = self.selector.state() if self.history else None
+        unanswered: list[int] = []
+        while True:
+            query = _FlowerQuery(self, old, grid, server_round)
+            try:
+                return self.selector.select(server_round - 1, available, min(self.per_round, len(available)), query), unanswered
+            except _Unanswered as e:
+                log(INFO, "configure_train: %s; choosing again without them", e)
+                unanswered += e.nodes
+                gone = {self.index[n] for n in e.nodes}
+                if not gone & set(available):
+                    # Only the first round's initial phase (FedGS) asks beyond the
+                    # available nodes; it cannot do without a node of the federation.
+                    raise FedselError(f"round {server_round}: {e}, and strategy {self.strategy} cannot choose without them") from e
+                available = [k for k in available if k not in gone]
+                if not available:
+                    raise FedselError(f"round {server_round}: no available node answered the requests of strategy {self.strategy}") from e
+                if before is None:
+                    self.selector = self._new_selector(old)
+                else:
+                    self.selector.load_state(before)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """Lets the fedsel selector choose among the connected nodes, answering its
@@ -225,8 +262,7 @@ class FedselStrategy(FedAvg):
             self._start(old, grid)
         connected = self._connected(grid)
         available = [self.index[n] for n in sorted(connected) if n in self.index]
-        query = _FlowerQuery(self, old, grid, server_round)
-        self._entries = self.selector.select(server_round - 1, available, min(self.per_round, len(available)), query)
+        self._entries, unanswered = self._select(server_round, available, old, grid)
         self._weights = self.selector.weights
         self._global = old
         nodes = sorted({self.nodes[k] for k in self._entries})
@@ -236,7 +272,13 @@ class FedselStrategy(FedAvg):
         for book in (self.ledger, self._round_ledger):
             book["train_messages"] += len(nodes)
             book["model_broadcasts"] += len(nodes)
-        self.history.append({"round": server_round, "time": time.time(), "available": [self.nodes[k] for k in available], "selected": [self.nodes[k] for k in self._entries]})
+        self.history.append({
+            "round": server_round,
+            "time": time.time(),
+            "available": [self.nodes[k] for k in available],
+            "unanswered": unanswered,
+            "selected": [self.nodes[k] for k in self._entries],
+        })
         return self._construct_messages(record, nodes, MessageType.TRAIN)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -267,6 +309,14 @@ class FedselStrategy(FedAvg):
         self.selector.observe(entries, updates=updates, train_losses=losses)
         metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
         return _record(new), metrics
+
+
+class _Unanswered(FedselError):
+    """Nodes that did not answer a selector's request: unavailable for the round."""
+
+    def __init__(self, kind: str, nodes: list[int], strategy: str):
+        super().__init__(f"{kind}: nodes {nodes} did not reply (strategy {strategy})")
+        self.nodes = nodes
 
 
 class _FlowerQuery:
