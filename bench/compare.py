@@ -8,7 +8,11 @@ and a release build of the CLI.
 
 Usage:
   python bench/compare.py [--fedsel target/release/fedsel] [--pairs 3] [--threads 2]
-                          [--data-dir ../shared/data] [--rounds 30]
+                          [--data-dir ../shared/data] [--rounds 30] [--quick]
+
+`--quick` times the training steps and the FedCor round only (a pair takes minutes, not a
+quarter of an hour): the evaluations of 10k examples and fedsel's comparisons with its
+own burn paths are what make a full pair long.
 
 Prints a Markdown table: workload, median PyTorch ms, median fedsel ms, speed ratio
 (> 1: fedsel is faster) and the per-pair ratios. The FedCor round needs Fashion-MNIST
@@ -21,6 +25,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,19 +36,26 @@ def run(cmd, env=None):
     return out.stdout
 
 
-def torch_side(py, threads, fmnist, rounds):
+STEP_MODELS = ("cnn_fmnist", "cnn_hics", "cnn_cifar", "char_lstm")
+
+
+def torch_side(py, threads, fmnist, rounds, quick):
     """{workload: ms} from the three PyTorch references."""
     t = str(threads)
     times = {}
-    for line in run([py, HERE / "torch_cnn.py", "--threads", t]).splitlines():
+    # torch_cnn.py needs one timed evaluation; --quick leaves its figure out.
+    cnn = [py, HERE / "torch_cnn.py", "--threads", t] + (["--eval-reps", "1"] if quick else [])
+    for line in run(cnn).splitlines():
         fields = dict(re.findall(r"(\w+)=([\d.]+)", line))
         name = line.split()[0]
         times[f"step {name}"] = float(fields["step_ms"])
-        times[f"eval {name}"] = float(fields["eval10k_ms"])
-    line = run([py, HERE / "torch_reference.py", "--threads", t]).strip()
+        if not quick:
+            times[f"eval {name}"] = float(fields["eval10k_ms"])
+    lstm = [py, HERE / "torch_reference.py", "--threads", t] + (["--eval-reps", "0"] if quick else [])
+    line = run(lstm).strip()
     fields = dict(re.findall(r"(\w+)=([\d.]+)", line))
     times["step char_lstm"] = float(fields["ms_per_step"])
-    if "eval_ms" in fields:
+    if "eval_ms" in fields and not quick:
         times["eval char_lstm"] = float(fields["eval_ms"])
     if fmnist is not None:
         line = run([py, HERE / "torch_fedcor_round.py", fmnist, "--rounds", str(rounds),
@@ -52,9 +64,35 @@ def torch_side(py, threads, fmnist, rounds):
     return times
 
 
-def fedsel_side(binary, threads, data_dir, rounds):
+def first_step(binary, name, env):
+    """The step time `fedsel bench --only NAME` prints first; the rest of its run (the
+    comparisons with burn's paths) is cut short."""
+    with subprocess.Popen([binary, "bench", "--only", name], stdout=subprocess.PIPE, text=True, env=env) as p:
+        for line in p.stdout:
+            if m := re.match(rf"step\s+{name}\s+batch\s+\d+:\s+([\d.]+) ms", line):
+                p.kill()
+                return float(m.group(1))
+    raise SystemExit(f"`fedsel bench --only {name}` printed no step time")
+
+
+def fedcor_round(binary, data_dir, rounds, env):
+    """What `fedsel bench` times as the FedCor round: the run's wall time per round."""
+    config = HERE.parent / "configs" / "fedcor" / "fmnist_2spc_rand.toml"
+    with tempfile.TemporaryDirectory() as out:
+        run([binary, "run", str(config), "--set", f"rounds={rounds}", "--data-dir", data_dir,
+             "--out", out + "/run"], env)
+        summary = json.loads((Path(out) / "run" / "summary.json").read_text())
+    return 1000 * summary["wall_s"] / rounds
+
+
+def fedsel_side(binary, threads, data_dir, rounds, quick, fmnist):
     """{workload: ms} from `fedsel bench` (fused paths where a model has one)."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    if quick:
+        times = {f"step {name}": first_step(binary, name, env) for name in STEP_MODELS}
+        if fmnist is not None:
+            times["round fedcor"] = fedcor_round(binary, data_dir, rounds, env)
+        return times
     out = run([binary, "bench", "--data-dir", data_dir, "--rounds", str(rounds)], env)
     times = {}
     for line in out.splitlines():
@@ -75,14 +113,15 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data-dir", default=str(HERE.parent.parent / "shared" / "data"))
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="training steps and the FedCor round only")
     args = ap.parse_args()
     fmnist = Path(args.data_dir) / "fashion-mnist"
     fmnist = str(fmnist) if (fmnist / "t10k-images-idx3-ubyte.gz").exists() else None
 
     pairs = []
     for i in range(args.pairs):
-        torch_ms = torch_side(args.python, args.threads, fmnist, args.rounds)
-        fedsel_ms = fedsel_side(args.fedsel, args.threads, args.data_dir, args.rounds)
+        torch_ms = torch_side(args.python, args.threads, fmnist, args.rounds, args.quick)
+        fedsel_ms = fedsel_side(args.fedsel, args.threads, args.data_dir, args.rounds, args.quick, fmnist)
         pairs.append((torch_ms, fedsel_ms))
         # The raw times of each pair go to stderr as they come, so a sitting cut short
         # still leaves its finished pairs readable.

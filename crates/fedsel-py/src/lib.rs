@@ -323,6 +323,14 @@ fn partition(
 
 #[pymodule]
 fn _fedsel(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Warnings only, unless RUST_LOG says otherwise; an embedding program that installed
+    // its own subscriber first keeps it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     m.add("FedselError", m.py().get_type::<FedselError>())?;
     m.add("VERSION", fedsel::VERSION)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;

@@ -57,6 +57,87 @@ pub struct Trainer<'a> {
 }
 
 /// The mini-batches of one round: shuffled passes over `idx`, cut to size.
+/// The fused path's local step on flat slices, with torch's order of operations: weight
+/// decay, then the proximal term, are added to the gradient before the optimizer.
+/// A coefficient is `None` where the config's (f64) value is not positive.
+struct UpdateRule {
+    optimizer: LocalOptimizer,
+    lr: f32,
+    weight_decay: Option<f32>,
+    prox_mu: Option<f32>,
+    momentum: Option<f32>,
+    beta1: f64,
+    beta2: f64,
+    eps: f32,
+}
+
+impl UpdateRule {
+    fn of(cfg: &TrainConfig, lr: f64) -> Self {
+        Self {
+            optimizer: cfg.optimizer,
+            lr: lr as f32,
+            weight_decay: (cfg.weight_decay > 0.0).then_some(cfg.weight_decay as f32),
+            prox_mu: (cfg.prox_mu > 0.0).then_some(cfg.prox_mu as f32),
+            momentum: (cfg.momentum > 0.0).then_some(cfg.momentum as f32),
+            beta1: cfg.beta1,
+            beta2: cfg.beta2,
+            eps: cfg.eps as f32,
+        }
+    }
+
+    /// Step `step` (counted from 1) on one span of parameters `p` with gradient `g` (used
+    /// as scratch), the model received `global`, and the optimizer moments `m`, `v` (empty
+    /// where the optimizer keeps none). Each case is its own loop over zipped slices, so
+    /// the branches are taken once per span and the loops vectorise.
+    fn apply(
+        &self,
+        step: u64,
+        p: &mut [f32],
+        g: &mut [f32],
+        global: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+    ) {
+        if let Some(wd) = self.weight_decay {
+            g.iter_mut().zip(p.iter()).for_each(|(g, &p)| *g += p * wd);
+        }
+        if let Some(mu) = self.prox_mu {
+            g.iter_mut()
+                .zip(p.iter().zip(global))
+                .for_each(|(g, (&p, &x))| *g += (p - x) * mu);
+        }
+        let lr = self.lr;
+        match (self.optimizer, self.momentum) {
+            (LocalOptimizer::Sgd, Some(momentum)) => {
+                for ((p, &g), m) in p.iter_mut().zip(g.iter()).zip(m.iter_mut()) {
+                    *m = *m * momentum + g;
+                    *p -= *m * lr;
+                }
+            }
+            (LocalOptimizer::Sgd, None) => {
+                p.iter_mut().zip(g.iter()).for_each(|(p, &g)| *p -= g * lr)
+            }
+            (LocalOptimizer::Adam, _) => {
+                let (b1, b2, eps) = (self.beta1 as f32, self.beta2 as f32, self.eps);
+                let (one_b1, one_b2) = ((1.0 - self.beta1) as f32, (1.0 - self.beta2) as f32);
+                let c1 = (1.0 - self.beta1.powi(step as i32)) as f32;
+                let c2 = (1.0 - self.beta2.powi(step as i32)) as f32;
+                for (((p, &g), m), v) in p
+                    .iter_mut()
+                    .zip(g.iter())
+                    .zip(m.iter_mut())
+                    .zip(v.iter_mut())
+                {
+                    *m = *m * b1 + g * one_b1;
+                    *v = *v * b2 + g * g * one_b2;
+                    let denom = (*v / c2).sqrt() + eps;
+                    *p -= (*m / c1) / denom * lr;
+                }
+            }
+        }
+    }
+}
+
 fn batches(idx: &[usize], work: LocalWork, batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
     let mut order = idx.to_vec();
     let mut out = Vec::new();
@@ -249,20 +330,13 @@ impl Trainer<'_> {
         if adam && v.is_empty() {
             v = vec![0.0; params.len()];
         }
-        let (lr32, wd, mu) = (lr as f32, cfg.weight_decay as f32, cfg.prox_mu as f32);
-        let (momentum, b1, b2, eps) = (
-            cfg.momentum as f32,
-            cfg.beta1 as f32,
-            cfg.beta2 as f32,
-            cfg.eps as f32,
-        );
-        let (one_b1, one_b2) = ((1.0 - cfg.beta1) as f32, (1.0 - cfg.beta2) as f32);
-        let trainable: Vec<bool> = self
-            .layout
-            .specs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, s)| std::iter::repeat_n(s.trainable, self.layout.range(i).len()))
+        let rule = UpdateRule::of(cfg, lr);
+        // The trainable parameters as contiguous spans, so the update runs over plain
+        // slices: a per-element `trainable` test and indexing kept it from vectorising, at
+        // about a seventh of the FedCor MLP round.
+        let spans: Vec<std::ops::Range<usize>> = (0..self.layout.specs.len())
+            .filter(|&i| self.layout.specs[i].trainable)
+            .map(|i| self.layout.range(i))
             .collect();
         let plan = batches(idx, cfg.work, cfg.batch_size, rng);
         let mut loss_sum = 0.0f32;
@@ -271,35 +345,19 @@ impl Trainer<'_> {
                 p: self.dropout,
                 rng,
             };
-            let (loss, grad) = f.train_loss_and_gradient(&params, self.data, b, &mut drop);
+            let (loss, mut grad) = f.train_loss_and_gradient(&params, self.data, b, &mut drop);
             loss_sum += loss;
             step += 1;
-            let c1 = (1.0 - cfg.beta1.powi(step as i32)) as f32;
-            let c2 = (1.0 - cfg.beta2.powi(step as i32)) as f32;
-            for (j, mut g) in grad.into_iter().enumerate() {
-                if !trainable[j] {
-                    continue;
-                }
-                let p = params[j];
-                if cfg.weight_decay > 0.0 {
-                    g += p * wd;
-                }
-                if cfg.prox_mu > 0.0 {
-                    g += (p - global[j]) * mu;
-                }
-                params[j] = match cfg.optimizer {
-                    LocalOptimizer::Sgd if cfg.momentum > 0.0 => {
-                        m[j] = m[j] * momentum + g;
-                        p - m[j] * lr32
-                    }
-                    LocalOptimizer::Sgd => p - g * lr32,
-                    LocalOptimizer::Adam => {
-                        m[j] = m[j] * b1 + g * one_b1;
-                        v[j] = v[j] * b2 + g * g * one_b2;
-                        let denom = (v[j] / c2).sqrt() + eps;
-                        p - (m[j] / c1) / denom * lr32
-                    }
-                };
+            for r in &spans {
+                let r = r.clone();
+                rule.apply(
+                    step,
+                    &mut params[r.clone()],
+                    &mut grad[r.clone()],
+                    &global[r.clone()],
+                    m.get_mut(r.clone()).unwrap_or_default(),
+                    v.get_mut(r).unwrap_or_default(),
+                );
             }
         }
         let steps = plan.len();
