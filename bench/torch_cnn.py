@@ -8,9 +8,10 @@ One step is what fedsel's trainer does: forward, mean cross-entropy, backward, p
 update; the median over REPS timed steps after a warm-up. Evaluation is a forward pass
 under no_grad over 10,000 random examples in batches of 1000 (fedsel's eval.batch_size)
 with the summed loss and the correct count, as fedsel's `evaluate`; the median over
-EVAL_REPS passes.
+EVAL_REPS passes; --steps-only skips it (printing eval10k_ms=nan), --only NAME times the
+models whose name contains NAME (as `fedsel bench --only`).
 
-Usage: python bench/torch_cnn.py [--threads N] [--reps R] [--eval-reps E]
+Usage: python bench/torch_cnn.py [--threads N] [--reps R] [--eval-reps E] [--only NAME] [--steps-only]
 """
 import argparse
 import statistics
@@ -37,10 +38,14 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--eval-reps", type=int, default=3)
+    ap.add_argument("--only", metavar="NAME", default="")
+    ap.add_argument("--steps-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     for name, m, shape, batch in models():
+        if args.only not in name:
+            continue
         opt = torch.optim.SGD(m.parameters(), lr=0.01)
         x, y = torch.rand(batch, *shape), torch.randint(10, (batch,))
         times = []
@@ -52,6 +57,9 @@ def main():
             if i >= 5:
                 times.append(time.perf_counter() - t)
         step = 1000 * statistics.median(times)
+        if args.steps_only:
+            print(f"{name} threads={args.threads} step_ms={step:.2f} eval10k_ms=nan")
+            continue
         tx, ty = torch.rand(10_000, *shape), torch.randint(10, (10_000,))
         times = []
         with torch.no_grad():

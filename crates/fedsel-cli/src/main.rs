@@ -98,6 +98,10 @@ enum Command {
         /// round timings (for alternating with a PyTorch reference).
         #[arg(long, value_name = "NAME")]
         only: Option<String>,
+        /// Time the training steps only: no comparison with the autodiff paths, no
+        /// evaluation, selection or round timings (the quick half of a before/after pair).
+        #[arg(long)]
+        steps_only: bool,
     },
 }
 
@@ -495,7 +499,12 @@ fn datasets(data_dir: Option<PathBuf>) {
     }
 }
 
-fn bench(rounds: usize, data_dir: Option<PathBuf>, only: Option<&str>) -> Result<()> {
+fn bench(
+    rounds: usize,
+    data_dir: Option<PathBuf>,
+    only: Option<&str>,
+    steps_only: bool,
+) -> Result<()> {
     use fedsel::bench::{random_dataset, step_time};
     use fedsel::model::{
         cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
@@ -583,6 +592,9 @@ fn bench(rounds: usize, data_dir: Option<PathBuf>, only: Option<&str>) -> Result
             "step  {name:<18} batch {batch:>3}: {:>8.3} ms",
             t.as_secs_f64() * 1e3
         );
+    }
+    if steps_only {
+        return Ok(());
     }
     for (name, arch, data, batch) in cases.iter().filter(|c| c.1.loss_gradient().is_some()) {
         let reference = fedsel::model::AutodiffOnly(arch.as_ref());
@@ -687,6 +699,7 @@ fn main() -> Result<()> {
             rounds,
             data_dir,
             only,
-        }) => bench(rounds, data_dir, only.as_deref()),
+            steps_only,
+        }) => bench(rounds, data_dir, only.as_deref(), steps_only),
     }
 }
