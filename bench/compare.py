@@ -36,15 +36,11 @@ def run(cmd, env=None):
     return out.stdout
 
 
-STEP_MODELS = ("cnn_fmnist", "cnn_hics", "cnn_cifar", "char_lstm")
-
-
 def torch_side(py, threads, fmnist, rounds, quick):
     """{workload: ms} from the three PyTorch references."""
     t = str(threads)
     times = {}
-    # torch_cnn.py needs one timed evaluation; --quick leaves its figure out.
-    cnn = [py, HERE / "torch_cnn.py", "--threads", t] + (["--eval-reps", "1"] if quick else [])
+    cnn = [py, HERE / "torch_cnn.py", "--threads", t] + (["--steps-only"] if quick else [])
     for line in run(cnn).splitlines():
         fields = dict(re.findall(r"(\w+)=([\d.]+)", line))
         name = line.split()[0]
@@ -64,17 +60,6 @@ def torch_side(py, threads, fmnist, rounds, quick):
     return times
 
 
-def first_step(binary, name, env):
-    """The step time `fedsel bench --only NAME` prints first; the rest of its run (the
-    comparisons with burn's paths) is cut short."""
-    with subprocess.Popen([binary, "bench", "--only", name], stdout=subprocess.PIPE, text=True, env=env) as p:
-        for line in p.stdout:
-            if m := re.match(rf"step\s+{name}\s+batch\s+\d+:\s+([\d.]+) ms", line):
-                p.kill()
-                return float(m.group(1))
-    raise SystemExit(f"`fedsel bench --only {name}` printed no step time")
-
-
 def fedcor_round(binary, data_dir, rounds, env):
     """What `fedsel bench` times as the FedCor round: the run's wall time per round."""
     config = HERE.parent / "configs" / "fedcor" / "fmnist_2spc_rand.toml"
@@ -88,12 +73,8 @@ def fedcor_round(binary, data_dir, rounds, env):
 def fedsel_side(binary, threads, data_dir, rounds, quick, fmnist):
     """{workload: ms} from `fedsel bench` (fused paths where a model has one)."""
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    if quick:
-        times = {f"step {name}": first_step(binary, name, env) for name in STEP_MODELS}
-        if fmnist is not None:
-            times["round fedcor"] = fedcor_round(binary, data_dir, rounds, env)
-        return times
-    out = run([binary, "bench", "--data-dir", data_dir, "--rounds", str(rounds)], env)
+    args = ["--steps-only"] if quick else ["--data-dir", data_dir, "--rounds", str(rounds)]
+    out = run([binary, "bench", *args], env)
     times = {}
     for line in out.splitlines():
         if m := re.match(r"step\s+(\S+)\s+batch\s+\d+:\s+([\d.]+) ms", line):
@@ -102,6 +83,8 @@ def fedsel_side(binary, threads, data_dir, rounds, quick, fmnist):
             times[f"eval {m.group(1)}"] = float(m.group(2))
         elif m := re.match(r"round fedcor .*: ([\d.]+) ms/round", line):
             times["round fedcor"] = float(m.group(1))
+    if quick and fmnist is not None:
+        times["round fedcor"] = fedcor_round(binary, data_dir, rounds, env)
     return times
 
 
