@@ -35,8 +35,8 @@
 //! group runs a layer's whole forward recurrence, and later its whole backward one, as
 //! one single-threaded rayon task with its scratch allocated once. Splitting each
 //! step's units among tasks instead needs a barrier per step, layer and pass (320 per
-//! training step at sequence 80) around 5 MFLOP of work each, which cost more than the
-//! second core gave (DESIGN.md, "Speed: the char-LSTM").
+//! training step at sequence 80) around about 5 MFLOP of work each (DESIGN.md, "Speed:
+//! the char-LSTM").
 //!
 //! Rows are time-major (`t·B + b`), so a group's rows at one step are one contiguous
 //! block of every array: a group owns its blocks through plain slice splits, and the
