@@ -216,6 +216,8 @@ mod tests {
         };
         check(&net, 6, 4, 1);
         check(&net, 1, 3, 2);
+        // Three row groups, the last a single row.
+        check(&net, 6, 13, 6);
     }
 
     #[test]
@@ -228,7 +230,8 @@ mod tests {
         check(&net, 5, 10, 3);
     }
 
-    /// The products are split into enough pieces here to run on several threads.
+    /// Batch 10 makes two row groups (6 and 4 rows), and the products are split into
+    /// enough pieces here to run on several threads.
     #[test]
     fn the_fused_gradient_does_not_depend_on_the_thread_count() {
         let net = CharLstm {

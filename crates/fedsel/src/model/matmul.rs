@@ -51,15 +51,15 @@ impl<'a> View<'a> {
 
 /// A raw pointer that rayon tasks may share; each task writes a disjoint block.
 #[derive(Clone, Copy)]
-pub(crate) struct SharedMut(pub(crate) *mut f32);
-// SAFETY: every user (`matmul`, the fused models' per-task writers) writes disjoint
-// blocks of one exclusively borrowed slice while the borrow is alive.
+struct SharedMut(*mut f32);
+// SAFETY: its one user, `matmul`, has each piece write a disjoint block of one
+// exclusively borrowed slice while the borrow is alive.
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
 impl SharedMut {
     /// The pointer, through a method so that closures capture the whole (`Sync`) wrapper.
-    pub(crate) fn get(self) -> *mut f32 {
+    fn get(self) -> *mut f32 {
         self.0
     }
 }

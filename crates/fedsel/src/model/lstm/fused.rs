@@ -29,11 +29,25 @@
 //! and, summed over steps as one product each, `∂W_ih = Xᵀ δA`, `∂W_hh = H_{prev}ᵀ δA`,
 //! `∂b = Σ_t δa_t`, `δX = δA W_ihᵀ` (the gradient handed to the layer below).
 //!
-//! Rows are time-major (`t·B + b`) so that each step's batch is one contiguous block.
+//! Parallelism: rows of a batch meet only in the weight gradients. Through the
+//! recurrence a row's gates read its own `x_t`, `h_{t−1}` and `c_{t−1}` alone, so the
+//! batch is cut into groups of [`GROUP_ROWS`] rows, fixed by the batch size, and each
+//! group runs a layer's whole forward recurrence, and later its whole backward one, as
+//! one single-threaded rayon task with its scratch allocated once. Splitting each
+//! step's units among tasks instead needs a barrier per step, layer and pass (320 per
+//! training step at sequence 80) around about 5 MFLOP of work each (DESIGN.md, "Speed:
+//! the char-LSTM").
 //!
-//! Determinism: every product is split into pieces fixed by its shape alone, each
-//! piece one single-threaded `gemm` call; rayon only decides which thread runs
-//! which piece, so the bits do not depend on the thread count. Sums over rows
+//! Rows are time-major (`t·B + b`), so a group's rows at one step are one contiguous
+//! block of every array: a group owns its blocks through plain slice splits, and the
+//! products over all rows (`∂W_ih`, `∂W_hh`, `δX`, the output layer) read the same
+//! matrices in the same order whatever the grouping.
+//!
+//! Determinism: the kernel computes a row's entries in the same order whichever rows
+//! share its tile ([`kernel`]), the cell is elementwise, and every product over all
+//! rows is split into pieces fixed by its shape alone, each piece one single-threaded
+//! `gemm` call; rayon only decides which thread runs which group or piece, so the
+//! bits do not depend on the thread count, nor on the grouping. Sums over rows
 //! (biases, embedding rows) run in a fixed order.
 
 use rayon::prelude::*;
@@ -42,7 +56,11 @@ use super::CharLstm;
 use super::kernel::{self, Panels, W};
 use crate::model::ParamLayout;
 use crate::model::fastmath::{sigmoid, tanh};
-use crate::model::matmul::{SharedMut, View, matmul};
+use crate::model::matmul::{View, matmul};
+
+/// Rows per group (module doc): one kernel tile, so a group's products run whole
+/// tiles and a batch of 10, the Shakespeare step's, still makes two tasks.
+const GROUP_ROWS: usize = kernel::TILE_ROWS;
 
 /// What the forward pass of one layer keeps for the backward pass, all time-major.
 struct Trace {
@@ -54,6 +72,64 @@ struct Trace {
     tc: Vec<f32>,
     /// Hidden states (the layer's output), `T·B × H`.
     h: Vec<f32>,
+}
+
+/// One row group's blocks of a [`Trace`], one per step.
+struct GroupTrace<'a> {
+    gates: Vec<&'a mut [f32]>,
+    c: Vec<&'a mut [f32]>,
+    tc: Vec<&'a mut [f32]>,
+    h: Vec<&'a mut [f32]>,
+}
+
+impl Trace {
+    fn zeros(d: Dims) -> Self {
+        let n = d.t * d.b * d.h;
+        Self {
+            gates: vec![0.0; 4 * n],
+            c: vec![0.0; n],
+            tc: vec![0.0; n],
+            h: vec![0.0; n],
+        }
+    }
+
+    /// The trace cut into row groups, in group order.
+    fn groups(&mut self, d: Dims) -> Vec<GroupTrace<'_>> {
+        let mut gates = by_group(&mut self.gates, d.b, 4 * d.h).into_iter();
+        let mut c = by_group(&mut self.c, d.b, d.h).into_iter();
+        let mut tc = by_group(&mut self.tc, d.b, d.h).into_iter();
+        let mut h = by_group(&mut self.h, d.b, d.h).into_iter();
+        std::iter::from_fn(|| {
+            Some(GroupTrace {
+                gates: gates.next()?,
+                c: c.next()?,
+                tc: tc.next()?,
+                h: h.next()?,
+            })
+        })
+        .collect()
+    }
+}
+
+/// Cuts a time-major array of `B` rows of `n` entries per step into its row groups:
+/// entry `[g][s]` is the block of group `g`'s rows at step `s`.
+fn by_group(data: &mut [f32], b: usize, n: usize) -> Vec<Vec<&mut [f32]>> {
+    assert!(b > 0 && n > 0, "rows and columns");
+    let steps = data.len() / (b * n);
+    let mut groups: Vec<Vec<&mut [f32]>> = (0..b.div_ceil(GROUP_ROWS))
+        .map(|_| Vec::with_capacity(steps))
+        .collect();
+    for step in data.chunks_exact_mut(b * n) {
+        for (group, rows) in groups.iter_mut().zip(step.chunks_mut(GROUP_ROWS * n)) {
+            group.push(rows);
+        }
+    }
+    groups
+}
+
+/// Rows `lo..lo + rows` of step `s` of a time-major array of `B` rows of `n` entries.
+fn rows_at(data: &[f32], d: Dims, s: usize, lo: usize, rows: usize, n: usize) -> &[f32] {
+    &data[(s * d.b + lo) * n..][..rows * n]
 }
 
 /// One layer's parameters.
@@ -112,8 +188,9 @@ fn pack_transposed(w_hh: &[f32], h: usize) -> Panels {
     })
 }
 
-/// Per-task working memory for one block of [`W`] units over `rows` rows; gates are
-/// gate-major (`a[(g·rows + r)·W + j]`) so that each gate's tile is one kernel output.
+/// Working memory for one block of [`W`] units over `rows` rows, reused by a task
+/// across blocks and steps; gates are gate-major (`a[(g·rows + r)·W + j]`) so that
+/// each gate's tile is one kernel output.
 struct Block {
     rows: usize,
     a: Vec<f32>,
@@ -179,17 +256,10 @@ fn gather(dst: &mut [f32], src: &[f32], stride: usize, col: usize, width: usize)
 }
 
 /// Writes the `W`-wide rows of `src` (first `width` columns) to columns
-/// `col..col + width` of the rows of stride `stride` starting at `dst`.
-///
-/// # Safety
-/// `dst` points to `src.len() / W` rows of `stride` writable entries, and no other
-/// thread touches these columns meanwhile.
-unsafe fn scatter(dst: SharedMut, stride: usize, col: usize, width: usize, src: &[f32]) {
-    for (r, s) in src.chunks_exact(W).enumerate() {
-        // SAFETY: row r's columns col..col + width lie inside the caller's range.
-        unsafe {
-            std::ptr::copy_nonoverlapping(s.as_ptr(), dst.get().add(r * stride + col), width);
-        }
+/// `col..col + width` of the `stride`-wide rows of `dst`.
+fn put(dst: &mut [f32], stride: usize, col: usize, width: usize, src: &[f32]) {
+    for (d, s) in dst.chunks_exact_mut(stride).zip(src.chunks_exact(W)) {
+        d[col..col + width].copy_from_slice(&s[..width]);
     }
 }
 
@@ -296,51 +366,39 @@ fn cell_backward_body(
     }
 }
 
-/// The forward pass of one layer over the whole sequence, keeping the [`Trace`].
-/// Steps run in order; within a step one rayon task per block of [`W`] units computes
-/// that block's four gate tiles and its cell, so each step costs one dispatch.
+/// The forward pass of one layer over the whole sequence, keeping the [`Trace`]: one
+/// rayon task per row group (module doc).
 fn forward_layer(x: &[f32], inputs: usize, w: &Weights<'_>, d: Dims) -> Trace {
-    let Dims { t, b, h } = d;
-    let h4 = 4 * h;
-    let step = b * h;
-    let packed = Packed::new(w, inputs, h);
-    let mut gates = vec![0.0; t * b * h4];
-    let mut c = vec![0.0; t * step];
-    let mut tc = vec![0.0; t * step];
-    let mut hs = vec![0.0; t * step];
-    for s in 0..t {
-        let x_s = &x[s * b * inputs..(s + 1) * b * inputs];
-        let (c_done, c_now) = c.split_at_mut(s * step);
-        let (h_done, h_now) = hs.split_at_mut(s * step);
-        let prev = (s > 0).then(|| (&h_done[(s - 1) * step..], &c_done[(s - 1) * step..]));
-        let out = [
-            SharedMut(gates[s * b * h4..].as_mut_ptr()),
-            SharedMut(c_now.as_mut_ptr()),
-            SharedMut(tc[s * step..].as_mut_ptr()),
-            SharedMut(h_now.as_mut_ptr()),
-        ];
-        (0..h.div_ceil(W)).into_par_iter().for_each(|u| {
-            let mut blk = Block::new(b);
-            blk.forward(&packed, u, x_s, prev);
-            let width = W.min(h - u * W);
-            // SAFETY: the four pointers start step s's rows of `gates`, `c`, `tc` and
-            // `hs`, which hold b rows of 4H or H entries; this task alone writes units
-            // u·W .. u·W + width of them.
-            unsafe {
-                for (g, tile) in blk.a.chunks_exact(b * W).enumerate() {
-                    scatter(out[0], h4, g * h + u * W, width, tile);
-                }
-                scatter(out[1], h, u * W, width, &blk.c);
-                scatter(out[2], h, u * W, width, &blk.tc);
-                scatter(out[3], h, u * W, width, &blk.h);
+    let packed = Packed::new(w, inputs, d.h);
+    let mut tr = Trace::zeros(d);
+    tr.groups(d)
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(group, out)| forward_group(&packed, x, d, group * GROUP_ROWS, out));
+    tr
+}
+
+/// The forward recurrence of the row group starting at row `lo`, step by step, each
+/// step a loop over blocks of [`W`] units ([`Block::forward`]).
+fn forward_group(p: &Packed<'_>, x: &[f32], d: Dims, lo: usize, mut out: GroupTrace<'_>) {
+    let h = d.h;
+    let rows = GROUP_ROWS.min(d.b - lo);
+    let mut blk = Block::new(rows);
+    for s in 0..d.t {
+        let x_s = rows_at(x, d, s, lo, rows, p.inputs);
+        let (c_done, c_now) = out.c.split_at_mut(s);
+        let (h_done, h_now) = out.h.split_at_mut(s);
+        let prev = s.checked_sub(1).map(|q| (&*h_done[q], &*c_done[q]));
+        for u in 0..h.div_ceil(W) {
+            blk.forward(p, u, x_s, prev);
+            let (col, width) = (u * W, W.min(h - u * W));
+            for (k, tile) in blk.a.chunks_exact(rows * W).enumerate() {
+                put(out.gates[s], 4 * h, k * h + col, width, tile);
             }
-        });
-    }
-    Trace {
-        gates,
-        c,
-        tc,
-        h: hs,
+            put(c_now[0], h, col, width, &blk.c);
+            put(out.tc[s], h, col, width, &blk.tc);
+            put(h_now[0], h, col, width, &blk.h);
+        }
     }
 }
 
@@ -355,10 +413,8 @@ struct Grads<'a> {
 /// layer's outputs at steps `from..T` (time-major); returns `δX`, the gradient of
 /// the layer's inputs.
 ///
-/// Steps run in reverse; within a step one rayon task per block of [`W`] units
-/// computes that block's `δh_t = δh_out + δa_{t+1} W_hhᵀ` (its columns need all of
-/// `δa_{t+1}`, finished by the previous step) and then its cell backward, so each
-/// step costs one dispatch.
+/// The recurrence runs as one rayon task per row group (module doc) and fills `δA`;
+/// the products over all steps and rows follow.
 #[allow(clippy::too_many_arguments)]
 fn backward_layer(
     x: &[f32],
@@ -376,45 +432,12 @@ fn backward_layer(
     assert_eq!(dh_out.len(), (t - from) * step, "output gradient size");
     let w_hh_t = pack_transposed(w.w_hh, h);
     let mut da = vec![0.0; t * b * h4];
-    // δc_t carried from step t + 1 (δc_{t+1} ⊙ f_{t+1}), one `b × W` block per task.
-    let mut dc = vec![0.0; h.div_ceil(W) * b * W];
-    for s in (0..t).rev() {
-        let (da_done, da_later) = da.split_at_mut((s + 1) * b * h4);
-        let da_s = SharedMut(da_done[s * b * h4..].as_mut_ptr());
-        let da_next = (s + 1 < t).then(|| &da_later[..b * h4]);
-        let out = (s >= from).then(|| &dh_out[(s - from) * step..(s - from + 1) * step]);
-        let gates = &tr.gates[s * b * h4..(s + 1) * b * h4];
-        let tc = &tr.tc[s * step..(s + 1) * step];
-        let c_prev = (s > 0).then(|| &tr.c[(s - 1) * step..s * step]);
-        dc.par_chunks_mut(b * W).enumerate().for_each(|(u, dc)| {
-            let (col, width) = (u * W, W.min(h - u * W));
-            let mut blk = Block::new(b);
-            let mut dh = vec![0.0; b * W];
-            if let Some(o) = out {
-                gather(&mut dh, o, h, col, width);
-            }
-            if let Some(next) = da_next {
-                kernel::accumulate(&mut dh, next, h4, b, w_hh_t.panel(u, 0, h4));
-            }
-            for (k, tile) in blk.a.chunks_exact_mut(b * W).enumerate() {
-                gather(tile, gates, h4, k * h + col, width);
-            }
-            gather(&mut blk.tc, tc, h, col, width);
-            match c_prev {
-                Some(cp) => gather(&mut blk.c_prev, cp, h, col, width),
-                None => blk.c_prev.fill(0.0),
-            }
-            let mut da_blk = vec![0.0; 4 * b * W];
-            cell_backward(&blk.a, &blk.tc, &blk.c_prev, &dh, dc, &mut da_blk);
-            // SAFETY: `da_s` starts step s's b rows of 4H entries of `da`; this task
-            // alone writes units col .. col + width of them.
-            unsafe {
-                for (k, tile) in da_blk.chunks_exact(b * W).enumerate() {
-                    scatter(da_s, h4, k * h + col, width, tile);
-                }
-            }
+    by_group(&mut da, b, h4)
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(group, da)| {
+            backward_group(&w_hh_t, tr, d, dh_out, from, group * GROUP_ROWS, da);
         });
-    }
     // ∂W_hh = Σ_{t≥1} h_{t−1}ᵀ δa_t: h_{−1} = 0, so step 0 adds nothing (and a
     // one-step sequence leaves ∂W_hh zero).
     if t > 1 {
@@ -444,6 +467,61 @@ fn backward_layer(
         false,
     );
     dx
+}
+
+/// The backward recurrence of the row group starting at row `lo`, steps in reverse,
+/// each a loop over blocks of [`W`] units: the block's `δh_t = δh_out + δa_{t+1} W_hhᵀ`
+/// (its columns need all of the group's `δa_{t+1}`, finished by the previous step),
+/// then its cell backward into the group's blocks `da` of `δA`.
+fn backward_group(
+    w_hh_t: &Panels,
+    tr: &Trace,
+    d: Dims,
+    dh_out: &[f32],
+    from: usize,
+    lo: usize,
+    mut da: Vec<&mut [f32]>,
+) {
+    let Dims { t, b, h } = d;
+    let h4 = 4 * h;
+    let rows = GROUP_ROWS.min(b - lo);
+    let mut blk = Block::new(rows);
+    let mut dh = vec![0.0; rows * W];
+    let mut da_blk = vec![0.0; 4 * rows * W];
+    // δc_t carried from step t + 1 (δc_{t+1} ⊙ f_{t+1}), one `rows × W` block per
+    // block of units.
+    let mut dc = vec![0.0; h.div_ceil(W) * rows * W];
+    for s in (0..t).rev() {
+        let (da_now, da_later) = da.split_at_mut(s + 1);
+        let da_s = &mut *da_now[s];
+        let da_next = da_later.first().map(|next| &**next);
+        let out = (s >= from).then(|| rows_at(dh_out, d, s - from, lo, rows, h));
+        let gates = rows_at(&tr.gates, d, s, lo, rows, h4);
+        let tc = rows_at(&tr.tc, d, s, lo, rows, h);
+        let c_prev = s.checked_sub(1).map(|q| rows_at(&tr.c, d, q, lo, rows, h));
+        for (u, dc) in dc.chunks_exact_mut(rows * W).enumerate() {
+            let (col, width) = (u * W, W.min(h - u * W));
+            match out {
+                Some(o) => gather(&mut dh, o, h, col, width),
+                None => dh.fill(0.0),
+            }
+            if let Some(next) = da_next {
+                kernel::accumulate(&mut dh, next, h4, rows, w_hh_t.panel(u, 0, h4));
+            }
+            for (k, tile) in blk.a.chunks_exact_mut(rows * W).enumerate() {
+                gather(tile, gates, h4, k * h + col, width);
+            }
+            gather(&mut blk.tc, tc, h, col, width);
+            match c_prev {
+                Some(cp) => gather(&mut blk.c_prev, cp, h, col, width),
+                None => blk.c_prev.fill(0.0),
+            }
+            cell_backward(&blk.a, &blk.tc, &blk.c_prev, &dh, dc, &mut da_blk);
+            for (k, tile) in da_blk.chunks_exact(rows * W).enumerate() {
+                put(da_s, h4, k * h + col, width, tile);
+            }
+        }
+    }
 }
 
 /// Mean cross-entropy of the batch and its gradient, laid out as `net.params()`.
@@ -590,8 +668,10 @@ pub(super) fn loss_and_gradient(
 }
 
 /// Rows per evaluation task: fixed, so the split depends on the batch size alone, and
-/// a multiple of the kernel's 6-row tile.
-const EVAL_ROWS: usize = 24;
+/// four kernel tiles, more than a training group ([`GROUP_ROWS`]) because evaluation
+/// batches (500 rows) leave tasks to spare, and each packed panel then serves 24 rows
+/// while it is in cache.
+const EVAL_ROWS: usize = 4 * kernel::TILE_ROWS;
 
 /// Logits `[batch, vocab]` of the sequences `tokens` (`seq` ids each, one after
 /// another) by the training forward pass's own per-row arithmetic ([`Block::forward`]

@@ -19,7 +19,7 @@ pub(super) const W: usize = 16;
 
 /// Rows per register tile: 6 × 2 accumulators, 2 panel vectors and a broadcast fill
 /// 15 of the 16 AVX2 registers.
-const TILE_ROWS: usize = 6;
+pub(super) const TILE_ROWS: usize = 6;
 
 /// A weight matrix cut into panels of [`W`] columns, each stored k-major
 /// (`panel[k·W + j]`), zero where a panel runs past the matrix.
