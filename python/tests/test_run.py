@@ -89,8 +89,12 @@ def test_to_pandas(tmp_path):
     assert isinstance(df, pd.DataFrame) and len(df) == 3
 
 
+# The child takes SIGINT as a terminal's Ctrl-C does, whatever it inherited: a background
+# job of a non-interactive shell (a CI script's `cmd &`) starts with SIGINT ignored, and
+# Python then installs no KeyboardInterrupt handler.
 CHILD = """
-import sys, fedsel
+import signal, sys, fedsel
+signal.signal(signal.SIGINT, signal.default_int_handler)
 print("started", flush=True)
 fedsel.run({"rounds": 100000, "eval.every": 1000}, out=sys.argv[1], progress=False)
 """
