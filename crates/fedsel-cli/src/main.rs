@@ -29,7 +29,8 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
                   schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
   [server]        aggregation = auto|mean|data_size|selector, optimizer = replace|sgd|adam, lr, beta1, beta2, tau
   [selection]     strategy = uniform|md|powd|cpowd|rpowd|afl|fedcor|fedgp|fedgs|f3ast|hics|cs1|cs2|divfl,
-                  clients_per_round (0 = use fraction), fraction; per-strategy tables
+                  clients_per_round (0 = use fraction), fraction, client_size = train|local;
+                  per-strategy tables
                   [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl] (see README)
   [availability]  kind = always | idl | mdf | ldf | ymf | yc | ln | sln | scarce | home_device | uneven | smartphones | trace
   [budget]        kind = constant | periodic (values, hold) | random (min, max)

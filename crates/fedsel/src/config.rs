@@ -466,6 +466,8 @@ pub struct SelectionConfig {
     pub clients_per_round: usize,
     /// Fraction of clients per round, used when `clients_per_round` is 0.
     pub fraction: f64,
+    /// What each client reports as its size n_k, from which selectors derive p_k = n_k / Σ n.
+    pub client_size: ClientSize,
     /// Power-of-choice settings (`powd`, `cpowd`, `rpowd`).
     pub powd: PowdConfig,
     /// Active FL settings (`afl`).
@@ -488,6 +490,7 @@ impl Default for SelectionConfig {
             strategy: "uniform".into(),
             clients_per_round: 0,
             fraction: 0.2,
+            client_size: ClientSize::Train,
             powd: PowdConfig::default(),
             afl: AflConfig::default(),
             fedcor: FedCorConfig::default(),
@@ -508,6 +511,22 @@ impl SelectionConfig {
             ((self.fraction * n as f64).round() as usize).max(1)
         }
     }
+}
+
+/// The size n_k a client reports to the server (selectors weigh clients by p_k = n_k / Σ n).
+///
+/// Aggregation by data size always uses the training part: this only changes what the
+/// selectors see, since the papers' codes differ on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientSize {
+    /// The training part of its local data (FedGS: n_k is the training-split size).
+    #[default]
+    Train,
+    /// All its local data, training and held-out parts together. FedCor's code sets
+    /// p_k = |partition_k| / |D| and AFL's valuation ℓ_k·√n_k on the whole partition
+    /// before its 80/20 split (algorithms.md §1, §6).
+    Local,
 }
 
 /// Availability model: which clients can be reached in a round.

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::aggregate::{self, Server};
 use crate::availability;
 use crate::checkpoint::Checkpoint;
-use crate::config::{AggregationRule, Config};
+use crate::config::{AggregationRule, ClientSize, Config};
 use crate::data::{self, FederatedData};
 use crate::error::{ConfigError, Error, Result};
 use crate::ledger::Ledger;
@@ -235,6 +235,18 @@ impl Experiment {
     /// Training-set size of each client.
     pub fn sizes(&self) -> Vec<usize> {
         self.clients.iter().map(|c| c.train.len()).collect()
+    }
+
+    /// The size each client reports to the selector, per `selection.client_size`.
+    pub fn reported_sizes(&self) -> Vec<usize> {
+        match self.config.selection.client_size {
+            ClientSize::Train => self.sizes(),
+            ClientSize::Local => self
+                .clients
+                .iter()
+                .map(|c| c.train.len() + c.holdout.len())
+                .collect(),
+        }
     }
 
     fn trainer(&self) -> Trainer<'_> {
@@ -758,12 +770,13 @@ impl<'a> Run<'a> {
         let seed = cfg.seed;
         let n = exp.clients.len();
         let sizes = exp.sizes();
-        let total: f64 = sizes.iter().sum::<usize>() as f64;
+        let reported = exp.reported_sizes();
+        let total: f64 = reported.iter().sum::<usize>() as f64;
         let per_round = cfg.selection.per_round(n);
         let needs = selector.needs();
         selector.setup(&Setup {
-            sizes: sizes.clone(),
-            weights: sizes.iter().map(|&s| s as f64 / total).collect(),
+            weights: reported.iter().map(|&s| s as f64 / total).collect(),
+            sizes: reported,
             per_round,
             rounds: cfg.rounds,
             num_params: exp.layout.total,

@@ -3,6 +3,8 @@
 //! on the code before the option types moved out of `config.rs` (commit 69f1df9); the
 //! files cover every strategy and every availability model. `examples/trace_f3ast.toml` was
 //! re-pinned when its trace path was fixed to be relative to the file (commit after c41a41b).
+//! A new key changes every resolved config, so every pin moves when one is added: all were
+//! re-pinned for `selection.client_size` (issue 22), with no other change to the schema.
 
 use std::path::Path;
 
@@ -12,91 +14,91 @@ use fedsel::config::Config;
 const PINNED: &[(&str, &str)] = &[
     (
         "examples/trace_f3ast.toml",
-        "c326800919cf575e35f0dfa0d5863b54700be2f6a80449f4e9097fc7f5ae9625",
+        "7c0e6047023d79cd2b79a401adf24e511afb94087dea5cef14aaab068cec25e5",
     ),
     (
         "f3ast/shakespeare_base.toml",
-        "ad8e77955997a29854a56132a16440d7dbea157c3e4a1f29594cdf336048091e",
+        "ec996cce2854e7bd2f4a5cd0289aa662840911e75b1fdb7e90507b7eca6bac7c",
     ),
     (
         "f3ast/synthetic_always_f3ast.toml",
-        "8df061b661c7cd7b9380f3a4c50e15edd992b8cfa57baf3995d814de65a9e3a8",
+        "46faa1af98fde96fe898e1f2da6780e599d4d19b5cfd0559b9ba7b39ec5e290b",
     ),
     (
         "f3ast/synthetic_homedevice_f3ast.toml",
-        "ae0c052dc42ca5f53d7c6a685dba95762a68f178d52914d8b1d098ac26d9cb65",
+        "fc11381af0d5438f7818e73d13739fd089223babb88adb38cc78abd4ceccb326",
     ),
     (
         "f3ast/synthetic_scarce_fedavg.toml",
-        "6c19f199cfee243b7fda318b8d2ad9dd6929016c932fbc608951227209f960ae",
+        "1400bd7d55d89671175977970c66c7a857767366eafa8f556946d1b0fe8aef16",
     ),
     (
         "f3ast/synthetic_smartphones_f3ast.toml",
-        "0c428fb12aaa165d0d1b836f7360701cd2b0e0b435b1402ee537f0cc02baf114",
+        "eb6810cb765644d1991cec74f626410d8cf0f133521e309e182479d1d93444b5",
     ),
     (
         "f3ast/synthetic_uneven_f3ast.toml",
-        "b24ec749bebdbd707ff24e6cf3a615b83e7350ae129750d781d615074bbc5e5d",
+        "7a264d3855714e6e52208c4ca446433094176a34c99a71fe2d6762549fa6adb6",
     ),
     (
         "fedcor/cifar10_2spc_rand.toml",
-        "88912947ff52cf666f964d264f1806cd2a63d00f5cc2e734a2e07d5be48a8c72",
+        "bc69f889bae7c2f4aae02c064fc8d17d8631cc727ac111d6b1e825bca05d95cf",
     ),
     (
         "fedcor/fmnist_2spc_afl.toml",
-        "e18ee7377b071d158acf97b16ff269210df95a3950ea8dd88d104c4d78c53608",
+        "3d960c037a934aad960a523d93a17b23c274739c5baa09616412c7c1348278d1",
     ),
     (
         "fedcor/fmnist_2spc_fedcor.toml",
-        "544e38bdc1707ae68bd21ab922734704f754c1b4dcc36e71a0b6860f582782d7",
+        "48589c0ad1e4e88157fd739bad4c378e53b0dfbe4edcb53f5358c12ccf337993",
     ),
     (
         "fedcor/fmnist_2spc_powd.toml",
-        "6f2f18727a3f0e84a14572161034c0daf6420cfe69632a0cd945089926d9dd90",
+        "a5b983fd1b64a060da21ce0b38980819c3385955cd488d06d461ce44bc1171f4",
     ),
     (
         "fedcor/fmnist_dir_fedcor.toml",
-        "e6058e30d8475523faaef1ed963fd5b3e1c3e4f4499b929812b0667d16f34efb",
+        "82beeecb5431bd8dea4751a8960aadd978efd1ffb2cd07580f7bc4ba77d83d56",
     ),
     (
         "fedgs/synthetic_idl_fedgs.toml",
-        "e70ceaefe7fc69525533e078eacfe8c4c7608aa87b8afedde468468887dbd415",
+        "c10aa44e1f2f528947627c4619c6a12b786774133cc9774d45e9414909ef0d01",
     ),
     (
         "fedgs/synthetic_ldf_fedgs.toml",
-        "f01a59f84c3d0773bfa372ef9ada8ce459213cf44b4dabd71bc2b7204cce7824",
+        "232821be6dfd1507a04d26471372d07c801fa0eae2e19f0e0c1afff4ba68dfe4",
     ),
     (
         "fedgs/synthetic_ln_mdsample.toml",
-        "6705eb6d75c2a7ac05bbc4e27d2799f2ac5b55021663cbe5a0cd90e0b0afb58f",
+        "4dc5f38120108fd742b2f25e0316b8a9bfa865b1765b0a1e4856c9e3e803cef1",
     ),
     (
         "fedgs/synthetic_mdf_fedgs.toml",
-        "5953743cb39e1913bc431b7bf7fed57ef08952c708adb229b39f7d96e45976cf",
+        "415c1fd98d015055950f32fca1f3c97a6970286995a268646046047bf89bb0d1",
     ),
     (
         "fedgs/synthetic_sln_powd.toml",
-        "a8165b2ca6b9c18b5f61bed1fa6e2d5e649b3aace1c0a24f7d7b033cc579ba55",
+        "924dc02d6827271f3eb330f6362c9df1fc7f72876c5fa26564ef17633fc65711",
     ),
     (
         "hics/fmnist_s1_cs.toml",
-        "9b0618d795a84aaeb68ac6235ec434da1556a3c687cf3b24e921c81c9c6f9904",
+        "9eaa062da3479c870eb05ec81b406bc15d4fda52699899c766c0e2bfe15ec35b",
     ),
     (
         "hics/fmnist_s1_divfl.toml",
-        "ab51561692b9d27d177c5d11cc422d2c78ad92fb6ec1031ab40b39160cd78951",
+        "905788e46a8846056e3dce2cf9fc9c872fdcdfbcac490f98294d2cab1db037f9",
     ),
     (
         "hics/fmnist_s1_hics.toml",
-        "37613cf6a3da8ebb0b850707dd568e91e5f0d2881e5e5e41c1fea999fea6d5fd",
+        "f62440054d0ca28106802defc356de56c45ee9a777eea34049357054ee347e10",
     ),
     (
         "hics/fmnist_s2_hics_code.toml",
-        "15d6f29a375814d0c4549b020593c20c236bcf618eeeba4bc0299bd6b31af424",
+        "849e524b21b2bd24891e456d6e9a17e7b4b55e01015f71910aad5a67d120cc62",
     ),
     (
         "hics/fmnist_s3_random.toml",
-        "f5b9bbd4bf14b313740e0e367a41416641c902707eec4ea35db00467465fd967",
+        "cc4cce697979f17b97d79634450c52ac3b89ed80de2d8b358120f06e4e38d745",
     ),
 ];
 
@@ -104,7 +106,7 @@ const PINNED: &[(&str, &str)] = &[
 fn the_default_config_hash_is_pinned() {
     assert_eq!(
         Config::default().hash(),
-        "0b0f9293e2a3efcbf20576deae1538fa0bfa59f9f03cedecc324f30ed8eb36fb"
+        "197253ead6fcf4168e54d2e712341ed343db3794cfdf25cc2de0509ce280f7b4"
     );
 }
 

@@ -835,3 +835,64 @@ fn hics_positive_part_estimate_tracks_true_entropy_on_fmnist_setting_2() {
     let rho = fedsel::diagnostics::spearman(&truth, &estimate);
     assert!(rho >= 0.7, "Spearman {rho}");
 }
+
+/// Records the sizes and weights a selector is set up with, then picks the first clients.
+struct SizeSpy(std::sync::Arc<std::sync::Mutex<(Vec<usize>, Vec<f64>)>>);
+
+impl Selector for SizeSpy {
+    fn name(&self) -> &'static str {
+        "size-spy"
+    }
+    fn needs(&self) -> Needs {
+        Needs::default()
+    }
+    fn setup(&mut self, s: &Setup) {
+        *self.0.lock().unwrap() = (s.sizes.clone(), s.weights.clone());
+    }
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        _: &mut dyn ClientQuery,
+        _: &mut Rng,
+    ) -> Result<Selection, Error> {
+        Ok(Selection {
+            clients: ctx.available[..ctx.budget].to_vec(),
+            weights: None,
+        })
+    }
+}
+
+#[test]
+fn client_size_local_reports_the_whole_partition_to_selectors() {
+    let seen = |client_size: &str| {
+        let exp = synthetic(&[
+            "rounds=1",
+            &format!("selection.client_size=\"{client_size}\""),
+        ]);
+        let cell = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), Vec::new())));
+        engine::run_with(
+            &exp,
+            Box::new(SizeSpy(cell.clone())),
+            &mut Collect::default(),
+            None,
+        )
+        .unwrap();
+        let (sizes, weights) = cell.lock().unwrap().clone();
+        (exp, sizes, weights)
+    };
+    let (exp, train, _) = seen("train");
+    assert_eq!(train, exp.sizes());
+    let (exp, local, weights) = seen("local");
+    let whole: Vec<usize> = exp
+        .clients
+        .iter()
+        .map(|c| c.train.len() + c.holdout.len())
+        .collect();
+    assert_eq!(local, whole);
+    // The held-out part is not empty, so the two bases differ.
+    assert!(local.iter().zip(&train).all(|(l, t)| l > t));
+    let total: usize = whole.iter().sum();
+    for (w, n) in weights.iter().zip(&whole) {
+        assert!((w - *n as f64 / total as f64).abs() < 1e-15);
+    }
+}

@@ -84,7 +84,8 @@ pub struct Needs {
 /// What the server knows about the clients before training starts.
 #[derive(Debug, Clone)]
 pub struct Setup {
-    /// Training-set size n_k of each client.
+    /// Size n_k each client reports: its training part, or all its local data under
+    /// `selection.client_size = "local"`.
     pub sizes: Vec<usize>,
     /// p_k = n_k / Σ n.
     pub weights: Vec<f64>,
