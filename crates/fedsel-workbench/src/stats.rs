@@ -218,7 +218,12 @@ pub fn wilcoxon(d: &[f64]) -> Option<f64> {
         ranks[i..=j].fill(i + j + 2);
         i = j + 1;
     }
-    let t: usize = ranks.iter().zip(&a).filter(|(_, x)| x.1).map(|(r, _)| r).sum();
+    let t: usize = ranks
+        .iter()
+        .zip(&a)
+        .filter(|(_, x)| x.1)
+        .map(|(r, _)| r)
+        .sum();
     let total: usize = ranks.iter().sum();
     let mut dist = vec![0.0f64; total + 1];
     dist[0] = 1.0;
@@ -357,7 +362,13 @@ mod tests {
     #[test]
     fn median_of_censored_seeds_is_known_only_below_half() {
         use Obs::{Above, Value};
-        let s = seed_stats(&[Value(10.0), Value(30.0), Above(200.0), Value(20.0), Above(200.0)]);
+        let s = seed_stats(&[
+            Value(10.0),
+            Value(30.0),
+            Above(200.0),
+            Value(20.0),
+            Above(200.0),
+        ]);
         assert_eq!(s.median, Median::Value(30.0));
         assert_eq!((s.reached, s.n), (3, 5));
         assert_eq!(s.mean_std, None);
@@ -386,10 +397,17 @@ mod tests {
         assert_eq!(bootstrap_mean_ci(&[3.0, 3.0, 3.0]), (3.0, 3.0));
         let xs: Vec<f64> = (0..20).map(f64::from).collect();
         let (lo, hi) = bootstrap_mean_ci(&xs);
-        assert!((lo - 6.97).abs() < 0.3 && (hi - 12.03).abs() < 0.3, "{lo} {hi}");
+        assert!(
+            (lo - 6.97).abs() < 0.3 && (hi - 12.03).abs() < 0.3,
+            "{lo} {hi}"
+        );
         let mut rev = xs.clone();
         rev.reverse();
-        assert_eq!(bootstrap_mean_ci(&rev), (lo, hi), "order of the seeds matters");
+        assert_eq!(
+            bootstrap_mean_ci(&rev),
+            (lo, hi),
+            "order of the seeds matters"
+        );
     }
 
     #[test]
