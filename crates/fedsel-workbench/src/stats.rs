@@ -27,8 +27,12 @@
 //! pairing removes that shared variation). The difference is strategy − baseline.
 //! - Rounds to a target (censorable): the exact two-sided *sign test*. It needs only the sign
 //!   of each difference, which censoring keeps: reached vs censored has a known sign, both
-//!   censored is a tie; ties are left out (the usual convention). The median paired difference
-//!   is given only when no pair has a censored member (otherwise its value is unknown).
+//!   censored is a tie; ties are left out (the usual convention). A pair with one censored
+//!   member bounds its difference from one side (reached x against censored > R: the
+//!   difference is below x − R); the median paired difference is given when these bounds put
+//!   every such pair on one side of the middle values, so no completion of the censored
+//!   values could move it, and not when a pair has both members censored (its difference is
+//!   unknown).
 //! - Accuracy and loss (never censored): the exact two-sided *Wilcoxon signed-rank test*,
 //!   which also uses the size of the differences and so has more power at the same n. Zero
 //!   differences are left out (Wilcoxon's own treatment, scipy's default `zero_method`); tied
@@ -96,18 +100,6 @@ pub fn mean_std(xs: &[f64]) -> (f64, f64) {
         0.0
     };
     (m, v.sqrt())
-}
-
-/// The median of values (the mean of the middle two for an even count).
-pub fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// The statistics of one metric over seeds (see the module doc for censored seeds).
@@ -258,7 +250,7 @@ pub struct Paired {
     pub above: usize,
     /// Seeds where it is below.
     pub below: usize,
-    /// Median of strategy − baseline, when no pair has a censored member.
+    /// Median of strategy − baseline, when censoring cannot move it (see the module doc).
     pub median_diff: Option<f64>,
     /// Two-sided p-value, when some pair differs.
     pub p: Option<f64>,
@@ -282,37 +274,87 @@ pub fn paired(strategy: &[(u64, Obs)], baseline: &[(u64, Obs)], test: Test) -> P
         .iter()
         .filter_map(|(s, x)| b.get(s).map(|y| (*x, *y)))
         .collect();
-    // The sign of strategy − baseline: a reached value is below a censored one when it is
-    // within the censored seed's rounds (always, when both share R); both censored is a tie.
-    let sign = |(x, y): &(Obs, Obs)| -> i8 {
-        match (*x, *y) {
-            (Obs::Value(x), Obs::Value(y)) => (x > y) as i8 - (x < y) as i8,
-            (Obs::Value(x), Obs::Above(r)) if x <= r => -1,
-            (Obs::Above(r), Obs::Value(y)) if y <= r => 1,
-            _ => 0,
-        }
-    };
-    let above = pairs.iter().filter(|p| sign(p) > 0).count();
-    let below = pairs.iter().filter(|p| sign(p) < 0).count();
-    let diffs: Option<Vec<f64>> = pairs
+    let d: Vec<Diff> = pairs.iter().map(|&(x, y)| Diff::of(x, y)).collect();
+    let above = d.iter().filter(|d| d.sign() > 0).count();
+    let below = d.iter().filter(|d| d.sign() < 0).count();
+    let exact: Option<Vec<f64>> = d
         .iter()
-        .map(|p| match p {
-            (Obs::Value(x), Obs::Value(y)) => Some(x - y),
+        .map(|d| match d {
+            Diff::Exact(x) => Some(*x),
             _ => None,
         })
         .collect();
-    let diffs = diffs.filter(|d| !d.is_empty());
-    let p = match (test, &diffs) {
-        (Test::Wilcoxon, Some(d)) => wilcoxon(d),
+    let p = match (test, exact.filter(|e| !e.is_empty())) {
+        (Test::Wilcoxon, Some(e)) => wilcoxon(&e),
         _ => sign_test(above, below),
     };
     Paired {
         n: pairs.len(),
         above,
         below,
-        median_diff: diffs.map(|d| median(&d)),
+        median_diff: bounded_median(&d),
         p,
     }
+}
+
+/// What is known of one paired difference strategy − baseline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Diff {
+    Exact(f64),
+    /// Less than this: the strategy reached at x, the baseline is censored past R (x − R).
+    Below(f64),
+    /// More than this: the strategy is censored past R, the baseline reached at y (R − y).
+    Above(f64),
+    /// Both censored.
+    Unknown,
+}
+
+impl Diff {
+    fn of(x: Obs, y: Obs) -> Self {
+        match (x, y) {
+            (Obs::Value(x), Obs::Value(y)) => Diff::Exact(x - y),
+            (Obs::Value(x), Obs::Above(r)) => Diff::Below(x - r),
+            (Obs::Above(r), Obs::Value(y)) => Diff::Above(r - y),
+            (Obs::Above(_), Obs::Above(_)) => Diff::Unknown,
+        }
+    }
+
+    /// +1, −1, or 0 for a tie or an unknown sign.
+    fn sign(self) -> i8 {
+        match self {
+            Diff::Exact(d) => (d > 0.0) as i8 - (d < 0.0) as i8,
+            Diff::Below(u) if u <= 0.0 => -1,
+            Diff::Above(l) if l >= 0.0 => 1,
+            _ => 0,
+        }
+    }
+}
+
+/// The median of the differences when the bounded ones cannot move it: sorting those
+/// bounded above first and those bounded below last, the middle values must be exact and
+/// every bound on the right side of them.
+fn bounded_median(d: &[Diff]) -> Option<f64> {
+    if d.is_empty() || d.contains(&Diff::Unknown) {
+        return None;
+    }
+    let (mut exact, mut below, mut above) = (Vec::new(), Vec::new(), Vec::new());
+    for x in d {
+        match *x {
+            Diff::Exact(v) => exact.push(v),
+            Diff::Below(u) => below.push(u),
+            Diff::Above(l) => above.push(l),
+            Diff::Unknown => {}
+        }
+    }
+    exact.sort_by(f64::total_cmp);
+    let n = d.len();
+    let (i, j) = (n.div_ceil(2) - 1, n / 2);
+    let k = below.len();
+    if i < k || j >= k + exact.len() {
+        return None;
+    }
+    let (m1, m2) = (exact[i - k], exact[j - k]);
+    (below.iter().all(|&u| u <= m1) && above.iter().all(|&l| l >= m2)).then(|| (m1 + m2) / 2.0)
 }
 
 #[cfg(test)]
@@ -430,8 +472,16 @@ mod tests {
         ];
         let p = paired(&s, &base, Test::Sign);
         assert_eq!((p.n, p.above, p.below), (4, 1, 2));
-        assert_eq!(p.median_diff, None);
+        assert_eq!(p.median_diff, None, "seed 3's difference is unknown");
         assert!(close(p.p.unwrap(), 1.0));
+        // Without seed 3: 60 − 50 = 10, 30 − 40 = −10, and seed 2's difference is below
+        // 70 − 100 = −30, so it sorts first whatever it is: the median is −10.
+        let p = paired(&[s[0], s[1], s[2]], &base, Test::Sign);
+        assert_eq!(p.median_diff, Some(-10.0));
+        // A bound of 95 − 100 = −5 could lie above −10 or below it: unknown.
+        let p = paired(&[s[0], s[1], (2, Value(95.0))], &base, Test::Sign);
+        assert_eq!(p.median_diff, None);
+        assert_eq!((p.above, p.below), (1, 2));
         let s = [(1, Value(60.0)), (4, Value(45.0)), (9, Value(4.0))];
         let p = paired(&s, &base, Test::Wilcoxon);
         assert_eq!((p.n, p.above, p.below), (3, 3, 0));
