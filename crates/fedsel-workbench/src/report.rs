@@ -58,6 +58,9 @@ struct Summary {
     cost: Ledger,
 }
 
+/// One metric of a run's summary.
+type Pick = fn(&Summary) -> f64;
+
 /// Strategy (with its first-appearance rank) → its runs over seeds.
 type ByStrategy = BTreeMap<(usize, String), Vec<Run>>;
 
@@ -869,7 +872,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             .collect(),
         rows: Vec::new(),
     };
-    let metrics: [(&str, fn(&Summary) -> f64); 4] = [
+    let metrics: [(&str, Pick); 4] = [
         ("best_acc", |s| s.best_acc),
         ("final_acc", |s| s.final_acc),
         ("best_loss", |s| s.best_loss),
