@@ -6,4 +6,5 @@ pub mod fuzzing;
 pub mod inspect;
 pub mod plot;
 pub mod report;
+pub mod stats;
 pub mod sweep;

@@ -1,8 +1,7 @@
 //! `fedsel report DIR`: paper-style tables from a sweep's finished cells.
 //!
 //! Writes `report.md` and one CSV per table:
-//! - `rounds_to_target.csv`: mean ± std over seeds of the rounds to each target
-//!   accuracy, "N/A" when any seed misses (FedCor Table 1);
+//! - `rounds_to_target.csv`: rounds to each target accuracy over seeds (FedCor Table 1);
 //! - `best_final.csv`: best and final test accuracy and loss, with the relative
 //!   change of final accuracy and loss against the baseline strategy (FedGS
 //!   Table 2, F3AST Tables 2–3);
@@ -11,6 +10,15 @@
 //!   (HiCS-FL Table 1);
 //! - `selection_stats.csv`: per-client selection counts and their variance
 //!   (FedGS fairness, Fig. 4).
+//!
+//! Every metric aggregated over seeds in the first three tables shows mean ± std, median,
+//! a seeded bootstrap 95 % CI of the mean and, for rounds to a target, the seeds that
+//! reached it, plus a paired comparison with the baseline over shared seeds; how censored
+//! seeds (never reaching a target) enter each of these is set out in [`crate::stats`] and
+//! repeated at the head of `report.md`. A CSV keeps the columns of earlier releases first
+//! (`_mean` and `_std`, empty when a seed never reached the target) and appends the new ones:
+//! `_median`, `_ci_lo`, `_ci_hi`, `_reached`, `_mean_lb` and the paired `_paired_n`,
+//! `_paired_above`, `_paired_below`, `_paired_diff`, `_p`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -20,6 +28,8 @@ use serde::Deserialize;
 
 use fedsel::error::{ConfigError, Error, Result};
 use fedsel::ledger::Ledger;
+
+use crate::stats::{self, Median, Obs, Paired, SeedStats, Test, mean_std};
 
 #[derive(Debug, Clone, Deserialize)]
 struct IndexCell {
@@ -47,6 +57,9 @@ struct Summary {
     rounds_to_target: Vec<(f64, Option<usize>)>,
     cost: Ledger,
 }
+
+/// One metric of a run's summary.
+type Pick = fn(&Summary) -> f64;
 
 /// Strategy (with its first-appearance rank) → its runs over seeds.
 type ByStrategy = BTreeMap<(usize, String), Vec<Run>>;
@@ -306,32 +319,54 @@ fn counts(path: &Path, clients: usize) -> Result<Vec<usize>> {
     Ok(c)
 }
 
-/// Rounds each run needed to reach target `ti`; `None` if any run missed it.
-fn rounds_to(runs: &[Run], ti: usize) -> Option<Vec<f64>> {
-    runs.iter()
-        .map(|r| {
-            r.summary
-                .rounds_to_target
-                .get(ti)
-                .and_then(|t| t.1)
-                .map(|x| x as f64)
+/// A run's rounds to target `ti`: the round it first reached it, or censored at the run's
+/// rounds; `None` when the run has no such target.
+fn rounds_obs(r: &Run, ti: usize) -> Option<Obs> {
+    r.summary.rounds_to_target.get(ti).map(|t| {
+        t.1.map_or(Obs::Above(r.summary.rounds as f64), |x| {
+            Obs::Value(x as f64)
         })
-        .collect()
+    })
+}
+
+/// The statistics over seeds of one metric of the runs; N/A when a run lacks it.
+fn stat(runs: &[Run], get: impl Fn(&Run) -> Option<Obs>, censorable: bool, digits: usize) -> V {
+    runs.iter()
+        .map(get)
+        .collect::<Option<Vec<Obs>>>()
+        .map_or(V::Na, |obs| V::Stat {
+            stats: stats::seed_stats(&obs),
+            digits,
+            censorable,
+        })
+}
+
+/// The paired comparison of one metric of `runs` with the baseline's runs `base` of the
+/// same setting; N/A when the setting has no baseline runs or a run lacks the metric.
+fn compare(
+    runs: &[Run],
+    base: Option<&[Run]>,
+    is_base: bool,
+    get: impl Fn(&Run) -> Option<Obs>,
+    test: Test,
+    digits: usize,
+) -> V {
+    if is_base {
+        return V::Baseline;
+    }
+    let pick = |rs: &[Run]| {
+        rs.iter()
+            .map(|r| get(r).map(|o| (r.summary.seed, o)))
+            .collect::<Option<Vec<_>>>()
+    };
+    match (pick(runs), base.and_then(pick)) {
+        (Some(a), Some(b)) => V::Paired(stats::paired(&a, &b, test), digits),
+        _ => V::Na,
+    }
 }
 
 fn pct(t: f64) -> String {
     format!("{:.0}%", t * 100.0)
-}
-
-fn mean_std(xs: &[f64]) -> (f64, f64) {
-    let n = xs.len() as f64;
-    let m = xs.iter().sum::<f64>() / n;
-    let v = if xs.len() > 1 {
-        xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)
-    } else {
-        0.0
-    };
-    (m, v.sqrt())
 }
 
 /// FedGS's solver record of a run (`fedgs_solver.csv`): (rounds proven optimal, rounds,
@@ -394,17 +429,16 @@ pub fn f3ast_weight_mean(dir: &Path) -> Result<Option<f64>> {
 fn per_method(
     title: &str,
     file: &'static str,
-    columns: &[&str],
+    columns: Vec<Col>,
     groups: &BTreeMap<(usize, String), ByStrategy>,
     row: impl Fn(&[Run]) -> Result<Option<Vec<V>>>,
 ) -> Result<Table> {
     let mut table = Table {
         title: title.into(),
         file,
-        header: ["setting", "strategy"]
-            .iter()
+        columns: [Col::plain("setting"), Col::plain("strategy")]
+            .into_iter()
             .chain(columns)
-            .map(|s| s.to_string())
             .collect(),
         rows: Vec::new(),
     };
@@ -431,10 +465,30 @@ enum V {
     Num(f64, usize),
     /// A ratio: "2.15x" in markdown, 2.15 in the CSV.
     Times(f64),
-    /// Mean ± std over seeds: one markdown column, `_mean` and `_std` CSV columns.
+    /// Mean ± std over seeds.
     MeanStd(f64, f64, usize),
-    /// No value: "N/A" in markdown, an empty CSV field.
+    /// A metric over seeds with this many decimals; `censorable` metrics (rounds to a
+    /// target) also show how many seeds reached.
+    Stat {
+        stats: SeedStats,
+        digits: usize,
+        censorable: bool,
+    },
+    /// A paired comparison with the baseline, differences with this many decimals.
+    Paired(Paired, usize),
+    /// The baseline's own comparison with itself: "(baseline)", empty CSV fields.
+    Baseline,
+    /// No value: "N/A" in markdown, empty CSV fields.
     Na,
+}
+
+/// A p-value for reading.
+fn p_text(p: Option<f64>) -> String {
+    match p {
+        None => "p N/A".into(),
+        Some(p) if p < 0.001 => "p < 0.001".into(),
+        Some(p) => format!("p = {p:.3}"),
+    }
 }
 
 impl V {
@@ -448,20 +502,88 @@ impl V {
             V::Num(x, d) => format!("{x:.d$}"),
             V::Times(x) => format!("{x:.2}x"),
             V::MeanStd(m, s, d) => format!("{m:.d$} ± {s:.d$}"),
+            V::Stat {
+                stats: s,
+                digits: d,
+                censorable,
+            } => {
+                let reached = format!("{}/{}", s.reached, s.n);
+                if let (0, Some(r)) = (s.reached, s.censored_at) {
+                    return format!("> {r:.0} ({reached})");
+                }
+                let head = match s.mean_std {
+                    Some((m, sd)) => format!("{m:.d$} ± {sd:.d$}"),
+                    None => format!("≥ {:.d$}", s.mean_lb),
+                };
+                let mut parts = vec![match s.median {
+                    Median::Value(m) => format!("median {m:.d$}"),
+                    Median::Above(r) => format!("median > {r:.0}"),
+                }];
+                if let Some((lo, hi)) = s.ci {
+                    parts.push(format!("CI {lo:.d$}–{hi:.d$}"));
+                }
+                if *censorable {
+                    parts.push(reached);
+                }
+                format!("{head} ({})", parts.join(", "))
+            }
+            V::Paired(p, d) => {
+                if p.n == 0 {
+                    return "no shared seeds".into();
+                }
+                let diff = p
+                    .median_diff
+                    .map_or("Δ N/A".into(), |x| format!("Δ {x:+.d$}"));
+                format!(
+                    "{diff}, {} ({}↑ {}↓ of {})",
+                    p_text(p.p),
+                    p.above,
+                    p.below,
+                    p.n
+                )
+            }
+            V::Baseline => "(baseline)".into(),
             V::Na => "N/A".into(),
         }
     }
 
-    /// The CSV fields of this entry in a column of `width` fields (2 for mean-std columns).
-    fn csv(&self, width: usize) -> Vec<String> {
+    /// The CSV fields of this entry, one for each of its column's [`Col::fields`].
+    fn csv(&self, col: &Col) -> Vec<String> {
+        let num = |x: f64, d: usize| format!("{x:.d$}");
         let mut out = match self {
             V::Text(s) => vec![s.clone()],
-            V::Num(x, d) => vec![format!("{x:.d$}")],
-            V::Times(x) => vec![format!("{x:.4}")],
-            V::MeanStd(m, s, d) => vec![format!("{m:.d$}"), format!("{s:.d$}")],
-            V::Na => vec![],
+            V::Num(x, d) => vec![num(*x, *d)],
+            V::Times(x) => vec![num(*x, 4)],
+            V::MeanStd(m, s, d) => vec![num(*m, *d), num(*s, *d)],
+            V::Stat {
+                stats: s,
+                digits: d,
+                ..
+            } => {
+                let opt = |x: Option<f64>| x.map_or(String::new(), |x| num(x, *d));
+                vec![
+                    opt(s.mean_std.map(|m| m.0)),
+                    opt(s.mean_std.map(|m| m.1)),
+                    opt(match s.median {
+                        Median::Value(m) => Some(m),
+                        Median::Above(_) => None,
+                    }),
+                    opt(s.ci.map(|c| c.0)),
+                    opt(s.ci.map(|c| c.1)),
+                    s.reached.to_string(),
+                    num(s.mean_lb, *d),
+                ]
+            }
+            V::Paired(p, d) => vec![
+                p.n.to_string(),
+                p.above.to_string(),
+                p.below.to_string(),
+                p.median_diff.map_or(String::new(), |x| num(x, *d)),
+                p.p.map_or(String::new(), |p| num(p, 6)),
+            ],
+            V::Baseline | V::Na => vec![],
         };
-        out.resize(width, String::new());
+        out.resize(col.fields().len(), String::new());
         out
     }
 }
@@ -471,21 +593,101 @@ fn pm(xs: &[f64], digits: usize) -> V {
     V::MeanStd(m, s, digits)
 }
 
-/// A table: header and rows, written both as CSV and markdown.
+/// What a column holds, which decides its CSV fields.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    /// One field.
+    Plain,
+    /// Mean ± std: `_mean` and `_std`.
+    MeanStd,
+    /// Statistics over seeds: `_mean` and `_std` (or, `single`, the mean alone under the
+    /// column's own name and `_std` among the new fields), then the new `_median`, `_ci_lo`,
+    /// `_ci_hi` and, for a censorable metric, `_reached` and `_mean_lb`.
+    Stat { censorable: bool, single: bool },
+    /// A paired comparison with the baseline, all new fields: `_paired_n`, `_paired_above`,
+    /// `_paired_below`, `_paired_diff` and `_p`.
+    Paired,
+}
+
+/// A table column: its markdown title, the stem of its CSV field names, and its kind.
+#[derive(Debug, Clone)]
+struct Col {
+    title: String,
+    csv: String,
+    kind: Kind,
+    /// All its CSV fields are new ones (written after the fields of earlier releases).
+    new: bool,
+}
+
+impl Col {
+    fn new(title: impl Into<String>, kind: Kind) -> Self {
+        let title = title.into();
+        Col {
+            csv: title.replace(' ', "_"),
+            title,
+            kind,
+            new: false,
+        }
+    }
+
+    fn plain(title: &str) -> Self {
+        Col::new(title, Kind::Plain)
+    }
+
+    /// A column of paired comparisons for the metric whose CSV stem is `csv`.
+    fn paired(title: impl Into<String>, csv: &str) -> Self {
+        Col {
+            csv: csv.into(),
+            ..Col::new(title, Kind::Paired)
+        }
+    }
+
+    /// Its CSV field names, each with whether it is new.
+    fn fields(&self) -> Vec<(String, bool)> {
+        let f = |suffix: &str, new: bool| (format!("{}{suffix}", self.csv), new || self.new);
+        match self.kind {
+            Kind::Plain => vec![f("", false)],
+            Kind::MeanStd => vec![f("_mean", false), f("_std", false)],
+            Kind::Stat { censorable, single } => {
+                let mut v = match single {
+                    true => vec![f("", false), f("_std", true)],
+                    false => vec![f("_mean", false), f("_std", false)],
+                };
+                v.extend(["_median", "_ci_lo", "_ci_hi"].map(|s| f(s, true)));
+                if censorable {
+                    v.extend(["_reached", "_mean_lb"].map(|s| f(s, true)));
+                }
+                v
+            }
+            Kind::Paired => [
+                "_paired_n",
+                "_paired_above",
+                "_paired_below",
+                "_paired_diff",
+                "_p",
+            ]
+            .map(|s| f(s, true))
+            .to_vec(),
+        }
+    }
+}
+
+/// A table: columns and rows, written both as CSV and markdown.
 struct Table {
     title: String,
     file: &'static str,
-    header: Vec<String>,
+    columns: Vec<Col>,
     rows: Vec<Vec<V>>,
 }
 
 impl Table {
     fn markdown(&self) -> String {
+        let titles: Vec<&str> = self.columns.iter().map(|c| c.title.as_str()).collect();
         let mut s = format!(
             "## {}\n\n| {} |\n|{}\n",
             self.title,
-            self.header.join(" | "),
-            "---|".repeat(self.header.len())
+            titles.join(" | "),
+            "---|".repeat(titles.len())
         );
         for r in &self.rows {
             let cells: Vec<String> = r.iter().map(V::markdown).collect();
@@ -495,34 +697,34 @@ impl Table {
         s
     }
 
-    /// The CSV: a column holding mean ± std anywhere becomes `<name>_mean` and `<name>_std`,
-    /// so every field is one number (or text, or empty for N/A).
+    /// The CSV: every field is one number (or text, or empty for N/A). The fields of earlier
+    /// releases come first, in their old order, and the new ones (median, CI, paired
+    /// comparison) after them, so a reader going by name or by position still finds the old
+    /// columns.
     fn csv(&self) -> Vec<Vec<String>> {
-        let widths: Vec<usize> = (0..self.header.len())
-            .map(|c| {
-                let pair = self
-                    .rows
-                    .iter()
-                    .any(|r| matches!(r.get(c), Some(V::MeanStd(..))));
-                if pair { 2 } else { 1 }
-            })
-            .collect();
-        let name = |h: &str| h.replace(' ', "_");
-        let header = self
-            .header
+        let flags: Vec<bool> = self
+            .columns
             .iter()
-            .zip(&widths)
-            .flat_map(|(h, &w)| match w {
-                2 => vec![format!("{}_mean", name(h)), format!("{}_std", name(h))],
-                _ => vec![name(h)],
-            })
+            .flat_map(|c| c.fields().into_iter().map(|f| f.1))
             .collect();
-        std::iter::once(header)
-            .chain(
-                self.rows
-                    .iter()
-                    .map(|r| r.iter().zip(&widths).flat_map(|(v, &w)| v.csv(w)).collect()),
-            )
+        let order = |fields: Vec<String>| -> Vec<String> {
+            let (old, new): (Vec<_>, Vec<_>) = fields.into_iter().zip(&flags).partition(|x| !x.1);
+            old.into_iter().chain(new).map(|x| x.0).collect()
+        };
+        let header = self
+            .columns
+            .iter()
+            .flat_map(|c| c.fields().into_iter().map(|f| f.0))
+            .collect();
+        std::iter::once(order(header))
+            .chain(self.rows.iter().map(|r| {
+                order(
+                    r.iter()
+                        .zip(&self.columns)
+                        .flat_map(|(v, c)| v.csv(c))
+                        .collect(),
+                )
+            }))
             .collect()
     }
 
@@ -641,62 +843,92 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         .clone()
         .or_else(|| strategy_order.first().cloned());
 
+    let base_name = baseline.as_deref().unwrap_or("-");
+    let vs = |what: &str| format!("{what} vs {base_name}");
+    let target_titles: Vec<String> = (0..n_targets)
+        .map(|i| match shared_targets {
+            true => pct(targets[i]),
+            false => format!("target {}", i + 1),
+        })
+        .collect();
+    let rounds_kind = Kind::Stat {
+        censorable: true,
+        single: false,
+    };
     let mut rtt = Table {
-        title: "Rounds to target accuracy (mean ± std over seeds; N/A if any seed misses)".into(),
+        title: format!(
+            "Rounds to target accuracy over seeds: mean ± std (≥ a lower bound when a seed never reached it), median, 95 % CI, seeds reached; paired sign test vs {base_name}"
+        ),
         file: "rounds_to_target.csv",
-        header: ["setting", "strategy", "seeds"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain((0..n_targets).map(|i| match shared_targets {
-                true => pct(targets[i]),
-                false => format!("target {}", i + 1),
+        columns: ["setting", "strategy", "seeds"]
+            .map(Col::plain)
+            .into_iter()
+            .chain(target_titles.iter().flat_map(|t| {
+                let stat = Col::new(t.as_str(), rounds_kind);
+                let paired = Col::paired(vs(t), &stat.csv);
+                [stat, paired]
             }))
-            .chain((!shared_targets).then(|| "targets".to_string()))
+            .chain((!shared_targets).then(|| Col::plain("targets")))
             .collect(),
         rows: Vec::new(),
     };
+    let metrics: [(&str, Pick); 4] = [
+        ("best_acc", |s| s.best_acc),
+        ("final_acc", |s| s.final_acc),
+        ("best_loss", |s| s.best_loss),
+        ("final_loss", |s| s.final_loss),
+    ];
+    let metric_kind = Kind::Stat {
+        censorable: false,
+        single: false,
+    };
     let mut bf = Table {
         title: format!(
-            "Best and final test accuracy and loss (Δ vs {})",
-            baseline.as_deref().unwrap_or("-")
+            "Best and final test accuracy and loss over seeds: mean ± std (median, 95 % CI); paired Wilcoxon signed-rank test and Δ vs {base_name}"
         ),
         file: "best_final.csv",
-        header: [
-            "setting",
-            "strategy",
-            "best_acc",
-            "final_acc",
-            "best_loss",
-            "final_loss",
-            "final_acc_change_%",
-            "final_loss_change_%",
-        ]
-        .map(String::from)
-        .to_vec(),
+        columns: [Col::plain("setting"), Col::plain("strategy")]
+            .into_iter()
+            .chain(
+                metrics.iter().flat_map(|(name, _)| {
+                    [Col::new(*name, metric_kind), Col::paired(vs(name), name)]
+                }),
+            )
+            .chain(["final_acc_change_%", "final_loss_change_%"].map(Col::plain))
+            .collect(),
         rows: Vec::new(),
     };
     let mut sp = Table {
         title: format!(
-            "Rounds to the first target with speedup vs {}, and extra cost per round",
-            baseline.as_deref().unwrap_or("-")
+            "Rounds to the first target with speedup vs {base_name} (ratio of means, and of medians), and extra cost per round"
         ),
         file: "speedup.csv",
-        header: [
-            "setting",
-            "strategy",
-            "rounds_to_first_target",
-            "speedup",
-            "extra_comm_per_round",
-            "extra_comp_per_round",
-        ]
-        .map(String::from)
-        .to_vec(),
+        columns: vec![
+            Col::plain("setting"),
+            Col::plain("strategy"),
+            Col::new(
+                "rounds_to_first_target",
+                Kind::Stat {
+                    censorable: true,
+                    single: true,
+                },
+            ),
+            Col::paired(vs("rounds_to_first_target"), "rounds_to_first_target"),
+            Col::plain("speedup"),
+            Col {
+                csv: "speedup_median".into(),
+                new: true,
+                ..Col::plain("speedup (median)")
+            },
+            Col::plain("extra_comm_per_round"),
+            Col::plain("extra_comp_per_round"),
+        ],
         rows: Vec::new(),
     };
     let mut sel = Table {
         title: "Selection counts per client (mean over seeds)".into(),
         file: "selection_stats.csv",
-        header: [
+        columns: [
             "setting",
             "strategy",
             "count_variance",
@@ -704,23 +936,29 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             "max_count",
             "never_selected",
         ]
-        .map(String::from)
+        .map(Col::plain)
         .to_vec(),
         rows: Vec::new(),
     };
     for ((_, setting), strategies) in &groups {
-        let mean_rounds = |runs: &[Run]| rounds_to(runs, 0).map(|v| mean_std(&v).0);
+        let first_target = |runs: &[Run]| {
+            runs.iter()
+                .map(|r| rounds_obs(r, 0))
+                .collect::<Option<Vec<Obs>>>()
+                .map(|obs| stats::seed_stats(&obs))
+        };
         let base_runs = strategies
             .iter()
             .find(|((_, s), _)| Some(s) == baseline.as_ref())
-            .map(|(_, r)| r);
+            .map(|(_, r)| r.as_slice());
         let base_final = base_runs.map(|r| {
             let acc: Vec<f64> = r.iter().map(|x| x.summary.final_acc).collect();
             let loss: Vec<f64> = r.iter().map(|x| x.summary.final_loss).collect();
             (mean_std(&acc).0, mean_std(&loss).0)
         });
-        let base_rounds = base_runs.and_then(|r| mean_rounds(r));
+        let base_rounds = base_runs.and_then(first_target);
         for ((_, strategy), runs) in strategies {
+            let is_base = Some(strategy) == baseline.as_ref();
             let f =
                 |g: fn(&Summary) -> f64| runs.iter().map(|r| g(&r.summary)).collect::<Vec<f64>>();
             let mut row = vec![
@@ -729,7 +967,9 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
                 V::Num(runs.len() as f64, 0),
             ];
             for ti in 0..n_targets {
-                row.push(rounds_to(runs, ti).map_or(V::Na, |v| pm(&v, 1)));
+                let get = |r: &Run| rounds_obs(r, ti);
+                row.push(stat(runs, get, true, 1));
+                row.push(compare(runs, base_runs, is_base, get, Test::Sign, 1));
             }
             if !shared_targets {
                 let targets: Vec<String> = runs[0]
@@ -747,16 +987,15 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             );
             let change =
                 |x: f64, b: Option<f64>| b.map_or(V::Na, |b| V::Num(100.0 * (x - b) / b, 2));
-            bf.rows.push(vec![
-                V::text(setting),
-                V::text(strategy),
-                pm(&f(|s| s.best_acc), 4),
-                pm(&f(|s| s.final_acc), 4),
-                pm(&f(|s| s.best_loss), 4),
-                pm(&f(|s| s.final_loss), 4),
-                change(fa, base_final.map(|b| b.0)),
-                change(fl, base_final.map(|b| b.1)),
-            ]);
+            let mut row = vec![V::text(setting), V::text(strategy)];
+            for (_, g) in metrics {
+                let get = |r: &Run| Some(Obs::Value(g(&r.summary)));
+                row.push(stat(runs, get, false, 4));
+                row.push(compare(runs, base_runs, is_base, get, Test::Wilcoxon, 4));
+            }
+            row.push(change(fa, base_final.map(|b| b.0)));
+            row.push(change(fl, base_final.map(|b| b.1)));
+            bf.rows.push(row);
             let rounds: f64 = runs.iter().map(|r| r.summary.rounds as f64).sum();
             let extra_comm: f64 = runs
                 .iter()
@@ -779,15 +1018,24 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
                 })
                 .sum::<f64>()
                 / rounds;
-            let mr = mean_rounds(runs);
+            let first = first_target(runs);
+            let mean = |s: &Option<SeedStats>| s.as_ref().and_then(|s| s.mean_std).map(|m| m.0);
+            let med = |s: &Option<SeedStats>| match s.as_ref().map(|s| s.median) {
+                Some(Median::Value(m)) => Some(m),
+                _ => None,
+            };
+            let ratio = |b: Option<f64>, m: Option<f64>| match (b, m) {
+                (Some(b), Some(m)) => V::Times(b / m),
+                _ => V::Na,
+            };
+            let get = |r: &Run| rounds_obs(r, 0);
             sp.rows.push(vec![
                 V::text(setting),
                 V::text(strategy),
-                mr.map_or(V::Na, |m| V::Num(m, 1)),
-                match (mr, base_rounds) {
-                    (Some(m), Some(b)) => V::Times(b / m),
-                    _ => V::Na,
-                },
+                stat(runs, get, true, 1),
+                compare(runs, base_runs, is_base, get, Test::Sign, 1),
+                ratio(mean(&base_rounds), mean(&first)),
+                ratio(med(&base_rounds), med(&first)),
                 V::Num(extra_comm, 2),
                 V::Num(extra_comp, 2),
             ]);
@@ -846,15 +1094,23 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         }
         md.push('\n');
     }
+    let _ = writeln!(
+        md,
+        "**Statistics over seeds.** Each entry is mean ± std, then the median, the 95 % percentile-bootstrap CI of the mean ({} resamples over seeds, fixed seed, so the report is reproducible) and, for rounds to a target, how many seeds reached it. A seed that never reaches a target within its R rounds is censored: it is kept, never dropped, and counts as \"> R\". The mean over only the seeds that reached would be biased low, so with a censored seed the mean is shown as a lower bound \"≥ x\" (censored seeds counted as R) without std or CI, and the median as \"> R\" once half the seeds or more are censored. Columns \"vs {}\" pair each strategy with the baseline over the seeds both ran in the setting: Δ is the median of the paired differences (strategy − baseline), ↑/↓ count the seeds where the strategy's value is above/below the baseline's, and p is two-sided and exact: the sign test for rounds to a target (censoring keeps each pair's sign; both censored is a tie; Δ is N/A where censored pairs could move it), the Wilcoxon signed-rank test for accuracy and loss. With n seeds no p can be below 2/2ⁿ (0.25 for 3 seeds, 0.0625 for 5).\n",
+        stats::RESAMPLES,
+        baseline.as_deref().unwrap_or("-")
+    );
     let solver = per_method(
         "FedGS solver: rounds proven optimal, mean gap to the upper bound, mean graph distance among the selected",
         "fedgs_solver_summary.csv",
-        &[
+        [
             "rounds proven",
             "rounds",
             "mean gap",
             "mean selected distance",
-        ],
+        ]
+        .map(Col::plain)
+        .to_vec(),
         &groups,
         |runs| {
             let mut total = (0, 0, 0.0, 0.0);
@@ -876,7 +1132,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
     let weights = per_method(
         "F3AST: mean over rounds of the sum of each round's aggregation weights",
         "f3ast_weights_summary.csv",
-        &["mean weight sum"],
+        vec![Col::new("mean weight sum", Kind::MeanStd)],
         &groups,
         |runs| {
             let means = runs
@@ -942,6 +1198,150 @@ mod tests {
         assert_eq!(ranked_frequencies(&runs), vec![1.0, 0.5, 0.0]);
     }
 
+    /// A run of `seed` that reached the one target (60 %) at `reached` of its 200 rounds,
+    /// with final accuracy `acc`.
+    fn seed_run(seed: u64, reached: Option<usize>, acc: f64) -> Run {
+        let mut r = run(vec![], 200);
+        r.summary.seed = seed;
+        r.summary.rounds_to_target = vec![(0.6, reached)];
+        r.summary.final_acc = acc;
+        r
+    }
+
+    fn rounds_cell(reached: &[Option<usize>]) -> String {
+        let runs: Vec<Run> = (0..)
+            .zip(reached)
+            .map(|(s, &r)| seed_run(s, r, 0.0))
+            .collect();
+        stat(&runs, |r| rounds_obs(r, 0), true, 1).markdown()
+    }
+
+    /// A seed that never reaches the target is kept: the mean becomes a lower bound with the
+    /// censored seeds at R = 200, the median stays exact while fewer than half are censored,
+    /// and the count of seeds that reached is shown.
+    #[test]
+    fn censored_seeds_are_kept_in_rounds_to_target() {
+        let s = Some;
+        assert_eq!(
+            rounds_cell(&[s(10), s(30), None, s(20), None]),
+            "≥ 92.0 (median 30.0, 3/5)"
+        );
+        assert_eq!(
+            rounds_cell(&[s(10), None, None, s(20), None]),
+            "≥ 126.0 (median > 200, 2/5)"
+        );
+        assert_eq!(rounds_cell(&[None, None]), "> 200 (0/2)");
+        let all = rounds_cell(&[s(10), s(20), s(30), s(40), s(50)]);
+        assert!(
+            all.starts_with("30.0 ± 15.8 (median 30.0, CI ") && all.ends_with(", 5/5)"),
+            "{all}"
+        );
+        assert_eq!(rounds_cell(&[s(2)]), "2.0 ± 0.0 (median 2.0, 1/1)");
+    }
+
+    /// Seeds pair by seed, not by position. Rounds: seed 1–4 faster or tied, seed 5 censored
+    /// against a baseline that reached (above); both censored (seed 3) is a tie: sign test
+    /// with 1 above and 3 below, p = 2·5/16. Accuracy: differences 0.125, 0.25, 0.25, all
+    /// positive, Wilcoxon p = 2/8, median 0.25.
+    #[test]
+    fn strategies_are_compared_with_the_baseline_seed_by_seed() {
+        let base: Vec<Run> = [(1, Some(20), 0.5), (2, Some(40), 0.25), (3, None, 0.75)]
+            .into_iter()
+            .chain([(4, Some(30), 0.0), (5, Some(60), 0.0)])
+            .map(|(s, r, a)| seed_run(s, r, a))
+            .collect();
+        let runs: Vec<Run> = [
+            (5, None, 0.0),
+            (4, Some(20), 0.0),
+            (3, None, 1.0),
+            (2, Some(30), 0.5),
+            (1, Some(10), 0.625),
+        ]
+        .into_iter()
+        .map(|(s, r, a)| seed_run(s, r, a))
+        .collect();
+        let rounds = |r: &Run| rounds_obs(r, 0);
+        let v = compare(&runs, Some(&base), false, rounds, Test::Sign, 1);
+        assert_eq!(v.markdown(), "Δ N/A, p = 0.625 (1↑ 3↓ of 5)");
+        assert_eq!(
+            v.csv(&Col::paired("x", "60%")),
+            vec!["5", "1", "3", "", "0.625000"]
+        );
+        assert_eq!(
+            compare(&runs, Some(&base), true, rounds, Test::Sign, 1),
+            V::Baseline
+        );
+        assert_eq!(compare(&runs, None, false, rounds, Test::Sign, 1), V::Na);
+        let acc = |r: &Run| Some(Obs::Value(r.summary.final_acc));
+        let v = compare(&runs[2..], Some(&base[..3]), false, acc, Test::Wilcoxon, 4);
+        assert_eq!(v.markdown(), "Δ +0.2500, p = 0.250 (3↑ 0↓ of 3)");
+    }
+
+    /// The old fields keep their place; the median, CI, seeds reached and the paired
+    /// comparison come after them, and every field is a number or empty.
+    #[test]
+    fn new_statistics_columns_come_after_the_old_ones() {
+        let runs: Vec<Run> = [Some(10), Some(30), None, Some(20), None]
+            .into_iter()
+            .zip(1..)
+            .map(|(r, s)| seed_run(s, r, 0.0))
+            .collect();
+        let stat_col = Col::new(
+            "60%",
+            Kind::Stat {
+                censorable: true,
+                single: false,
+            },
+        );
+        let t = Table {
+            title: String::new(),
+            file: "t.csv",
+            columns: vec![
+                Col::plain("strategy"),
+                Col::paired("60% vs a", &stat_col.csv),
+                stat_col,
+                Col::plain("seeds"),
+            ],
+            rows: vec![vec![
+                V::text("b"),
+                compare(
+                    &runs,
+                    Some(&runs),
+                    false,
+                    |r| rounds_obs(r, 0),
+                    Test::Sign,
+                    1,
+                ),
+                stat(&runs, |r| rounds_obs(r, 0), true, 1),
+                V::Num(5.0, 0),
+            ]],
+        };
+        assert_eq!(
+            t.csv(),
+            vec![
+                vec![
+                    "strategy",
+                    "60%_mean",
+                    "60%_std",
+                    "seeds",
+                    "60%_paired_n",
+                    "60%_paired_above",
+                    "60%_paired_below",
+                    "60%_paired_diff",
+                    "60%_p",
+                    "60%_median",
+                    "60%_ci_lo",
+                    "60%_ci_hi",
+                    "60%_reached",
+                    "60%_mean_lb",
+                ],
+                vec![
+                    "b", "", "", "5", "5", "0", "0", "", "", "30.0", "", "", "3", "92.0"
+                ],
+            ]
+        );
+    }
+
     /// Mean ± std columns split into two numeric CSV columns; N/A is an empty field;
     /// a ratio loses its "x".
     #[test]
@@ -949,7 +1349,11 @@ mod tests {
         let t = Table {
             title: String::new(),
             file: "t.csv",
-            header: vec!["strategy".into(), "rounds".into(), "speedup".into()],
+            columns: vec![
+                Col::plain("strategy"),
+                Col::new("rounds", Kind::MeanStd),
+                Col::plain("speedup"),
+            ],
             rows: vec![
                 vec![V::text("a"), V::MeanStd(18.7, 1.5, 1), V::Times(2.15)],
                 vec![V::text("b"), V::Na, V::Na],

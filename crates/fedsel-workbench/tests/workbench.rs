@@ -63,6 +63,10 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         "speedup",
         "Selection counts",
         "| all | uniform | 2 |",
+        "median",
+        "CI ",
+        "(baseline)",
+        "30% vs uniform",
     ] {
         assert!(report.contains(needle), "{needle} missing from:\n{report}");
     }
@@ -90,6 +94,18 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     assert!(
         bf.starts_with("setting,strategy,best_acc_mean,best_acc_std,final_acc_mean"),
         "{bf}"
+    );
+    // The statistics over seeds are appended after the old columns.
+    assert!(
+        bf.lines().next().unwrap().ends_with(
+            "final_loss_change_%,best_acc_median,best_acc_ci_lo,best_acc_ci_hi,best_acc_paired_n,best_acc_paired_above,best_acc_paired_below,best_acc_paired_diff,best_acc_p,final_acc_median,final_acc_ci_lo,final_acc_ci_hi,final_acc_paired_n,final_acc_paired_above,final_acc_paired_below,final_acc_paired_diff,final_acc_p,best_loss_median,best_loss_ci_lo,best_loss_ci_hi,best_loss_paired_n,best_loss_paired_above,best_loss_paired_below,best_loss_paired_diff,best_loss_p,final_loss_median,final_loss_ci_lo,final_loss_ci_hi,final_loss_paired_n,final_loss_paired_above,final_loss_paired_below,final_loss_paired_diff,final_loss_p"
+        ),
+        "{bf}"
+    );
+    let rtt = std::fs::read_to_string(out.join("rounds_to_target.csv")).unwrap();
+    assert!(
+        rtt.starts_with("setting,strategy,seeds,30%_mean,30%_std,30%_median,30%_ci_lo,30%_ci_hi,30%_reached,30%_mean_lb,30%_paired_n,"),
+        "{rtt}"
     );
     // A finished cell whose metrics were cut short is left out and named; the rest is
     // still reported, and the report is replaced.
