@@ -129,7 +129,9 @@ fn fedcor_table1_cases_carry_their_own_m_and_target() {
     let root =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/table1_fmnist.toml");
     let cells = Sweep::load(&root, &[]).unwrap().cells().unwrap();
-    assert_eq!(cells.len(), 60);
+    // Three partitions × four strategies × ten seeds (issue 22 item 9).
+    assert_eq!(cells.len(), 120);
+    assert!(cells.iter().any(|c| c.label == "2SPC-afl-s10"));
     let one = cells.iter().find(|c| c.label == "1SPC-uniform-s3").unwrap();
     assert_eq!(
         (
