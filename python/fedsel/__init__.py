@@ -170,22 +170,38 @@ def sweep(
     overrides: Mapping[str, Any] | Sequence[str] | None = None,
     rounds: int | None = None,
     progress: bool | None = None,
+    executor: Any = None,
+    threads: int = 1,
 ) -> dict[str, Any]:
     """Runs every unfinished cell of a sweep file and writes its report (``fedsel sweep``).
+
+    ``executor`` spreads the cells over other processes or machines: ``"ray"`` runs each
+    cell as a Ray task (``pip install 'fedsel[ray]'``; it joins the cluster ``ray.init()``
+    finds, or starts a local one), and any object with a ``map(fn, iterable)`` method (a
+    ``concurrent.futures`` executor, a Ray ``multiprocessing.Pool``) is used as given. Each
+    cell runs on ``threads`` threads through the same core as a local sweep, so its metrics
+    are the same; the sweep file, ``out`` and the data must be at the same paths on every
+    worker. Without ``executor`` the cells run here, ``jobs`` at a time.
 
     Returns the counts (``total``, ``skipped``, ``ran``), the ``failed`` cells with their
     errors, and the ``report`` path. Raises :class:`FedselError` if any cell failed, after
     the report of the others is written, as the CLI exits non-zero.
     """
     sets = _overrides(overrides) + ([f"rounds={rounds}"] if rounds is not None else [])
-    total, skipped, ran, failed = _fedsel.sweep(
-        os.fspath(path),
-        os.fspath(out),
-        jobs=jobs,
-        data_dir=None if data_dir is None else os.fspath(data_dir),
-        overrides=sets,
-        progress=_display(progress) == "bar",
-    )
+    data = None if data_dir is None else os.fspath(data_dir)
+    if executor is None:
+        total, skipped, ran, failed = _fedsel.sweep(
+            os.fspath(path),
+            os.fspath(out),
+            jobs=jobs,
+            data_dir=data,
+            overrides=sets,
+            progress=_display(progress) == "bar",
+        )
+    else:
+        total, skipped, ran, failed = _sweep_on(
+            executor, os.fspath(path), os.fspath(out), sets, data, threads
+        )
     if failed:
         lines = "; ".join(f"{label}: {err}" for label, err in failed)
         raise FedselError(f"{len(failed)} cells failed: {lines}")
@@ -196,6 +212,58 @@ def sweep(
         "failed": failed,
         "report": Path(out) / "report.md",
     }
+
+
+def _run_cell(task: tuple[str, str, str, str, list[str], str | None, int]) -> tuple[str, str, str | None]:
+    """One cell on a worker: (label, "ran" / "finished" / "busy" / "failed", error)."""
+    label, path, out, dir_name, sets, data_dir, threads = task
+    try:
+        state = _fedsel.sweep_cell(
+            path, out, dir_name, overrides=sets, data_dir=data_dir, threads=threads
+        )
+    except FedselError as e:
+        return label, "failed", str(e)
+    return label, state, None
+
+
+def _sweep_on(
+    executor: Any,
+    path: str,
+    out: str,
+    sets: list[str],
+    data_dir: str | None,
+    threads: int,
+) -> tuple[int, int, int, list[tuple[str, str]]]:
+    """Runs a sweep's cells through ``executor`` and writes the report here."""
+    cells = _fedsel.sweep_prepare(path, out, overrides=sets)
+    tasks = [(label, path, out, d, sets, data_dir, threads) for label, d in cells]
+    if executor == "ray":
+        try:
+            import ray
+        except ImportError as e:
+            raise FedselError(
+                "executor='ray' needs Ray: pip install 'fedsel[ray]' (or 'ray')"
+            ) from e
+        if not ray.is_initialized():
+            ray.init()
+        remote = ray.remote(num_cpus=threads)(_run_cell)
+        results = ray.get([remote.remote(t) for t in tasks])
+    elif hasattr(executor, "map"):
+        results = list(executor.map(_run_cell, tasks))
+    else:
+        raise FedselError(
+            f"executor={executor!r}: use \"ray\" or an object with a map(fn, iterable) method"
+        )
+    states = [state for _, state, _ in results]
+    failed = [(label, err) for label, state, err in results if state == "failed"]
+    busy = [label for label, state, _ in results if state == "busy"]
+    if busy:
+        raise FedselError(
+            f"{len(busy)} cells were running in another process (another sweep into {out}?): "
+            + ", ".join(busy)
+        )
+    _fedsel.report(out)
+    return len(cells), states.count("finished"), states.count("ran"), failed
 
 
 def report(dir: str | os.PathLike, *, smooth: int | None = None) -> str:

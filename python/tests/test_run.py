@@ -144,6 +144,56 @@ def test_sweep_and_report(tmp_path):
         fedsel.report(out, smooth=4)
 
 
+def _rows_without_timing(cell_dir):
+    """A run's metrics rows without the wall-clock column, which differs between runs."""
+    lines = (cell_dir / "metrics.csv").read_text().splitlines()
+    return [line.rsplit(",", 1)[0] for line in lines]
+
+
+def _cells(out):
+    return sorted(p for p in (out / "cells").iterdir() if p.is_dir())
+
+
+def test_sweep_through_an_executor_equals_a_local_one(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "s.toml"
+    path.write_text(
+        'name = "t"\nbaseline = "uniform"\n[config]\nrounds = 4\n'
+        '[axes]\nstrategy = ["uniform", "md"]\nseed = [1, 2]\n'
+    )
+    local = fedsel.sweep(path, tmp_path / "local", jobs=1)
+    with ThreadPoolExecutor(2) as pool:
+        spread = fedsel.sweep(path, tmp_path / "pool", executor=pool)
+    assert (spread["total"], spread["ran"], spread["failed"]) == (4, 4, [])
+    assert spread["report"].is_file()
+    assert [c.name for c in _cells(tmp_path / "pool")] == [c.name for c in _cells(tmp_path / "local")]
+    for a, b in zip(_cells(tmp_path / "local"), _cells(tmp_path / "pool")):
+        assert _rows_without_timing(a) == _rows_without_timing(b), a.name
+    assert local["total"] == 4
+    with pytest.raises(fedsel.FedselError, match="executor="):
+        fedsel.sweep(path, tmp_path / "bad", executor="dask")
+
+
+def test_ray_executor_sweep_equals_a_local_one(tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'fedsel[ray]')")
+    path = tmp_path / "s.toml"
+    path.write_text(
+        'name = "t"\n[config]\nrounds = 4\n[axes]\nstrategy = ["uniform", "powd"]\nseed = [1, 2]\n'
+    )
+    fedsel.sweep(path, tmp_path / "local", jobs=1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = fedsel.sweep(path, tmp_path / "ray", executor="ray")
+    finally:
+        ray.shutdown()
+    assert (remote["total"], remote["ran"], remote["failed"]) == (4, 4, [])
+    assert [c.name for c in _cells(tmp_path / "ray")] == [c.name for c in _cells(tmp_path / "local")]
+    for a, b in zip(_cells(tmp_path / "local"), _cells(tmp_path / "ray")):
+        assert _rows_without_timing(a) == _rows_without_timing(b), a.name
+    assert "4 finished" in (tmp_path / "ray" / "report.md").read_text()
+
+
 def test_progress_lines_only_when_asked_off_a_terminal(tmp_path, capsys):
     fedsel.run({"rounds": 10}, out=tmp_path / "quiet")
     assert "done" not in capsys.readouterr().err

@@ -72,6 +72,10 @@ enum Command {
         /// Rounds of every cell (same as --set rounds=N), e.g. to try a paper grid briefly.
         #[arg(long)]
         rounds: Option<usize>,
+        /// Run only part I of N of the grid (e.g. 3/8, one per job of a Slurm array), into
+        /// the same --out as the other parts; the report is written once every cell is done.
+        #[arg(long, value_name = "I/N")]
+        shard: Option<fedsel_workbench::sweep::Shard>,
     },
     /// Write report.md and the table CSVs for a sweep directory.
     Report {
@@ -395,6 +399,7 @@ fn sweep(
     path: PathBuf,
     set: &[String],
     out: PathBuf,
+    shard: fedsel_workbench::sweep::Shard,
     jobs: Option<usize>,
     data_dir: Option<PathBuf>,
     dry_run: bool,
@@ -403,22 +408,33 @@ fn sweep(
         .with_context(|| format!("sweep {}", path.display()))?;
     if dry_run {
         let cells = sweep.cells()?;
-        for c in &cells {
+        let mine = shard.part(&cells);
+        for c in &mine {
             let done = fedsel_workbench::sweep::is_finished(&out.join("cells").join(&c.dir_name));
             let state = if done { "finished" } else { "to run" };
             println!("{:<40} {state:<10} {}", c.label, c.dir_name);
         }
-        println!("{} cells", cells.len());
+        println!(
+            "{} cells (part {shard} of a grid of {})",
+            mine.len(),
+            cells.len()
+        );
         return Ok(());
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let jobs = jobs.unwrap_or(cores).max(1);
     let threads = (cores / jobs).max(1);
     let dir = locate::data_dir(data_dir, None);
-    let total = sweep.cells()?.len();
+    let cells = sweep.cells()?;
+    let (grid, total) = (cells.len(), shard.part(&cells).len());
     println!(
-        "sweep `{}`: {total} cells, {jobs} at a time with {threads} thread(s) each -> {}",
+        "sweep `{}`: {total} cells{}, {jobs} at a time with {threads} thread(s) each -> {}",
         sweep.name,
+        if total == grid {
+            String::new()
+        } else {
+            format!(" (part {shard} of a grid of {grid})")
+        },
         out.display()
     );
     let bar = std::io::stdout().is_terminal().then(|| {
@@ -432,24 +448,44 @@ fn sweep(
         b
     });
     let t0 = Instant::now();
-    let outcome =
-        fedsel_workbench::sweep::run(&sweep, &out, &dir, jobs, threads, &SweepBar(bar.clone()))?;
+    let outcome = fedsel_workbench::sweep::run(
+        &sweep,
+        &out,
+        &dir,
+        shard,
+        jobs,
+        threads,
+        &SweepBar(bar.clone()),
+    )?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     println!(
-        "{} cells: {} already finished, {} run now, {} failed ({:.1}s)",
-        outcome.total,
+        "{} cells: {} already finished, {} run now, {} left to another process, {} failed ({:.1}s)",
+        outcome.shard_cells,
         outcome.skipped,
         outcome.ran,
+        outcome.busy,
         outcome.failed.len(),
         t0.elapsed().as_secs_f64()
     );
     for (label, err) in &outcome.failed {
         println!("  {label}: {err}");
     }
-    fedsel_workbench::report::write(&out, None)?;
-    println!("report: {}", out.join("report.md").display());
+    // A part of a sharded grid reports only once the whole grid is done (the last part to
+    // finish writes it); an unsharded sweep reports what finished, naming what did not.
+    if shard == fedsel_workbench::sweep::Shard::ALL || outcome.unfinished.is_empty() {
+        fedsel_workbench::report::write(&out, None)?;
+        println!("report: {}", out.join("report.md").display());
+    } else {
+        println!(
+            "{} of the grid's {} cells are not finished yet (other parts): `fedsel report {}` once they are; not finished: {}",
+            outcome.unfinished.len(),
+            outcome.total,
+            out.display(),
+            outcome.unfinished.join(", ")
+        );
+    }
     anyhow::ensure!(
         outcome.failed.is_empty(),
         "{} cells failed",
@@ -684,9 +720,11 @@ fn main() -> Result<()> {
             dry_run,
             mut set,
             rounds,
+            shard,
         }) => {
             set.extend(rounds.map(|r| format!("rounds={r}")));
-            sweep(path, &set, out, jobs, data_dir, dry_run)
+            let shard = shard.unwrap_or(fedsel_workbench::sweep::Shard::ALL);
+            sweep(path, &set, out, shard, jobs, data_dir, dry_run)
         }
         Some(Command::Report { dir, smooth }) => {
             print!("{}", fedsel_workbench::report::write(&dir, smooth)?);

@@ -277,12 +277,81 @@ fn sweep(
     py.detach(|| {
         let total = sweep.cells()?.len();
         let bar = SweepBar(progress.then(|| ProgressBar::new(total as u64)));
-        let outcome = fedsel_workbench::sweep::run(&sweep, &out, &dir, jobs, threads, &bar)?;
+        let outcome = fedsel_workbench::sweep::run(
+            &sweep,
+            &out,
+            &dir,
+            fedsel_workbench::sweep::Shard::ALL,
+            jobs,
+            threads,
+            &bar,
+        )?;
         if let Some(b) = &bar.0 {
             b.finish_and_clear();
         }
         fedsel_workbench::report::write(&out, None)?;
         Ok::<_, Error>((outcome.total, outcome.skipped, outcome.ran, outcome.failed))
+    })
+    .map_err(py_err)
+}
+
+/// Resolves a sweep's grid and writes its index under `out`, for an executor that runs the
+/// cells itself (Ray); returns each cell's (label, directory name) in grid order.
+#[pyfunction]
+#[pyo3(signature = (path, out, *, overrides=Vec::new()))]
+fn sweep_prepare(
+    py: Python<'_>,
+    path: PathBuf,
+    out: PathBuf,
+    overrides: Vec<String>,
+) -> PyResult<Vec<(String, String)>> {
+    let sweep = fedsel_workbench::sweep::Sweep::load(&path, &overrides)
+        .map_err(|e| py_err(format!("sweep {}: {e}", path.display())))?;
+    py.detach(|| fedsel_workbench::sweep::prepare(&sweep, &out))
+        .map(|cells| cells.into_iter().map(|c| (c.label, c.dir_name)).collect())
+        .map_err(py_err)
+}
+
+/// Runs the one cell of a prepared sweep whose directory is `dir_name`, on `threads`
+/// threads, under the cell's own lock; returns "ran", "finished" (it already was) or
+/// "busy" (another live process is running it). The sweep file, `out` and the data must be
+/// at the same paths wherever this runs (a shared file system, for Ray on many machines).
+#[pyfunction]
+#[pyo3(signature = (path, out, dir_name, *, overrides=Vec::new(), data_dir=None, threads=1))]
+fn sweep_cell(
+    py: Python<'_>,
+    path: PathBuf,
+    out: PathBuf,
+    dir_name: String,
+    overrides: Vec<String>,
+    data_dir: Option<PathBuf>,
+    threads: usize,
+) -> PyResult<&'static str> {
+    use fedsel_workbench::sweep::CellRun;
+    let sweep = fedsel_workbench::sweep::Sweep::load(&path, &overrides)
+        .map_err(|e| py_err(format!("sweep {}: {e}", path.display())))?;
+    let dir = locate::data_dir(data_dir, None);
+    py.detach(|| {
+        let cells = sweep.cells()?;
+        let cell = cells
+            .iter()
+            .find(|c| c.dir_name == dir_name)
+            .ok_or_else(|| {
+                fedsel::error::ConfigError::invalid(
+                    "dir_name",
+                    format!("`{dir_name}` is no cell of sweep {}", path.display()),
+                )
+            })?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .build()
+            .expect("a thread pool");
+        pool.install(|| fedsel_workbench::sweep::run_cell(cell, &out, &dir))
+    })
+    .map(|r| match r {
+        CellRun::Ran => "ran",
+        CellRun::AlreadyFinished => "finished",
+        CellRun::Busy => "busy",
     })
     .map_err(py_err)
 }
@@ -335,6 +404,8 @@ fn _fedsel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("VERSION", fedsel::VERSION)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep_prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep_cell, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;
     m.add_function(wrap_pyfunction!(partition, m)?)?;
     selector::register(m)?;

@@ -34,6 +34,7 @@ use crate::stats::{self, Median, Obs, Paired, SeedStats, Test, mean_std};
 #[derive(Debug, Clone, Deserialize)]
 struct IndexCell {
     dir: String,
+    label: String,
     strategy: String,
     setting: String,
     targets: Vec<f64>,
@@ -772,7 +773,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
     let mut groups: BTreeMap<(usize, String), ByStrategy> = BTreeMap::new();
     let mut setting_order: Vec<String> = Vec::new();
     let mut strategy_order: Vec<String> = Vec::new();
-    let mut missing = 0;
+    let mut missing: Vec<&str> = Vec::new();
     // Settings may have their own targets (FedCor: 69 / 62 / 64 %): then the columns are
     // numbered and each entry names its target.
     let targets = index
@@ -793,7 +794,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
     for cell in &index.cells {
         let cdir = dir.join("cells").join(&cell.dir);
         if !crate::sweep::is_finished(&cdir) {
-            missing += 1;
+            missing.push(&cell.label);
             continue;
         }
         let read = || -> Result<_> {
@@ -1075,11 +1076,15 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         index.name,
         fedsel::VERSION,
         index.cells.len(),
-        index.cells.len() - missing,
-        if missing > 0 {
-            format!(", **{missing} not finished (left out)**")
-        } else {
+        index.cells.len() - missing.len(),
+        if missing.is_empty() {
             String::new()
+        } else {
+            format!(
+                ", **{} not finished (left out): {}**",
+                missing.len(),
+                missing.join(", ")
+            )
         },
         baseline.as_deref().unwrap_or("-")
     );

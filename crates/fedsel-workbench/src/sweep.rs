@@ -417,10 +417,84 @@ pub fn is_finished(dir: &Path) -> bool {
         .is_some_and(|v| v["status"] == "finished")
 }
 
-/// The lock a running sweep holds on its output directory (`sweep.lock`), released when
-/// dropped. It is an OS advisory lock (`flock`), so the kernel releases it when its process
-/// dies however it dies: a lock file left behind by a dead sweep is not locked, and the next
-/// sweep takes it over. The file names its holder, for the message a second sweep prints.
+/// One of N disjoint parts of a sweep's grid, for array jobs (`--shard I/N`): several
+/// processes, on one machine or many, each run their part into one shared output directory.
+///
+/// The cells are ranked by the hash of their resolved config and dealt out in turn: part I
+/// holds ranks r with r mod N = I - 1. Parts differ in size by at most one cell, and
+/// because the hash order ignores the grid's layout, each part gets a mix of every axis
+/// (methods, settings and seeds differ in cost) rather than one value of one axis, as
+/// dealing in grid order would give when an axis has N values. The split depends only on
+/// the sweep file and its `--set`s, so every shard computes the same one; per-cell locks
+/// keep a cell from running twice even if two shards were started from different files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    index: usize,
+    count: usize,
+}
+
+impl Shard {
+    /// The whole grid, one part.
+    pub const ALL: Self = Self { index: 1, count: 1 };
+
+    /// Part `index` (1-based) of `count`.
+    pub fn new(index: usize, count: usize) -> std::result::Result<Self, ConfigError> {
+        if count == 0 || index == 0 || index > count {
+            return Err(ConfigError::invalid(
+                "--shard",
+                format!("{index}/{count} names no part: use I/N with 1 <= I <= N"),
+            ));
+        }
+        Ok(Self { index, count })
+    }
+
+    /// This part's cells of the grid `cells`, in grid order.
+    pub fn part<'a>(&self, cells: &'a [Cell]) -> Vec<&'a Cell> {
+        let hashes: Vec<String> = cells.iter().map(|c| c.config.hash()).collect();
+        let mut by_hash: Vec<usize> = (0..cells.len()).collect();
+        by_hash.sort_by(|&a, &b| hashes[a].cmp(&hashes[b]).then(a.cmp(&b)));
+        let mut mine: Vec<usize> = by_hash
+            .into_iter()
+            .enumerate()
+            .filter(|(rank, _)| rank % self.count == self.index - 1)
+            .map(|(_, i)| i)
+            .collect();
+        mine.sort_unstable();
+        mine.into_iter().map(|i| &cells[i]).collect()
+    }
+
+    /// The file whose lock this part's sweep holds: one per part, so parts run side by side.
+    fn lock_file(&self) -> String {
+        if self.count == 1 {
+            "sweep.lock".into()
+        } else {
+            format!("sweep.shard-{}-of-{}.lock", self.index, self.count)
+        }
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, ConfigError> {
+        let bad = || ConfigError::invalid("--shard", format!("`{s}` is not I/N (e.g. 2/8)"));
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let i = i.trim().parse().map_err(|_| bad())?;
+        let n = n.trim().parse().map_err(|_| bad())?;
+        Self::new(i, n)
+    }
+}
+
+/// An OS advisory lock (`flock`) on a file, released when dropped. The kernel releases it
+/// when its process dies however it dies: a lock file left behind by a dead process is not
+/// locked, and the next one takes it over. The file names its holder, for the message a
+/// second process prints.
 #[derive(Debug)]
 pub struct SweepLock {
     file: std::fs::File,
@@ -429,35 +503,50 @@ pub struct SweepLock {
 }
 
 impl SweepLock {
-    /// Takes the lock of `out` (creating the directory), or fails with
+    /// Takes the lock of `out` for the whole grid (creating the directory), or fails with
     /// [`Error::SweepLocked`] while a live process holds it.
     pub fn acquire(out: &Path) -> Result<Self> {
-        use std::io::{Read, Seek, Write};
-        let path = out.join("sweep.lock");
+        Self::acquire_shard(out, Shard::ALL)
+    }
+
+    /// Takes the lock of one part of the grid in `out`: parts lock separately, so shards
+    /// of one sweep run side by side while a second process for the same part is refused.
+    pub fn acquire_shard(out: &Path, shard: Shard) -> Result<Self> {
+        let path = out.join(shard.lock_file());
         let io = |source| Error::Output {
             path: path.clone(),
             source,
         };
         std::fs::create_dir_all(out).map_err(io)?;
+        Self::try_file(&path)?.ok_or_else(|| Error::SweepLocked {
+            dir: out.to_path_buf(),
+            holder: std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+        })
+    }
+
+    /// Takes the lock of `path`, or `None` while a live process holds it.
+    fn try_file(path: &Path) -> Result<Option<Self>> {
+        use std::io::{Read, Seek, Write};
+        let io = |source| Error::Output {
+            path: path.to_path_buf(),
+            source,
+        };
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)
+            .open(path)
             .map_err(io)?;
-        let mut holder = String::new();
         match file.try_lock() {
             Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                file.read_to_string(&mut holder).map_err(io)?;
-                return Err(Error::SweepLocked {
-                    dir: out.to_path_buf(),
-                    holder: holder.trim().to_string(),
-                });
-            }
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
             Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
         }
+        let mut holder = String::new();
         file.read_to_string(&mut holder).map_err(io)?;
         let took_over = Some(holder.trim().to_string()).filter(|h| !h.is_empty());
         let stamp = std::time::SystemTime::now()
@@ -467,13 +556,13 @@ impl SweepLock {
         file.rewind().map_err(io)?;
         write!(file, "pid {} since unix time {stamp}", std::process::id()).map_err(io)?;
         file.flush().map_err(io)?;
-        Ok(Self { file, took_over })
+        Ok(Some(Self { file, took_over }))
     }
 }
 
 impl Drop for SweepLock {
-    /// Empties the file, so the next sweep sees a clean release rather than a stale lock.
-    /// The file itself stays: removing it could let two sweeps lock two different files.
+    /// Empties the file, so the next process sees a clean release rather than a stale lock.
+    /// The file itself stays: removing it could let two processes lock two different files.
     fn drop(&mut self) {
         let _ = self.file.set_len(0);
     }
@@ -484,12 +573,20 @@ impl Drop for SweepLock {
 pub struct SweepOutcome {
     /// Cells in the grid.
     pub total: usize,
-    /// Cells already finished before this invocation.
+    /// Cells in this run's part of the grid (all of them unless sharded).
+    pub shard_cells: usize,
+    /// Cells of this part already finished before this invocation (or by another process
+    /// while it ran).
     pub skipped: usize,
     /// Cells run to completion now.
     pub ran: usize,
+    /// Cells another process (a shard started twice, a Ray task) was running, left to it.
+    pub busy: usize,
     /// Cells that failed, with their errors.
     pub failed: Vec<(String, String)>,
+    /// Labels of the grid's cells, in any part, that are not finished once this run ends:
+    /// the report covers the whole grid only when this is empty.
+    pub unfinished: Vec<String>,
 }
 
 /// Receives sweep progress.
@@ -498,23 +595,20 @@ pub trait SweepProgress: Sync {
     fn cell_done(&self, label: &str, done: usize, total: usize, ok: bool);
 }
 
-/// Runs every unfinished cell of `sweep` under `out/cells/`, `jobs` at a time,
-/// each on `threads` rayon threads, loading data from `data_dir`.
-pub fn run(
-    sweep: &Sweep,
-    out: &Path,
-    data_dir: &Path,
-    jobs: usize,
-    threads: usize,
-    progress: &dyn SweepProgress,
-) -> Result<SweepOutcome> {
-    let lock = SweepLock::acquire(out)?;
-    if let Some(holder) = &lock.took_over {
-        tracing::warn!(
-            "{}: took over a stale lock left by a sweep that is no longer running ({holder})",
-            out.display()
-        );
-    }
+/// What became of one cell handed to [`run_cell`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CellRun {
+    /// It was already finished; nothing ran.
+    AlreadyFinished,
+    /// It ran to completion now.
+    Ran,
+    /// Another live process holds its lock and is running it.
+    Busy,
+}
+
+/// Resolves the grid and writes the sweep's index (`sweep.json`) and `cells/` under `out`;
+/// every process that runs cells of this sweep calls it first, and all write the same index.
+pub fn prepare(sweep: &Sweep, out: &Path) -> Result<Vec<Cell>> {
     let cells = sweep.cells()?;
     let cells_dir = out.join("cells");
     std::fs::create_dir_all(&cells_dir).map_err(|source| Error::Output {
@@ -522,17 +616,43 @@ pub fn run(
         source,
     })?;
     write_index(sweep, &cells, out)?;
-    let todo: Vec<&Cell> = cells
+    Ok(cells)
+}
+
+/// Runs every unfinished cell of `shard`'s part of `sweep` under `out/cells/`, `jobs` at a
+/// time, each on `threads` rayon threads, loading data from `data_dir`.
+pub fn run(
+    sweep: &Sweep,
+    out: &Path,
+    data_dir: &Path,
+    shard: Shard,
+    jobs: usize,
+    threads: usize,
+    progress: &dyn SweepProgress,
+) -> Result<SweepOutcome> {
+    let lock = SweepLock::acquire_shard(out, shard)?;
+    if let Some(holder) = &lock.took_over {
+        tracing::warn!(
+            "{}: took over a stale lock left by a sweep that is no longer running ({holder})",
+            out.display()
+        );
+    }
+    let cells = prepare(sweep, out)?;
+    let cells_dir = out.join("cells");
+    let mine = shard.part(&cells);
+    let todo: Vec<&Cell> = mine
         .iter()
+        .copied()
         .filter(|c| !is_finished(&cells_dir.join(&c.dir_name)))
         .collect();
     let outcome = Mutex::new(SweepOutcome {
         total: cells.len(),
-        skipped: cells.len() - todo.len(),
+        shard_cells: mine.len(),
+        skipped: mine.len() - todo.len(),
         ..SweepOutcome::default()
     });
     let next = AtomicUsize::new(0);
-    let settled = AtomicUsize::new(cells.len() - todo.len());
+    let settled = AtomicUsize::new(mine.len() - todo.len());
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1).min(todo.len().max(1)) {
             s.spawn(|| {
@@ -543,25 +663,90 @@ pub fn run(
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     let Some(cell) = todo.get(i) else { break };
-                    let dir = cells_dir.join(&cell.dir_name);
-                    let result = pool.install(|| run_cell(cell, &dir, data_dir));
+                    let result = pool.install(|| run_cell(cell, out, data_dir));
                     let done = settled.fetch_add(1, Ordering::SeqCst) + 1;
                     let mut o = outcome.lock().expect("no panics while holding the lock");
-                    match result {
-                        Ok(()) => o.ran += 1,
-                        Err(e) => o.failed.push((cell.label.clone(), e.to_string())),
-                    }
-                    progress.cell_done(
-                        &cell.label,
-                        done,
-                        cells.len(),
-                        o.failed.last().is_none_or(|f| f.0 != cell.label),
-                    );
+                    let ok = match result {
+                        Ok(CellRun::Ran) => {
+                            o.ran += 1;
+                            true
+                        }
+                        Ok(CellRun::AlreadyFinished) => {
+                            o.skipped += 1;
+                            true
+                        }
+                        Ok(CellRun::Busy) => {
+                            o.busy += 1;
+                            true
+                        }
+                        Err(e) => {
+                            o.failed.push((cell.label.clone(), e.to_string()));
+                            false
+                        }
+                    };
+                    progress.cell_done(&cell.label, done, mine.len(), ok);
                 }
             });
         }
     });
-    Ok(outcome.into_inner().expect("threads joined"))
+    drop(lock);
+    let mut outcome = outcome.into_inner().expect("threads joined");
+    outcome.unfinished = cells
+        .iter()
+        .filter(|c| !is_finished(&cells_dir.join(&c.dir_name)))
+        .map(|c| c.label.clone())
+        .collect();
+    Ok(outcome)
+}
+
+/// Runs one cell of a prepared sweep (see [`prepare`]) into `out/cells/`, under a lock of
+/// its own (`cells/DIR.lock`), so that shards, Ray tasks or a second sweep never run the
+/// same cell at once: a cell another live process holds is left to it ([`CellRun::Busy`]).
+/// The cell continues from its checkpoint when an earlier attempt left one for this exact
+/// config, and otherwise starts over, discarding any half-written files.
+pub fn run_cell(cell: &Cell, out: &Path, data_dir: &Path) -> Result<CellRun> {
+    let cells_dir = out.join("cells");
+    let Some(_lock) = SweepLock::try_file(&cells_dir.join(format!("{}.lock", cell.dir_name)))?
+    else {
+        return Ok(CellRun::Busy);
+    };
+    let dir = cells_dir.join(&cell.dir_name);
+    // Checked under the lock: another process may have finished it since it was listed.
+    if is_finished(&dir) {
+        return Ok(CellRun::AlreadyFinished);
+    }
+    let exp = Experiment::prepare(cell.config.clone(), data_dir)?;
+    for w in cell.config.warnings(exp.clients.len()) {
+        tracing::warn!(cell = %cell.label, "{w}");
+    }
+    let checkpoint = fedsel::checkpoint::load(&dir)
+        .ok()
+        .filter(|cp| cp.config_hash == cell.config.hash());
+    let (writer, result) = match checkpoint {
+        Some(cp) => {
+            let mut w = RunWriter::resume(&dir, cp.next_round)?;
+            let r = engine::resume(&exp, &mut w, cp);
+            (w, r)
+        }
+        None => {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(|source| Error::Output {
+                    path: dir.clone(),
+                    source,
+                })?;
+            }
+            let mut w = RunWriter::create(&dir, &exp.config)?;
+            let r = engine::run(&exp, &mut w);
+            (w, r)
+        }
+    };
+    match result {
+        Ok(summary) => writer.finish(&summary).map(|()| CellRun::Ran),
+        Err(e) => {
+            writer.fail(&e, 0)?;
+            Err(e)
+        }
+    }
 }
 
 /// The sweep's index, `sweep.json`: which cell directory holds which strategy, seed and setting.
@@ -592,46 +777,13 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
         })
         .collect();
     let index = serde_json::json!({ "name": sweep.name, "baseline": sweep.baseline, "version": fedsel::VERSION, "cells": entries });
+    // Shards write the same index side by side: each writes its own temporary file and
+    // renames it into place, so a reader never sees a half-written index.
     let path = out.join("sweep.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&index).expect("json"))
+    let tmp = out.join(format!(".sweep.json.{}", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_string_pretty(&index).expect("json"))
+        .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(|source| Error::Output { path, source })
-}
-
-/// Runs one cell into `dir`: continues it from its checkpoint when an earlier attempt left
-/// one for this exact config, and otherwise starts over, discarding any half-written files.
-fn run_cell(cell: &Cell, dir: &Path, data_dir: &Path) -> Result<()> {
-    let exp = Experiment::prepare(cell.config.clone(), data_dir)?;
-    for w in cell.config.warnings(exp.clients.len()) {
-        tracing::warn!(cell = %cell.label, "{w}");
-    }
-    let checkpoint = fedsel::checkpoint::load(dir)
-        .ok()
-        .filter(|cp| cp.config_hash == cell.config.hash());
-    let (writer, result) = match checkpoint {
-        Some(cp) => {
-            let mut w = RunWriter::resume(dir, cp.next_round)?;
-            let r = engine::resume(&exp, &mut w, cp);
-            (w, r)
-        }
-        None => {
-            if dir.exists() {
-                std::fs::remove_dir_all(dir).map_err(|source| Error::Output {
-                    path: dir.to_path_buf(),
-                    source,
-                })?;
-            }
-            let mut w = RunWriter::create(dir, &exp.config)?;
-            let r = engine::run(&exp, &mut w);
-            (w, r)
-        }
-    };
-    match result {
-        Ok(summary) => writer.finish(&summary),
-        Err(e) => {
-            writer.fail(&e, 0)?;
-            Err(e)
-        }
-    }
 }
 
 #[cfg(test)]
@@ -819,6 +971,49 @@ mod tests {
         assert_eq!(trace_of(&first_cell(&p)), sub.join("t.csv"));
         let c = Config::load(Some(&sub.join("base.toml")), &[]).unwrap();
         assert_eq!(trace_of(&c), sub.join("avail.csv"));
+    }
+
+    #[test]
+    fn shards_are_disjoint_cover_the_grid_and_bad_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(
+            &path,
+            "name = \"t\"\n[axes]\nstrategy = [\"uniform\", \"md\"]\nseed = [1, 2, 3, 4, 5]\n",
+        )
+        .unwrap();
+        let cells = Sweep::load(&path, &[]).unwrap().cells().unwrap();
+        let parts: Vec<Shard> = (1..=3).map(|i| format!("{i}/3").parse().unwrap()).collect();
+        let mut seen: Vec<&str> = Vec::new();
+        for p in &parts {
+            let part = p.part(&cells);
+            // 10 cells in 3 parts: 4, 3, 3; each part mixes both strategies.
+            assert!((3..=4).contains(&part.len()), "{}", part.len());
+            assert!(
+                part.iter().any(|c| c.method() == "uniform")
+                    && part.iter().any(|c| c.method() == "md")
+            );
+            seen.extend(part.iter().map(|c| c.label.as_str()));
+        }
+        seen.sort_unstable();
+        let mut all: Vec<&str> = cells.iter().map(|c| c.label.as_str()).collect();
+        all.sort_unstable();
+        assert_eq!(seen, all, "the parts are disjoint and cover the grid");
+        assert_eq!(Shard::ALL.part(&cells).len(), cells.len());
+        assert_eq!(
+            " 2 / 3 ".trim().parse::<Shard>().unwrap().to_string(),
+            "2/3"
+        );
+        for bad in ["0/3", "4/3", "1/0", "2", "a/b", "-1/2"] {
+            let e = bad.parse::<Shard>().unwrap_err().to_string();
+            assert!(e.contains("--shard"), "{bad}: {e}");
+        }
+        // Parts lock separately; the same part twice is refused.
+        let one = SweepLock::acquire_shard(dir.path(), parts[0]).unwrap();
+        let _two = SweepLock::acquire_shard(dir.path(), parts[1]).unwrap();
+        assert!(SweepLock::acquire_shard(dir.path(), parts[0]).is_err());
+        drop(one);
+        assert!(SweepLock::acquire_shard(dir.path(), parts[0]).is_ok());
     }
 
     #[test]
