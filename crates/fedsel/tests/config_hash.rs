@@ -14,91 +14,91 @@ use fedsel::config::Config;
 const PINNED: &[(&str, &str)] = &[
     (
         "examples/trace_f3ast.toml",
-        "7c0e6047023d79cd2b79a401adf24e511afb94087dea5cef14aaab068cec25e5",
+        "95721336e83c8aed88e0ef02db99c0c6885ddaff007f9ec0554cfa5b98ea302c",
     ),
     (
         "f3ast/shakespeare_base.toml",
-        "ec996cce2854e7bd2f4a5cd0289aa662840911e75b1fdb7e90507b7eca6bac7c",
+        "f79b86114b004c3cdba2e40ec9e799589a175ed079638cff00cf3bac46d08ef2",
     ),
     (
         "f3ast/synthetic_always_f3ast.toml",
-        "46faa1af98fde96fe898e1f2da6780e599d4d19b5cfd0559b9ba7b39ec5e290b",
+        "2c1784ded40911bcffbd3c0aeafdf6d0372a040d9eebe6436318ce8f5fb4e75d",
     ),
     (
         "f3ast/synthetic_homedevice_f3ast.toml",
-        "fc11381af0d5438f7818e73d13739fd089223babb88adb38cc78abd4ceccb326",
+        "08828ff2e8f5e54cef62cd990a1e1df4879ea8bfe5ffa99f92124878824d5f38",
     ),
     (
         "f3ast/synthetic_scarce_fedavg.toml",
-        "1400bd7d55d89671175977970c66c7a857767366eafa8f556946d1b0fe8aef16",
+        "270eae73529b4eb11c14eb0647f9169f518f2016f7048ca43c0d0c9eb040f4df",
     ),
     (
         "f3ast/synthetic_smartphones_f3ast.toml",
-        "eb6810cb765644d1991cec74f626410d8cf0f133521e309e182479d1d93444b5",
+        "6cc5eeef8ed5feaba387a4e6ced12fc62348f9b8e37a0dea535bbadbfbd44bf0",
     ),
     (
         "f3ast/synthetic_uneven_f3ast.toml",
-        "7a264d3855714e6e52208c4ca446433094176a34c99a71fe2d6762549fa6adb6",
+        "fafa6e548d97860781cd1253e810c560ee12867e0a09683c356aa7f2c011b637",
     ),
     (
         "fedcor/cifar10_2spc_rand.toml",
-        "bc69f889bae7c2f4aae02c064fc8d17d8631cc727ac111d6b1e825bca05d95cf",
+        "c28aad17bcd3f3000855a53def83885f59b503416360e29679495879585f32ff",
     ),
     (
         "fedcor/fmnist_2spc_afl.toml",
-        "3d960c037a934aad960a523d93a17b23c274739c5baa09616412c7c1348278d1",
+        "974740cbd78812f9754308cf0f1cf397d24fe0edce34eee3d91ecc477ebedeaf",
     ),
     (
         "fedcor/fmnist_2spc_fedcor.toml",
-        "48589c0ad1e4e88157fd739bad4c378e53b0dfbe4edcb53f5358c12ccf337993",
+        "96ae4d828231d1fa8b19a703d9a65944c32ea6dce7864208ca7dd142a0293378",
     ),
     (
         "fedcor/fmnist_2spc_powd.toml",
-        "a5b983fd1b64a060da21ce0b38980819c3385955cd488d06d461ce44bc1171f4",
+        "1bc4a87f354684705a9839def49c58bb80ea893b937b455566a1286d0567cd7e",
     ),
     (
         "fedcor/fmnist_dir_fedcor.toml",
-        "82beeecb5431bd8dea4751a8960aadd978efd1ffb2cd07580f7bc4ba77d83d56",
+        "44311ef5cfba239d71326323dd5dad38975deff74bb24013fb30a835a7064931",
     ),
     (
         "fedgs/synthetic_idl_fedgs.toml",
-        "c10aa44e1f2f528947627c4619c6a12b786774133cc9774d45e9414909ef0d01",
+        "e61c78157138cd9a0620b3875d47d46a155e716a1d91488cf5d3c336928288fa",
     ),
     (
         "fedgs/synthetic_ldf_fedgs.toml",
-        "232821be6dfd1507a04d26471372d07c801fa0eae2e19f0e0c1afff4ba68dfe4",
+        "eeda0be4012c66d73c7be419a90d0d48d9f96d6997cc4e25a92f411a8c58f0dd",
     ),
     (
         "fedgs/synthetic_ln_mdsample.toml",
-        "4dc5f38120108fd742b2f25e0316b8a9bfa865b1765b0a1e4856c9e3e803cef1",
+        "34ff2e3e32635ef611d131896c6b8107d4c213ddf9511b3be56345c47f5fefb3",
     ),
     (
         "fedgs/synthetic_mdf_fedgs.toml",
-        "415c1fd98d015055950f32fca1f3c97a6970286995a268646046047bf89bb0d1",
+        "7f410fed74f19f3ddfa53d9a7eae08e0124f16549a1b674908c4dfc3c60395f6",
     ),
     (
         "fedgs/synthetic_sln_powd.toml",
-        "924dc02d6827271f3eb330f6362c9df1fc7f72876c5fa26564ef17633fc65711",
+        "3384bc3fdc2ac419764f10b147688807cbff9c9d866c58ad3718c5e8618337d1",
     ),
     (
         "hics/fmnist_s1_cs.toml",
-        "9eaa062da3479c870eb05ec81b406bc15d4fda52699899c766c0e2bfe15ec35b",
+        "0fda2debef98e0757efd9a28cea3248a53893890da51296d94c3bea81a135ec5",
     ),
     (
         "hics/fmnist_s1_divfl.toml",
-        "905788e46a8846056e3dce2cf9fc9c872fdcdfbcac490f98294d2cab1db037f9",
+        "afedcf2c31069f47d9befc177aab8427b87550e69faaf6b025463d9f333e68e7",
     ),
     (
         "hics/fmnist_s1_hics.toml",
-        "f62440054d0ca28106802defc356de56c45ee9a777eea34049357054ee347e10",
+        "70177b90ecbf54ff1d6f1e31dca5f9b27f50e8d67b5bbda9d5d6d2386803361a",
     ),
     (
         "hics/fmnist_s2_hics_code.toml",
-        "849e524b21b2bd24891e456d6e9a17e7b4b55e01015f71910aad5a67d120cc62",
+        "0ee042b853ed4c37d05fd9277113820512928dc1ce752d027d1ec84a136d0545",
     ),
     (
         "hics/fmnist_s3_random.toml",
-        "cc4cce697979f17b97d79634450c52ac3b89ed80de2d8b358120f06e4e38d745",
+        "56c855572444d7844ff0edf7919313835229a40fcdb4f8ffdebaa0149a81c7c9",
     ),
 ];
 
@@ -106,7 +106,7 @@ const PINNED: &[(&str, &str)] = &[
 fn the_default_config_hash_is_pinned() {
     assert_eq!(
         Config::default().hash(),
-        "197253ead6fcf4168e54d2e712341ed343db3794cfdf25cc2de0509ce280f7b4"
+        "3b9c94b725f7429d7a478beac260b2b7c44b9ceb27259959a6ccb9b24f5814ca"
     );
 }
 

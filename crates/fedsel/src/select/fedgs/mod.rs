@@ -68,8 +68,20 @@ pub struct FedGsConfig {
     pub exact_up_to: usize,
     /// Node budget of the branch-and-bound; past it the best found is kept and the gap reported.
     pub node_budget: usize,
+    /// Work budget of the branch-and-bound: open clients summed over the nodes expanded
+    /// (`solver::Limits::work_budget`). It binds only above 100 available clients, where
+    /// a node costs more: at 1,000 it keeps a round within about a second.
+    pub work_budget: usize,
     /// Improving 1-swaps the local search may make.
     pub swap_budget: usize,
+    /// Further local searches from other seeds (`solver::Limits::restarts`).
+    pub restarts: usize,
+    /// Subgradient steps of the spectral upper bound (`solver::spectral_bound`), which
+    /// gives the gap where the branch-and-bound cannot close it; 0 turns it off.
+    pub spectral_steps: usize,
+    /// Compute the spectral bound when at most this many clients are available (each
+    /// step is an eigendecomposition of their distance matrix).
+    pub spectral_up_to: usize,
     /// Gaussian-noise batch of the functional similarity.
     pub noise_batch: usize,
     /// **Oracle** diagnostic: also build the oracle 3DG and report the precision, recall
@@ -87,7 +99,11 @@ impl Default for FedGsConfig {
             sigma2: None,
             exact_up_to: 1000,
             node_budget: 200_000,
+            work_budget: 20_000_000,
             swap_budget: 10_000,
+            restarts: 16,
+            spectral_steps: 50,
+            spectral_up_to: 200,
             noise_batch: 128,
             graph_quality: false,
         }
@@ -326,7 +342,11 @@ impl Selector for FedGs {
             solver::Limits {
                 exact_up_to: self.cfg.exact_up_to,
                 node_budget: self.cfg.node_budget,
+                work_budget: self.cfg.work_budget,
                 swap_budget: self.cfg.swap_budget,
+                restarts: self.cfg.restarts,
+                spectral_steps: self.cfg.spectral_steps,
+                spectral_up_to: self.cfg.spectral_up_to,
             },
         );
         let pairs = sol.chosen.len() * sol.chosen.len().saturating_sub(1) / 2;
