@@ -296,6 +296,12 @@ fn run(args: RunArgs) -> Result<()> {
             let done = std::fs::read_to_string(out.join("metrics.csv"))
                 .map_or(0, |m| m.lines().count().saturating_sub(1));
             progress.writer.fail(&e, done)?;
+            if done == 0 {
+                return Err(e).context(format!(
+                    "run failed before its first round finished; {} keeps only the error (a rerun replaces it)",
+                    out.display()
+                ));
+            }
             return Err(e).context(format!(
                 "run failed after {done} rounds; finished rounds are in {}",
                 out.display()

@@ -137,7 +137,12 @@ fn mistakes_are_errors_that_name_them_and_logs_carry_no_colour() {
     // A report of a directory that is not a sweep.
     let o = fedsel(&["report", dir.path().to_str().unwrap()], dir.path());
     assert!(!o.status.success());
-    assert!(text(&o).contains("not a sweep directory"), "{}", text(&o));
+    assert_eq!(
+        text(&o).matches("not a sweep directory").count(),
+        1,
+        "said once, not again as its own cause: {}",
+        text(&o)
+    );
     // Smoothing windows that are not odd, or too short.
     for w in ["0", "4"] {
         let o = fedsel(
@@ -165,6 +170,49 @@ fn mistakes_are_errors_that_name_them_and_logs_carry_no_colour() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("overrides uniform's own rule"), "{err}");
     assert!(!err.contains('\u{1b}'), "{err:?}");
+}
+
+/// A run that cannot start (a trace naming a client the partition lacks, a negative id)
+/// fails before it makes its directory, and a corrected rerun needs no --overwrite
+/// (issue 24 item 6).
+#[test]
+fn a_run_that_cannot_start_leaves_no_directory_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let trace = dir.path().join("trace.csv");
+    let run = |out: &Path| {
+        fedsel(
+            &[
+                "run",
+                "--set",
+                "rounds=2",
+                "--set",
+                &format!(
+                    "availability={{ kind = \"trace\", trace = \"{}\" }}",
+                    trace.display()
+                ),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            dir.path(),
+        )
+    };
+    for (rows, needle) in [
+        ("0,0\n0,99\n", "client 99 does not exist"),
+        ("0,-1\n", "line 2"),
+    ] {
+        std::fs::write(&trace, format!("round,client\n{rows}")).unwrap();
+        let o = run(&out);
+        assert!(!o.status.success());
+        let t = text(&o);
+        assert!(t.contains(needle) && t.contains("trace.csv"), "{t}");
+        assert!(!t.contains("finished rounds are in"), "{t}");
+        assert!(!out.exists(), "{t}");
+    }
+    std::fs::write(&trace, "round,client\n0,0\n0,1\n1,2\n").unwrap();
+    let o = run(&out);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(out.join("summary.json").is_file());
 }
 
 #[test]

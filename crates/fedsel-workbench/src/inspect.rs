@@ -86,7 +86,7 @@ pub fn pca_2d(points: &[Vec<f64>]) -> Vec<(f64, f64)> {
 fn read_rows(path: &Path) -> Result<Vec<Vec<String>>> {
     let bad = |e: &dyn std::fmt::Display| Error::Output {
         path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+        error: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
     };
     let mut r = csv::Reader::from_path(path).map_err(|e| bad(&e))?;
     r.records()
@@ -117,7 +117,7 @@ fn embedding_file(run_dir: &Path, stem: &str) -> Result<Option<f64>> {
     let parse = |v: &str, p: &Path| {
         v.parse::<f64>().map_err(|e| Error::Output {
             path: p.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
         })
     };
     let points: Vec<Vec<f64>> = read_rows(&emb)?
@@ -204,7 +204,7 @@ pub fn entropy(run_dir: &Path) -> Result<Option<EntropyCorrelation>> {
     }
     let bad = |e: String| Error::Output {
         path: path.clone(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        error: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
     };
     let mut by_round: std::collections::BTreeMap<usize, EntropyRound> =
         std::collections::BTreeMap::new();

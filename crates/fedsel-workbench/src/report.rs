@@ -79,7 +79,7 @@ struct Run {
 fn bad(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Output {
         path: path.to_path_buf(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+        error: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
     }
 }
 
@@ -191,7 +191,7 @@ fn figures(
     let plots = dir.join("plots");
     std::fs::create_dir_all(&plots).map_err(|source| Error::Output {
         path: plots.clone(),
-        source,
+        error: source,
     })?;
     let stem = |kind: &str| plots.join(format!("{}-{kind}", slug(setting)));
     let smoothed = smooth.map_or(String::new(), |w| format!(", Savitzky-Golay window {w}"));
@@ -289,11 +289,11 @@ fn figures(
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Output {
         path: path.to_path_buf(),
-        source,
+        error: source,
     })?;
     serde_json::from_str(&text).map_err(|e| Error::Output {
         path: path.to_path_buf(),
-        source: std::io::Error::other(e),
+        error: std::io::Error::other(e),
     })
 }
 
@@ -301,16 +301,16 @@ fn counts(path: &Path, clients: usize) -> Result<Vec<usize>> {
     let mut c = vec![0; clients];
     let mut r = csv::Reader::from_path(path).map_err(|e| Error::Output {
         path: path.to_path_buf(),
-        source: std::io::Error::other(e),
+        error: std::io::Error::other(e),
     })?;
     for row in r.records() {
         let row = row.map_err(|e| Error::Output {
             path: path.to_path_buf(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?;
         let k: usize = row[1].parse().map_err(|e| Error::Output {
             path: path.to_path_buf(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?;
         if k >= c.len() {
             c.resize(k + 1, 0);
@@ -733,7 +733,7 @@ impl Table {
         let path = dir.join(self.file);
         let err = |e: csv::Error| Error::Output {
             path: path.clone(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         };
         let mut w = csv::Writer::from_path(&path).map_err(err)?;
         for r in self.csv() {
@@ -741,7 +741,7 @@ impl Table {
         }
         w.flush().map_err(|source| Error::Output {
             path: path.clone(),
-            source,
+            error: source,
         })
     }
 }
@@ -762,7 +762,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
     if !dir.join("sweep.json").is_file() {
         return Err(Error::Output {
             path: dir.to_path_buf(),
-            source: std::io::Error::new(
+            error: std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 "not a sweep directory: it has no sweep.json (`fedsel sweep` writes one; a single run's results are its metrics.csv and summary.json)",
             ),
@@ -1168,7 +1168,10 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         Err(why) => md.push_str(&format!("Figures skipped: {why}.\n")),
     }
     let path = dir.join("report.md");
-    std::fs::write(&path, &md).map_err(|source| Error::Output { path, source })?;
+    std::fs::write(&path, &md).map_err(|source| Error::Output {
+        path,
+        error: source,
+    })?;
     Ok(md)
 }
 

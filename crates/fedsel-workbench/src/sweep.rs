@@ -515,7 +515,7 @@ impl SweepLock {
         let path = out.join(shard.lock_file());
         let io = |source| Error::Output {
             path: path.clone(),
-            source,
+            error: source,
         };
         std::fs::create_dir_all(out).map_err(io)?;
         Self::try_file(&path)?.ok_or_else(|| Error::SweepLocked {
@@ -532,7 +532,7 @@ impl SweepLock {
         use std::io::{Read, Seek, Write};
         let io = |source| Error::Output {
             path: path.to_path_buf(),
-            source,
+            error: source,
         };
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -613,7 +613,7 @@ pub fn prepare(sweep: &Sweep, out: &Path) -> Result<Vec<Cell>> {
     let cells_dir = out.join("cells");
     std::fs::create_dir_all(&cells_dir).map_err(|source| Error::Output {
         path: cells_dir.clone(),
-        source,
+        error: source,
     })?;
     write_index(sweep, &cells, out)?;
     Ok(cells)
@@ -732,7 +732,7 @@ pub fn run_cell(cell: &Cell, out: &Path, data_dir: &Path) -> Result<CellRun> {
             if dir.exists() {
                 std::fs::remove_dir_all(&dir).map_err(|source| Error::Output {
                     path: dir.clone(),
-                    source,
+                    error: source,
                 })?;
             }
             let mut w = RunWriter::create(&dir, &exp.config)?;
@@ -783,7 +783,10 @@ fn write_index(sweep: &Sweep, cells: &[Cell], out: &Path) -> Result<()> {
     let tmp = out.join(format!(".sweep.json.{}", std::process::id()));
     std::fs::write(&tmp, serde_json::to_string_pretty(&index).expect("json"))
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|source| Error::Output { path, source })
+        .map_err(|source| Error::Output {
+            path,
+            error: source,
+        })
 }
 
 #[cfg(test)]

@@ -89,7 +89,7 @@ impl Meta {
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Output {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 
@@ -170,7 +170,10 @@ pub fn load(run_dir: &Path) -> Result<Checkpoint> {
         .ok_or_else(|| CheckpointError::Missing { dir: dir(run_dir) })?;
     let read = |name: &str| {
         let path = d.join(name);
-        std::fs::read(&path).map_err(|source| CheckpointError::Io { path, source })
+        std::fs::read(&path).map_err(|source| CheckpointError::Io {
+            path,
+            error: source,
+        })
     };
     Ok(from_bytes(&d, &read(STATE)?, &read(TENSORS)?)?)
 }

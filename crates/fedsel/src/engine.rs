@@ -135,6 +135,11 @@ impl Experiment {
             )
             .into());
         }
+        // A trace is read here, not at round 0, so that a trace naming a client the
+        // partition does not have fails before any output directory is made.
+        if let crate::config::AvailabilityConfig::Trace(t) = &config.availability {
+            crate::availability::trace::Trace::load(&t.trace, clients.len())?;
+        }
         let arch = model::build(&config.model, &data.train)?;
         let layout = ParamLayout::of(arch.as_ref());
         let device = device_for(&config.device)?;

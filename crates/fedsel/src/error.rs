@@ -40,12 +40,12 @@ impl ConfigError {
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// The file does not exist or cannot be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// What the operating system said.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file exists but its contents are not what the format requires.
     #[error("{path}: {reason}")]
@@ -99,12 +99,12 @@ pub enum CheckpointError {
         dir: PathBuf,
     },
     /// A checkpoint file exists but cannot be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// What the operating system said.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A checkpoint file does not hold what was written: damaged on disk, edited, or
     /// written by a fedsel that stored no checksums. Resuming from it would silently
@@ -134,12 +134,13 @@ pub enum Error {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     /// Writing results failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Output {
         /// The file being written.
         path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error. Not a `source` (thiserror's name for the error chain): the
+        /// message already shows it, and anyhow would print a source a second time.
+        error: std::io::Error,
     },
     /// A run would write into a directory that already holds files of another run.
     #[error(

@@ -26,14 +26,14 @@ pub struct RunWriter {
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Output {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 
 fn csv_err(path: &Path) -> impl FnOnce(csv::Error) -> Error + '_ {
     move |e| Error::Output {
         path: path.to_path_buf(),
-        source: std::io::Error::other(e),
+        error: std::io::Error::other(e),
     }
 }
 
@@ -59,7 +59,10 @@ impl RunWriter {
     /// already holds anything is refused ([`Error::RunExists`]): a finished run is never
     /// overwritten by accident, and no file of an earlier run stays beside a new one.
     pub fn create(dir: &Path, config: &Config) -> Result<Self> {
-        if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
+        if failed_before_round_one(dir) {
+            // Not a run: nothing in it is a result, so a corrected rerun takes its place.
+            std::fs::remove_dir_all(dir).map_err(io(dir))?;
+        } else if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
             return Err(Error::RunExists {
                 dir: dir.to_path_buf(),
             });
@@ -143,6 +146,19 @@ impl RunWriter {
     }
 }
 
+/// Whether `dir` holds a run that failed before finishing any round (its summary says
+/// so and no metrics row follows the header): the only state that [`RunWriter::create`]
+/// replaces rather than refuses.
+pub fn failed_before_round_one(dir: &Path) -> bool {
+    let failed = std::fs::read_to_string(dir.join("summary.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .is_some_and(|v| v["status"] == "failed" && v["rounds_completed"] == 0);
+    let rows = std::fs::read_to_string(dir.join("metrics.csv"))
+        .map_or(0, |m| m.lines().count().saturating_sub(1));
+    failed && rows == 0
+}
+
 fn opt(x: Option<f64>) -> String {
     x.map(|v| format!("{v:.6}")).unwrap_or_default()
 }
@@ -189,5 +205,45 @@ impl Observer for RunWriter {
             .write_record([r.round.to_string(), active.join(" ")])
             .map_err(csv_err(&apath))?;
         self.availability.flush().map_err(io(&apath))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a run that failed before finishing a round is replaced; one with a finished
+    /// round, or any other content, is refused.
+    #[test]
+    fn only_a_run_failed_at_round_zero_is_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config::default();
+        let dir = tmp.path().join("run");
+        let failed = |rows: usize| {
+            let w = RunWriter::create(&dir, &config).unwrap();
+            let header = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+            std::fs::write(dir.join("metrics.csv"), header + &"0,0.1\n".repeat(rows)).unwrap();
+            w.fail(
+                &Error::Selection {
+                    selector: "x".into(),
+                    round: rows,
+                    reason: "y".into(),
+                },
+                rows,
+            )
+            .unwrap();
+        };
+        failed(0);
+        assert!(failed_before_round_one(&dir));
+        std::fs::write(dir.join("marker"), "").unwrap();
+        RunWriter::create(&dir, &config).unwrap();
+        assert!(!dir.join("marker").exists(), "the failed run was replaced");
+        std::fs::remove_dir_all(&dir).unwrap();
+        failed(1);
+        assert!(!failed_before_round_one(&dir));
+        assert!(matches!(
+            RunWriter::create(&dir, &config),
+            Err(Error::RunExists { .. })
+        ));
     }
 }

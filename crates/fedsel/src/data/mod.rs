@@ -169,6 +169,6 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
 pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
     std::fs::read(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     })
 }
