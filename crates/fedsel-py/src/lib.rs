@@ -384,7 +384,7 @@ fn partition(
     let dir = locate::data_dir(data_dir, config.data_dir.clone());
     py.detach(|| {
         let data = fedsel::data::load(&config, &dir)?;
-        let clients = fedsel::partition::build(&config.partition, &data, config.seed)?;
+        let clients = fedsel::partition::build(&config.partition, &data, config.data_seed())?;
         Ok::<_, Error>(clients.into_iter().map(|c| (c.train, c.holdout)).collect())
     })
     .map_err(py_err)

@@ -22,7 +22,7 @@ use crate::error::ConfigError;
 
 pub use crate::availability::f3ast::{HomeDeviceConfig, ScarceConfig, SmartphonesConfig};
 pub use crate::availability::fedgs::{
-    LdfConfig, LnConfig, MdfConfig, SlnConfig, YcConfig, YmfConfig,
+    LdfConfig, LnConfig, MdfConfig, SlnConfig, SlnPhase, YcConfig, YmfConfig,
 };
 pub use crate::availability::trace::TraceConfig;
 pub use crate::select::afl::AflConfig;
@@ -41,6 +41,12 @@ pub struct Config {
     pub name: String,
     /// Master seed of every random stream.
     pub seed: u64,
+    /// Seed of the data itself: a generated dataset, the partition and each client's
+    /// held-out split. Unset, it is `seed`, so each run seed draws its own data; pinned,
+    /// the seeds of a sweep vary only training, as in papers that ran every seed on one
+    /// task (FedGS's Synthetic). The resolved config records the value used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_seed: Option<u64>,
     /// Number of communication rounds.
     pub rounds: usize,
     /// Test accuracies (0..1) whose first-reaching round is reported.
@@ -82,6 +88,7 @@ impl Default for Config {
         Self {
             name: "default".into(),
             seed: 1,
+            data_seed: None,
             rounds: 200,
             targets: vec![0.5, 0.6, 0.7],
             data_dir: None,
@@ -126,6 +133,9 @@ pub enum DatasetConfig {
         /// Fraction of each user's samples kept for the global test set.
         #[serde(default = "tenth")]
         test_fraction: f64,
+        /// Which program's draws make the data (see [`SyntheticGenerator`]).
+        #[serde(default)]
+        generator: SyntheticGenerator,
     },
     /// Fashion-MNIST from the four IDX files.
     Fmnist,
@@ -148,6 +158,23 @@ pub enum DatasetConfig {
         #[serde(default)]
         max_samples_per_client: usize,
     },
+}
+
+/// The program a Synthetic(α, β) dataset reproduces.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyntheticGenerator {
+    /// FedProx's generator on fedsel's own seeded streams: sizes ⌊LogNormal(4, 2)⌋ + 50,
+    /// each user's examples shuffled and `test_fraction` of them pooled for the test set
+    /// (`data::synthetic::generate`).
+    #[default]
+    Fedsel,
+    /// The FedGS authors' program (easyFL `benchmark/synthetic_regression/core.py`,
+    /// `dist_id` 10) on numpy's legacy stream seeded `97 + data_seed`: with `data_seed = 0`
+    /// it is their task `synthetic_regression_cnum30_dist10_skew0.5_seed0`, every example
+    /// bit for bit; each user's examples split by position 75 % train, 15 % held out, 10 %
+    /// pooled test (`data::synthetic::generate_easyfl`).
+    Easyfl,
 }
 
 fn one() -> usize {
@@ -181,6 +208,7 @@ impl Default for DatasetConfig {
             dim: 60,
             classes: 10,
             test_fraction: 0.1,
+            generator: SyntheticGenerator::Fedsel,
         }
     }
 }
@@ -266,6 +294,9 @@ pub struct ModelConfig {
     pub kind: String,
     /// Dropout probability where the architecture has dropout (MLP).
     pub dropout: f64,
+    /// Start the output layer's bias at zero instead of the uniform draw (the FedGS
+    /// authors' logistic regression does, `self.layer.bias.data.zero_()`).
+    pub zero_bias: bool,
 }
 
 impl Default for ModelConfig {
@@ -273,6 +304,7 @@ impl Default for ModelConfig {
         Self {
             kind: "logreg".into(),
             dropout: 0.0,
+            zero_bias: false,
         }
     }
 }
@@ -825,7 +857,20 @@ impl Config {
                 dim,
                 classes,
                 test_fraction,
+                generator,
             } => {
+                if *generator == SyntheticGenerator::Easyfl {
+                    check(
+                        *test_fraction == 0.1,
+                        "dataset.test_fraction",
+                        "the easyfl generator splits each user 75 / 15 / 10 by position, as the authors' program; leave test_fraction at 0.1",
+                    )?;
+                    check(
+                        self.data_seed() < u64::from(u32::MAX) - 97,
+                        "data_seed",
+                        "the easyfl generator seeds numpy's 32-bit state with 97 + data_seed",
+                    )?;
+                }
                 check(
                     alpha.is_finite() && *alpha >= 0.0,
                     "dataset.alpha",
@@ -1031,6 +1076,11 @@ impl Config {
     pub fn hash(&self) -> String {
         let mut c = self.clone();
         c.fedsel_version = None;
+        // A data seed equal to the run seed is the default written out (as the resolved
+        // config does): the same config.
+        if c.data_seed == Some(c.seed) {
+            c.data_seed = None;
+        }
         crate::digest::sha256_hex(
             toml::to_string(&c)
                 .expect("a Config always serializes")
@@ -1038,10 +1088,16 @@ impl Config {
         )
     }
 
+    /// The seed of the data (the run seed unless `data_seed` pins another).
+    pub fn data_seed(&self) -> u64 {
+        self.data_seed.unwrap_or(self.seed)
+    }
+
     /// The config with every default written out and the version stamped, as TOML.
     pub fn to_resolved_toml(&self) -> String {
         let mut c = self.clone();
         c.fedsel_version = Some(crate::VERSION.to_string());
+        c.data_seed = Some(self.data_seed());
         toml::to_string_pretty(&c).expect("a Config always serializes")
     }
 }
@@ -1210,9 +1266,13 @@ mod tests {
         let text = c.to_resolved_toml();
         let back = Config::from_toml_str(&text, "resolved", &[]).unwrap();
         assert_eq!(back.fedsel_version.as_deref(), Some(crate::VERSION));
+        // The data seed the run used is written out, and counts as the default.
+        assert_eq!(back.data_seed, Some(c.seed));
+        assert_eq!(back.hash(), c.hash());
         assert_eq!(
             Config {
                 fedsel_version: None,
+                data_seed: None,
                 ..back
             },
             c

@@ -123,7 +123,7 @@ impl Experiment {
     /// Prepares a run on data already in memory.
     pub fn from_data(config: Config, data: FederatedData) -> Result<Self> {
         config.validate()?;
-        let clients = partition::build(&config.partition, &data, config.seed)?;
+        let clients = partition::build(&config.partition, &data, config.data_seed())?;
         let m = config.selection.clients_per_round;
         if m > clients.len() {
             return Err(ConfigError::invalid(
@@ -146,7 +146,7 @@ impl Experiment {
         let n_test = data.test.len();
         let test_idx = if config.eval.max_test_samples > 0 && config.eval.max_test_samples < n_test
         {
-            let mut rng = stream(config.seed, Purpose::Dataset, 1, 0);
+            let mut rng = stream(config.data_seed(), Purpose::Dataset, 1, 0);
             let mut idx =
                 rand::seq::index::sample(&mut rng, n_test, config.eval.max_test_samples).into_vec();
             idx.sort_unstable();
@@ -833,7 +833,13 @@ impl<'a> Run<'a> {
             rule,
             sizes,
             config_hash: cfg.hash(),
-            global: exp.layout.init(seed),
+            global: {
+                let mut g = exp.layout.init(seed);
+                if cfg.model.zero_bias {
+                    g[exp.layout.output_bias()].fill(0.0);
+                }
+                g
+            },
             server: Server::new(&cfg.server),
             states: vec![None; n],
             summary,

@@ -14,91 +14,91 @@ use fedsel::config::Config;
 const PINNED: &[(&str, &str)] = &[
     (
         "examples/trace_f3ast.toml",
-        "95721336e83c8aed88e0ef02db99c0c6885ddaff007f9ec0554cfa5b98ea302c",
+        "916a1b00316b5d4b7ed9f290dc674e3807acec4157e6b6e1ca4200347f4d9b6f",
     ),
     (
         "f3ast/shakespeare_base.toml",
-        "f79b86114b004c3cdba2e40ec9e799589a175ed079638cff00cf3bac46d08ef2",
+        "88a870793b47ed60cd91e37b3d883694583ed9ef511bfc84cb9f927558eff154",
     ),
     (
         "f3ast/synthetic_always_f3ast.toml",
-        "2c1784ded40911bcffbd3c0aeafdf6d0372a040d9eebe6436318ce8f5fb4e75d",
+        "85b791ff1e1fed07dec7fd4fc60f171be7cd15907e5a6914c1e0d4151fbc5256",
     ),
     (
         "f3ast/synthetic_homedevice_f3ast.toml",
-        "08828ff2e8f5e54cef62cd990a1e1df4879ea8bfe5ffa99f92124878824d5f38",
+        "883ac26f18409dd3336a5a908665fc2b9f675bd048ad9549e31930b476173f26",
     ),
     (
         "f3ast/synthetic_scarce_fedavg.toml",
-        "270eae73529b4eb11c14eb0647f9169f518f2016f7048ca43c0d0c9eb040f4df",
+        "67e7f147466243b983482a78002df805d2810126fc54b736464dcf70317ab420",
     ),
     (
         "f3ast/synthetic_smartphones_f3ast.toml",
-        "6cc5eeef8ed5feaba387a4e6ced12fc62348f9b8e37a0dea535bbadbfbd44bf0",
+        "87ff904b78cf7b1e2580c22f6b237785ff871281d52565c70d6cf5b07d7357b5",
     ),
     (
         "f3ast/synthetic_uneven_f3ast.toml",
-        "fafa6e548d97860781cd1253e810c560ee12867e0a09683c356aa7f2c011b637",
+        "0eb9a3a6ecb3a7012417f66209c79d3a3977665174b87aab5344500d5d611d20",
     ),
     (
         "fedcor/cifar10_2spc_rand.toml",
-        "c28aad17bcd3f3000855a53def83885f59b503416360e29679495879585f32ff",
+        "06bb2dc687e8cf929828f2dbd09035d9a14148b3bb9bc0ae7b5920881e794507",
     ),
     (
         "fedcor/fmnist_2spc_afl.toml",
-        "974740cbd78812f9754308cf0f1cf397d24fe0edce34eee3d91ecc477ebedeaf",
+        "10c84c519685ab25a3d38e13ddcfa7cd98a69beb6025ff73a1ef313e85a79f37",
     ),
     (
         "fedcor/fmnist_2spc_fedcor.toml",
-        "96ae4d828231d1fa8b19a703d9a65944c32ea6dce7864208ca7dd142a0293378",
+        "585895da704fb9f2c4c2a78298e412207b388f0cd3355fabba5c42c211320944",
     ),
     (
         "fedcor/fmnist_2spc_powd.toml",
-        "1bc4a87f354684705a9839def49c58bb80ea893b937b455566a1286d0567cd7e",
+        "ff63bbc13458758556e0fb1466237df66c49d5ae6f1f073897e5a406913fb357",
     ),
     (
         "fedcor/fmnist_dir_fedcor.toml",
-        "44311ef5cfba239d71326323dd5dad38975deff74bb24013fb30a835a7064931",
+        "636ce13848acbd7e66ab8cff681065dc3e8183942bd15f2c63995be0c3c982e3",
     ),
     (
         "fedgs/synthetic_idl_fedgs.toml",
-        "e61c78157138cd9a0620b3875d47d46a155e716a1d91488cf5d3c336928288fa",
+        "ed30fdd7002d7e755ea2b29e6454a2ae68af881a35f3411fa0e8a974f0873323",
     ),
     (
         "fedgs/synthetic_ldf_fedgs.toml",
-        "eeda0be4012c66d73c7be419a90d0d48d9f96d6997cc4e25a92f411a8c58f0dd",
+        "824dfff15b4cc709c32e7dfc7f028caf2ded2aaa31e0d8be61be75801b1d4c05",
     ),
     (
         "fedgs/synthetic_ln_mdsample.toml",
-        "34ff2e3e32635ef611d131896c6b8107d4c213ddf9511b3be56345c47f5fefb3",
+        "385e6a930383c1cbe48480d3231d1f044aa08a28d1f109b7f727df329f3c297b",
     ),
     (
         "fedgs/synthetic_mdf_fedgs.toml",
-        "7f410fed74f19f3ddfa53d9a7eae08e0124f16549a1b674908c4dfc3c60395f6",
+        "4c9dcf90f2643e77aca68bee6c5089df2c05f8f1fdd1bdc0e1bbc812b2e87a74",
     ),
     (
         "fedgs/synthetic_sln_powd.toml",
-        "3384bc3fdc2ac419764f10b147688807cbff9c9d866c58ad3718c5e8618337d1",
+        "b4ab8ceaf4f41c7eba812a1674c377ab7ba99ae27b8c1d6885d9844e75d5eba8",
     ),
     (
         "hics/fmnist_s1_cs.toml",
-        "0fda2debef98e0757efd9a28cea3248a53893890da51296d94c3bea81a135ec5",
+        "c688545f44fbf4216b404d0017ec9047fbe59b6a86a6812bda0986a8a8266ef8",
     ),
     (
         "hics/fmnist_s1_divfl.toml",
-        "afedcf2c31069f47d9befc177aab8427b87550e69faaf6b025463d9f333e68e7",
+        "7ccdbac9e9098ae6fb9d172f007ea6ffa178dc90174757d4649c9af4607cab8b",
     ),
     (
         "hics/fmnist_s1_hics.toml",
-        "70177b90ecbf54ff1d6f1e31dca5f9b27f50e8d67b5bbda9d5d6d2386803361a",
+        "1fc146211deb44106824b8f6457994037b5c7c58be777518a8c60dd046c7532a",
     ),
     (
         "hics/fmnist_s2_hics_code.toml",
-        "0ee042b853ed4c37d05fd9277113820512928dc1ce752d027d1ec84a136d0545",
+        "b6eeb34238bc8f46ea5b6fa43f5525b5771562719bda03575a452a3aeb152b78",
     ),
     (
         "hics/fmnist_s3_random.toml",
-        "56c855572444d7844ff0edf7919313835229a40fcdb4f8ffdebaa0149a81c7c9",
+        "3453491eb5447588f74a201d90fe30685da9154491742830e79612fed7a696d2",
     ),
 ];
 
@@ -106,7 +106,7 @@ const PINNED: &[(&str, &str)] = &[
 fn the_default_config_hash_is_pinned() {
     assert_eq!(
         Config::default().hash(),
-        "3b9c94b725f7429d7a478beac260b2b7c44b9ceb27259959a6ccb9b24f5814ca"
+        "051f9f43d922b60a49e7ce6f4d03d6d9e416acc58fdaaf7370049dc944530b2e"
     );
 }
 

@@ -141,7 +141,7 @@ impl LnConfig {
     }
 }
 
-/// FedGS SinLogNormal: the LN rate times 0.4 sin(2π(1 + t mod T_p)/T_p) + 0.5.
+/// FedGS SinLogNormal: the LN rate times 0.4 sin(θ_t) + 0.5.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SlnConfig {
@@ -149,6 +149,8 @@ pub struct SlnConfig {
     pub beta: f64,
     /// Period T_p in rounds.
     pub period: usize,
+    /// Where in its cycle round t is (see [`SlnPhase`]).
+    pub phase: SlnPhase,
 }
 
 impl Default for SlnConfig {
@@ -156,8 +158,22 @@ impl Default for SlnConfig {
         Self {
             beta: 0.5,
             period: 24,
+            phase: SlnPhase::Paper,
         }
     }
+}
+
+/// The phase θ_t of SinLogNormal's sine: the paper and the authors' code differ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlnPhase {
+    /// FedGS App. C: θ_t = 2π (1 + t mod T_p) / T_p.
+    #[default]
+    Paper,
+    /// The authors' `utils/systemic_simulator.py`, which produced Table 2:
+    /// θ_t = `linspace(0, 2π, T_p)[t mod T_p]` = 2π (t mod T_p) / (T_p − 1), both ends of
+    /// the cycle included, so the first and last round of a cycle share sin θ = 0.
+    Code,
 }
 
 impl SlnConfig {
@@ -169,16 +185,28 @@ impl SlnConfig {
     }
 }
 
-/// SinLogNormal: c_k / max c · (0.4 sin(2π (1 + t mod T_p)/T_p) + 0.5).
+/// SinLogNormal: c_k / max c · (0.4 sin θ_t + 0.5).
 struct SinLogNormal {
     base: Vec<f64>,
     period: usize,
+    phase: SlnPhase,
+}
+
+impl SinLogNormal {
+    fn theta(&self, t: usize) -> f64 {
+        let p = self.period;
+        match self.phase {
+            SlnPhase::Paper => 2.0 * PI * (1 + t % p) as f64 / p as f64,
+            // numpy's linspace(0, 2π, 1) is [0].
+            SlnPhase::Code if p == 1 => 0.0,
+            SlnPhase::Code => 2.0 * PI * (t % p) as f64 / (p - 1) as f64,
+        }
+    }
 }
 
 impl ActivityRate for SinLogNormal {
     fn rate(&self, t: usize, k: usize) -> f64 {
-        let phase = (1 + t % self.period) as f64 / self.period as f64;
-        self.base[k] * (0.4 * (2.0 * PI * phase).sin() + 0.5)
+        self.base[k] * (0.4 * self.theta(t).sin() + 0.5)
     }
 }
 
@@ -246,9 +274,14 @@ pub fn build(cfg: &AvailabilityConfig, info: &ClientInfo, seed: u64) -> Box<dyn 
             (1.0 / (1.0 - beta)).ln(),
             seed,
         ))),
-        AvailabilityConfig::Sln(SlnConfig { beta, period }) => Box::new(SinLogNormal {
+        AvailabilityConfig::Sln(SlnConfig {
+            beta,
+            period,
+            phase,
+        }) => Box::new(SinLogNormal {
             base: lognormal_rates(n, (1.0 / (1.0 - beta)).ln(), seed),
             period,
+            phase,
         }),
         _ => unreachable!("not a FedGS availability mode: {}", cfg.name()),
     }
@@ -341,6 +374,7 @@ mod tests {
             &AvailabilityConfig::Sln(SlnConfig {
                 beta: 0.5,
                 period: 24,
+                phase: SlnPhase::Paper,
             }),
             &info,
             3,
@@ -349,6 +383,44 @@ mod tests {
             for (k, r) in r1.iter().enumerate() {
                 assert!((sln.rate(t, k) - factor * r).abs() < 1e-12, "t {t} k {k}");
             }
+        }
+    }
+
+    /// The code's phase, linspace(0, 2π, 24)[t mod 24]: 0.5 at the first and last round
+    /// of a cycle (θ = 0 and 2π), and sin(2π·6/23) = 0.99767 at t = 6.
+    #[test]
+    fn sln_code_phase_is_numpys_linspace() {
+        let n = 3;
+        let info = ClientInfo {
+            sizes: vec![10; n],
+            labels: vec![vec![0]; n],
+            classes: 2,
+        };
+        let sln = |phase| {
+            build(
+                &AvailabilityConfig::Sln(SlnConfig {
+                    beta: 0.5,
+                    period: 24,
+                    phase,
+                }),
+                &info,
+                3,
+            )
+        };
+        let (code, paper) = (sln(SlnPhase::Code), sln(SlnPhase::Paper));
+        let base: Vec<f64> = (0..n)
+            .map(|k| build(&AvailabilityConfig::Ln(LnConfig { beta: 0.5 }), &info, 3).rate(0, k))
+            .collect();
+        for (k, r) in base.iter().enumerate() {
+            for (t, factor) in [
+                (0, 0.5),
+                (23, 0.5),
+                (24, 0.5),
+                (6, 0.4 * 0.997_668_769_190_539 + 0.5),
+            ] {
+                assert!((code.rate(t, k) - factor * r).abs() < 1e-12, "t {t} k {k}");
+            }
+            assert!((paper.rate(0, k) - code.rate(0, k)).abs() > 0.01);
         }
     }
 }

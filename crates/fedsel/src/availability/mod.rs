@@ -183,7 +183,7 @@ impl Environment {
 #[cfg(test)]
 mod tests {
     use super::f3ast::{HomeDeviceConfig, ScarceConfig, SmartphonesConfig};
-    use super::fedgs::{LdfConfig, LnConfig, MdfConfig, SlnConfig, YcConfig, YmfConfig};
+    use super::fedgs::{LdfConfig, LnConfig, MdfConfig, SlnConfig, SlnPhase, YcConfig, YmfConfig};
     use super::*;
 
     fn info() -> ClientInfo {
@@ -212,6 +212,7 @@ mod tests {
             AvailabilityConfig::Sln(SlnConfig {
                 beta: 0.5,
                 period: 24,
+                phase: SlnPhase::Code,
             }),
             AvailabilityConfig::Scarce(ScarceConfig { q: 0.2 }),
             AvailabilityConfig::HomeDevice(HomeDeviceConfig { sigma: 0.5 }),

@@ -183,6 +183,7 @@ pub fn load_cifar10(dir: &Path, verify: bool) -> Result<FederatedData, DataError
         test: read_files(dir, &[CIFAR10_TEST], &V10, V10.records.1, verify)?,
         users: None,
         user_models: None,
+        user_holdout: None,
     })
 }
 
@@ -194,6 +195,7 @@ pub fn load_cifar100(dir: &Path, verify: bool) -> Result<FederatedData, DataErro
         test: read_files(dir, &[CIFAR100_TEST], &V100, V100.records.1, verify)?,
         users: None,
         user_models: None,
+        user_holdout: None,
     })
 }
 

@@ -255,6 +255,7 @@ pub fn load_with(dir: &Path, verify: bool) -> Result<FederatedData, DataError> {
         test: load_split(dir, Split::Test, verify)?,
         users: None,
         user_models: None,
+        user_holdout: None,
     })
 }
 

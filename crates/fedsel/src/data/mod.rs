@@ -7,12 +7,13 @@
 pub mod cifar;
 pub mod fmnist;
 pub mod locate;
+pub mod numpy_legacy;
 pub mod shakespeare;
 pub mod synthetic;
 
 use std::path::Path;
 
-use crate::config::{Config, DatasetConfig};
+use crate::config::{Config, DatasetConfig, SyntheticGenerator};
 use crate::error::DataError;
 
 /// Example inputs, row-major, one row per example.
@@ -117,6 +118,10 @@ pub struct FederatedData {
     /// **Oracle**: each user's generating model (W_k then b_k, flattened), where the
     /// data is synthetic. FedGS's oracle 3DG uses it on Synthetic (FedGS §4.1).
     pub user_models: Option<Vec<Vec<f64>>>,
+    /// Each user's own held-out examples (indices into `train`), where the data fixes
+    /// them (the FedGS authors' task: a validation part by position); the natural
+    /// partition then uses them instead of a seeded split.
+    pub user_holdout: Option<Vec<Vec<usize>>>,
 }
 
 /// Loads the dataset a config names; files are looked up under `data_dir`.
@@ -129,15 +134,22 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
             dim,
             classes,
             test_fraction,
-        } => Ok(synthetic::generate(&synthetic::SyntheticSpec {
-            alpha: *alpha,
-            beta: *beta,
-            users: *users,
-            dim: *dim,
-            classes: *classes,
-            test_fraction: *test_fraction,
-            seed: config.seed,
-        })),
+            generator,
+        } => {
+            let spec = synthetic::SyntheticSpec {
+                alpha: *alpha,
+                beta: *beta,
+                users: *users,
+                dim: *dim,
+                classes: *classes,
+                test_fraction: *test_fraction,
+                seed: config.data_seed(),
+            };
+            Ok(match generator {
+                SyntheticGenerator::Fedsel => synthetic::generate(&spec),
+                SyntheticGenerator::Easyfl => synthetic::generate_easyfl(&spec),
+            })
+        }
         DatasetConfig::Fmnist => {
             fmnist::load_with(&data_dir.join(fmnist::DIR), config.verify_checksums)
         }
@@ -159,7 +171,7 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
                 min_samples: *min_samples,
                 max_clients: *max_clients,
                 max_samples_per_client: *max_samples_per_client,
-                seed: config.seed,
+                seed: config.data_seed(),
             },
         ),
     }

@@ -294,6 +294,7 @@ pub fn from_roles(roles: &[Role], spec: &ShakespeareSpec) -> FederatedData {
         test: ds(test),
         users: Some(users),
         user_models: None,
+        user_holdout: None,
     }
 }
 

@@ -79,6 +79,16 @@ pub fn build(
             reason: format!("client {k} received no examples; use fewer clients or another scheme"),
         });
     }
+    if let (PartitionScheme::Natural, Some(held)) = (&cfg.scheme, &data.user_holdout) {
+        return Ok(parts
+            .into_iter()
+            .zip(held)
+            .map(|(train, holdout)| ClientData {
+                train,
+                holdout: holdout.clone(),
+            })
+            .collect());
+    }
     Ok(split_holdout(parts, cfg.holdout_fraction, seed))
 }
 
