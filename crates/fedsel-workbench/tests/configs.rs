@@ -189,3 +189,55 @@ fn hics_table1_runs_paper_positive_part_and_code_side_by_side() {
         );
     }
 }
+
+/// F3AST Table 9 runs four arms: FedAvg, F3AST under `code` and `paper`, and FedAvg whose
+/// server step is the `paper` arm's mean Σ_S weight (issue 22 item 6); only the control
+/// changes the server lr.
+#[test]
+fn f3ast_table9_has_both_normalisations_and_the_step_size_control() {
+    use fedsel::select::Protocol;
+    let root =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/f3ast/table9_synthetic.toml");
+    let cells = Sweep::load(&root, &[]).unwrap().cells().unwrap();
+    assert_eq!(cells.len(), 3 * 4 * 3);
+    let cell = |label: &str| &cells.iter().find(|c| c.label == label).unwrap().config;
+    let (code, paper) = (cell("alpha0-f3ast-s1"), cell("alpha0-f3ast-paper-s1"));
+    assert_eq!(code.selection.f3ast.protocol, Protocol::Code);
+    assert_eq!(paper.selection.f3ast.protocol, Protocol::Paper);
+    for label in [
+        "alpha0.5-fedavg-s2",
+        "alpha0-f3ast-s1",
+        "alpha1-f3ast-paper-s3",
+    ] {
+        assert_eq!(cell(label).server.lr, 1.0, "{label}");
+    }
+    let control = cell("alpha1-fedavg-lr-s3");
+    assert_eq!(
+        control.selection.strategy,
+        cell("alpha1-fedavg-s3").selection.strategy
+    );
+    assert!((control.server.lr - 2.583).abs() < 1e-12);
+}
+
+/// The CPU Shakespeare grid keeps the paper's regime (N = 715, β = 0.001, 500 rounds):
+/// β·N ≈ 0.7 and β·T ≈ 0.5 (issue 22 item 7), with both F3AST normalisations.
+#[test]
+fn f3ast_shakespeare_cpu_grid_keeps_the_papers_beta_regime() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../configs/f3ast/tables23_shakespeare_cpu.toml");
+    let cells = Sweep::load(&root, &[]).unwrap().cells().unwrap();
+    assert_eq!(cells.len(), 3 * 3);
+    for c in &cells {
+        let DatasetConfig::Shakespeare { max_clients, .. } = c.config.dataset else {
+            panic!("{}: not Shakespeare", c.label)
+        };
+        let beta = c.config.selection.f3ast.beta;
+        let (bn, bt) = (beta * max_clients as f64, beta * c.config.rounds as f64);
+        assert!(
+            (0.6..=0.8).contains(&bn) && (0.4..=0.6).contains(&bt),
+            "{}: β·N {bn}, β·T {bt}",
+            c.label
+        );
+    }
+    assert!(cells.iter().any(|c| c.label.contains("f3ast-paper")));
+}
