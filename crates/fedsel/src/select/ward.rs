@@ -48,9 +48,10 @@ pub fn linkage(points: &[Vec<f64>]) -> Vec<Merge> {
             })
             .collect()
     };
-    for i in 0..n {
-        for j in 0..i {
-            d[i][j] = d[j][i];
+    for i in 1..n {
+        let (above, below) = d.split_at_mut(i);
+        for (j, row) in above.iter().enumerate() {
+            below[0][j] = row[i];
         }
     }
     let mut id: Vec<usize> = (0..n).collect();
