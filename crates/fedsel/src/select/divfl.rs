@@ -118,6 +118,9 @@ pub fn facility_location(
     chosen
 }
 
+/// Dot products [`gradient_distances`] computes side by side.
+const LANES: usize = 4;
+
 /// Pairwise Euclidean distances of gradient vectors.
 pub fn gradient_distances(g: &[&[f32]]) -> Vec<Vec<f64>> {
     use rayon::prelude::*;
@@ -129,19 +132,27 @@ pub fn gradient_distances(g: &[&[f32]]) -> Vec<Vec<f64>> {
     let rows: Vec<Vec<f64>> = (0..n)
         .into_par_iter()
         .map(|i| {
-            (0..n)
-                .map(|j| {
-                    if j <= i {
-                        return 0.0;
+            let mut row = vec![0.0; n];
+            // Four dot products at once: each still sums its products in order, so every
+            // distance is bit for bit the one-at-a-time sum, but the four independent
+            // chains of additions keep the core busy where one chain waits on each add
+            // (issue 23: 3.6× at 1,000 clients).
+            let mut j = i + 1;
+            while j < n {
+                let w = (n - j).min(LANES);
+                let mut dot = [-0.0f64; LANES];
+                for (k, &a) in g[i].iter().enumerate() {
+                    let a = f64::from(a);
+                    for (lane, acc) in dot.iter_mut().enumerate().take(w) {
+                        *acc += a * f64::from(g[j + lane][k]);
                     }
-                    let dot: f64 = g[i]
-                        .iter()
-                        .zip(g[j])
-                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                        .sum();
-                    (sq[i] + sq[j] - 2.0 * dot).max(0.0).sqrt()
-                })
-                .collect()
+                }
+                for (lane, d) in dot.iter().enumerate().take(w) {
+                    row[j + lane] = (sq[i] + sq[j + lane] - 2.0 * d).max(0.0).sqrt();
+                }
+                j += w;
+            }
+            row
         })
         .collect();
     (0..n)
@@ -257,6 +268,34 @@ mod tests {
     use super::*;
     use crate::rng::{Purpose, stream};
     use rand::Rng as _;
+
+    /// The four-at-a-time distances are the one-at-a-time sums bit for bit, for every
+    /// remainder of the row length modulo the lanes.
+    #[test]
+    fn side_by_side_distances_equal_the_serial_sums() {
+        let mut rng = stream(9, Purpose::Strategy, 0, 0);
+        let g: Vec<Vec<f32>> = (0..11)
+            .map(|_| (0..37).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+            .collect();
+        let refs: Vec<&[f32]> = g.iter().map(Vec::as_slice).collect();
+        let d = gradient_distances(&refs);
+        let sq = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>();
+        for i in 0..g.len() {
+            for j in 0..g.len() {
+                let dot: f64 = g[i]
+                    .iter()
+                    .zip(&g[j])
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let want = if i == j {
+                    0.0
+                } else {
+                    (sq(&g[i]) + sq(&g[j]) - 2.0 * dot).max(0.0).sqrt()
+                };
+                assert_eq!(d[i][j].to_bits(), want.to_bits(), "{i} {j}");
+            }
+        }
+    }
 
     fn cost(dist: &[Vec<f64>], set: &[usize]) -> f64 {
         (0..dist.len())
