@@ -82,23 +82,23 @@ const PINNED: &[(&str, &str)] = &[
     ),
     (
         "hics/fmnist_s1_cs.toml",
-        "9eaa062da3479c870eb05ec81b406bc15d4fda52699899c766c0e2bfe15ec35b",
+        "96541330d67d3d2674de152b4a5eb61945f2d31bd549e25d7c55143731d7b7e3",
     ),
     (
         "hics/fmnist_s1_divfl.toml",
-        "905788e46a8846056e3dce2cf9fc9c872fdcdfbcac490f98294d2cab1db037f9",
+        "89435a40224b4ee01a61992716cf9fafc4cf8127e42d7c0696e24998143a45f8",
     ),
     (
         "hics/fmnist_s1_hics.toml",
-        "f62440054d0ca28106802defc356de56c45ee9a777eea34049357054ee347e10",
+        "0c81dfbbbbbda6dae48896225faffc15bf6b617760abed0bea88cc68ad900928",
     ),
     (
         "hics/fmnist_s2_hics_code.toml",
-        "849e524b21b2bd24891e456d6e9a17e7b4b55e01015f71910aad5a67d120cc62",
+        "b461c8a0a79282c0e65d632337bef5be120cfd4321279a67a14f4cd335f06881",
     ),
     (
         "hics/fmnist_s3_random.toml",
-        "cc4cce697979f17b97d79634450c52ac3b89ed80de2d8b358120f06e4e38d745",
+        "e4e302f60ad1ae1aa33d377ba97bef0994c08694e0a4b9777b266a1b02724f95",
     ),
 ];
 
