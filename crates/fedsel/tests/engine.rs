@@ -76,7 +76,7 @@ fn results_are_identical_across_thread_counts() {
         ("fedgs", "selection.fedgs.graph=\"functional\""),
         ("fedgs", "availability={ kind = \"sln\", beta = 0.5 }"),
         ("f3ast", "budget={ kind = \"random\", min = 2, max = 8 }"),
-        ("hics", ""),
+        ("hics", "selection.hics.protocol=\"code\""),
         ("cs1", ""),
         ("cs2", ""),
         ("divfl", ""),
@@ -91,6 +91,8 @@ fn results_are_identical_across_thread_counts() {
             "selection.fedcor.steps=20",
             "selection.fedcor.warmup_steps=20",
             "train.momentum=0.9",
+            // Momentum is HiCS-FL's protocol `code` regime, which keeps each client's optimizer.
+            &format!("train.persistent_state={}", strategy == "hics"),
             "model.kind=\"mlp\"",
             "model.dropout=0.3",
         ]);
