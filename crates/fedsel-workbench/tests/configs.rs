@@ -143,28 +143,70 @@ fn fedcor_table1_cases_carry_their_own_m_and_target() {
     assert_eq!(one.config.seed, 3);
 }
 
-/// The HiCS-FL Table 1 sweeps run the paper's protocol, the positive part and the code's
-/// protocol side by side; only the code's cells change K, the statistic and local work, and
-/// its frozen updates follow the setting's α groups.
+/// HiCS-FL Table 1 (FMNIST, CNN and CPU-sized) runs the paper's protocol in the paper's
+/// regime (plain SGD, a fresh optimizer, 2 epochs, K = 5) beside the code's protocol in the
+/// code's (momentum 0.9 kept between rounds, 1 epoch of FedProx μ = 0.5, K = 10) with a
+/// Random of that regime; pow-d as the HiCS code ran it (d = 2K) beside the ideal d = N;
+/// nothing is held out; the code's frozen updates follow the setting's α groups.
 #[test]
 fn hics_table1_runs_paper_positive_part_and_code_side_by_side() {
-    use fedsel::config::LocalWork;
+    use fedsel::config::{LocalWork, TrainConfig};
     use fedsel::select::hics::{HicsEstimator, HicsProtocol, HicsStatistic};
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/hics");
+    let paper_regime = |t: &TrainConfig| {
+        (t.momentum, t.weight_decay, t.persistent_state, t.work, t.lr)
+            == (0.0, 0.0, false, LocalWork::Epochs(2), 0.001)
+    };
+    let code_regime = |t: &TrainConfig| {
+        (
+            t.momentum,
+            t.weight_decay,
+            t.persistent_state,
+            t.work,
+            t.prox_mu,
+        ) == (0.9, 5e-4, true, LocalWork::Epochs(1), 0.5)
+    };
     for (file, model) in [
         ("table1_fmnist_cpu.toml", "mlp"),
         ("table1_fmnist.toml", "cnn_hics_code"),
     ] {
         let cells = Sweep::load(&root.join(file), &[]).unwrap().cells().unwrap();
-        assert_eq!(cells.len(), 63, "{file}");
+        assert_eq!(cells.len(), 81, "{file}");
+        assert!(
+            cells
+                .iter()
+                .all(|c| c.config.partition.holdout_fraction == 0.0)
+        );
         let cell = |label: &str| &cells.iter().find(|c| c.label == label).unwrap().config;
+        for method in [
+            "random",
+            "powd",
+            "powd-ideal",
+            "cs",
+            "divfl",
+            "hics",
+            "hics-positive",
+        ] {
+            let c = cell(&format!("setting2-{method}-s1"));
+            assert!(paper_regime(&c.train), "{file} {method}");
+            assert_eq!(c.selection.fraction, 0.1);
+        }
         let paper = cell("setting2-hics-s1");
         assert_eq!(paper.selection.hics.protocol, HicsProtocol::Paper);
         assert_eq!(paper.selection.hics.statistic, HicsStatistic::Bias);
-        assert_eq!(paper.selection.fraction, 0.1);
         assert_eq!(
             cell("setting2-hics-positive-s1").selection.hics.estimator,
             HicsEstimator::PositivePart
+        );
+        let powd = &cell("setting2-powd-s1").selection;
+        assert_eq!(
+            (powd.strategy.as_str(), powd.powd.candidates(5, 50)),
+            ("powd", 10)
+        );
+        let ideal = &cell("setting2-powd-ideal-s1").selection;
+        assert_eq!(
+            (ideal.strategy.as_str(), ideal.powd.candidates(5, 50)),
+            ("powd", 50)
         );
         let code = cell("setting2-hics-code-s1");
         let h = &code.selection.hics;
@@ -176,11 +218,14 @@ fn hics_table1_runs_paper_positive_part_and_code_side_by_side() {
         );
         assert!(h.several_alpha_groups);
         assert_eq!(code.selection.fraction, 0.2);
-        assert_eq!(
-            (code.train.work, code.train.prox_mu),
-            (LocalWork::Epochs(1), 0.5)
-        );
+        assert!(code_regime(&code.train), "{file}");
         assert_eq!(code.model.kind, model);
+        let random = cell("setting2-random-code-s1");
+        assert_eq!(random.selection.strategy, "uniform");
+        assert_eq!(
+            (random.selection.fraction, &random.train, &random.model.kind),
+            (0.2, &code.train, &code.model.kind)
+        );
         assert!(
             !cell("setting3-hics-code-s1")
                 .selection
@@ -240,4 +285,49 @@ fn f3ast_shakespeare_cpu_grid_keeps_the_papers_beta_regime() {
         );
     }
     assert!(cells.iter().any(|c| c.label.contains("f3ast-paper")));
+}
+
+/// The per-setting HiCS-FL FMNIST configs: the paper's methods train in the paper's regime
+/// (plain SGD, a fresh optimizer, 2 epochs of batch 64 at lr 0.001), the code's HiCS-FL
+/// and its Random in the code's, pow-d draws d = 2K (d = N in `_powd_ideal`), and no
+/// config holds examples out.
+#[test]
+fn hics_fmnist_configs_pin_their_protocols_regime() {
+    use fedsel::config::LocalWork;
+    use fedsel::select::hics::HicsProtocol;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/hics");
+    for s in 1..=3 {
+        let load =
+            |m: &str| Config::load(Some(&root.join(format!("fmnist_s{s}_{m}.toml"))), &[]).unwrap();
+        for m in [
+            "random",
+            "powd",
+            "powd_ideal",
+            "cs",
+            "divfl",
+            "hics",
+            "hics_code",
+            "random_code",
+        ] {
+            let c = load(m);
+            let t = &c.train;
+            assert_eq!(c.partition.holdout_fraction, 0.0, "s{s} {m}");
+            assert_eq!((t.lr, t.batch_size), (0.001, 64), "s{s} {m}");
+            let code = m.ends_with("code");
+            assert_eq!(t.persistent_state, code, "s{s} {m}");
+            assert_eq!(t.momentum, if code { 0.9 } else { 0.0 }, "s{s} {m}");
+            assert_eq!(
+                t.work,
+                LocalWork::Epochs(if code { 1 } else { 2 }),
+                "s{s} {m}"
+            );
+        }
+        assert_eq!(load("hics").selection.hics.protocol, HicsProtocol::Paper);
+        assert_eq!(
+            load("hics_code").selection.hics.protocol,
+            HicsProtocol::Code
+        );
+        assert_eq!(load("powd").selection.powd.candidates(5, 50), 10);
+        assert_eq!(load("powd_ideal").selection.powd.candidates(5, 50), 50);
+    }
 }

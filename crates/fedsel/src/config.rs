@@ -1007,7 +1007,8 @@ impl Config {
         sel.fedcor.validate()?;
         sel.fedgs.validate()?;
         sel.f3ast.validate()?;
-        sel.hics.validate(&sel.strategy, &self.partition.scheme)?;
+        sel.hics
+            .validate(&sel.strategy, &self.partition.scheme, &self.train)?;
         sel.divfl.validate()?;
         self.validate_availability()?;
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
@@ -1292,24 +1293,65 @@ mod tests {
             set.extend(extra.iter().map(|s| s.to_string()));
             Config::from_toml_str("", "d", &set).map_err(|e| e.to_string())
         };
-        let code = "selection.hics.protocol=\"code\"";
+        let code = [
+            "selection.hics.protocol=\"code\"",
+            "train.momentum=0.9",
+            "train.persistent_state=true",
+        ];
+        let with_code = |extra: &[&str]| load(&[&code[..], extra].concat());
         let two = "partition.scheme={ kind = \"class_dirichlet\", alphas = [0.01, 0.5] }";
         let one = "partition.scheme={ kind = \"class_dirichlet\", alphas = [0.01, 0.01] }";
         let err = load(&["selection.hics.lambda=10"]).unwrap_err();
         assert!(err.contains("selection.hics.lambda"), "{err}");
-        load(&[code, "selection.hics.lambda=10"]).unwrap();
+        with_code(&["selection.hics.lambda=10"]).unwrap();
         let several = "selection.hics.several_alpha_groups=true";
-        let err = load(&[code, two]).unwrap_err();
+        let err = with_code(&[two]).unwrap_err();
         assert!(
             err.contains("several_alpha_groups") && err.contains("2 distinct"),
             "{err}"
         );
-        load(&[code, two, several]).unwrap();
-        let err = load(&[code, one, several]).unwrap_err();
+        with_code(&[two, several]).unwrap();
+        let err = with_code(&[one, several]).unwrap_err();
         assert!(err.contains("1 distinct"), "{err}");
-        load(&[code, one]).unwrap();
+        with_code(&[one]).unwrap();
         // The paper protocol ignores the flag.
         load(&[one, several]).unwrap();
+    }
+
+    /// A HiCS-FL protocol is a whole regime (decisions.md, "No hybrid regimes"): `paper`
+    /// with the code's momentum or kept optimizer state, or `code` without them, is
+    /// rejected naming the training key; other strategies and Adam are not affected.
+    #[test]
+    fn hics_protocols_reject_the_other_protocols_training_regime() {
+        let load = |extra: &[&str]| {
+            let mut set = vec!["selection.strategy=\"hics\"".to_string()];
+            set.extend(extra.iter().map(|s| s.to_string()));
+            Config::from_toml_str("", "d", &set).map_err(|e| e.to_string())
+        };
+        let code = "selection.hics.protocol=\"code\"";
+        let (momentum, kept) = ("train.momentum=0.9", "train.persistent_state=true");
+        load(&[]).unwrap();
+        for (extra, key) in [
+            (&[momentum][..], "`train.momentum`"),
+            (&[kept][..], "`train.persistent_state`"),
+            (&[momentum, kept][..], "`train.momentum`"),
+            (&[code][..], "`train.persistent_state`"),
+            (&[code, momentum][..], "`train.persistent_state`"),
+            (&[code, kept][..], "`train.momentum`"),
+        ] {
+            let err = load(extra).unwrap_err();
+            assert!(err.contains(key), "{extra:?}: {err}");
+        }
+        load(&[code, momentum, kept]).unwrap();
+        load(&["train.optimizer=\"adam\""]).unwrap();
+        load(&[code, "train.optimizer=\"adam\"", kept]).unwrap();
+        let other = |extra: &[&str]| {
+            let mut set = vec!["selection.strategy=\"uniform\"".to_string()];
+            set.extend(extra.iter().map(|s| s.to_string()));
+            Config::from_toml_str("", "d", &set).map(|_| ())
+        };
+        other(&[momentum, kept]).unwrap();
+        other(&[code]).unwrap();
     }
 
     #[test]

@@ -82,23 +82,23 @@ const PINNED: &[(&str, &str)] = &[
     ),
     (
         "hics/fmnist_s1_cs.toml",
-        "c688545f44fbf4216b404d0017ec9047fbe59b6a86a6812bda0986a8a8266ef8",
+        "5b7db366d601a2fe278de1c3068c4ae98c8f511970610cf666b946aa21ac35f7",
     ),
     (
         "hics/fmnist_s1_divfl.toml",
-        "7ccdbac9e9098ae6fb9d172f007ea6ffa178dc90174757d4649c9af4607cab8b",
+        "94a1f466f43fafcc94e67d86c5c8921724debd48e8a66d3bb67360b74ca086ba",
     ),
     (
         "hics/fmnist_s1_hics.toml",
-        "1fc146211deb44106824b8f6457994037b5c7c58be777518a8c60dd046c7532a",
+        "52eb4ad8b2642ed61dadaa63ca757e5d1ce495c5863ab141eb1a0dd3917173da",
     ),
     (
         "hics/fmnist_s2_hics_code.toml",
-        "b6eeb34238bc8f46ea5b6fa43f5525b5771562719bda03575a452a3aeb152b78",
+        "f2418d1dd0444399a8f6736b877d602d399b1d32d5bd04050333cfbeb0e904c7",
     ),
     (
         "hics/fmnist_s3_random.toml",
-        "3453491eb5447588f74a201d90fe30685da9154491742830e79612fed7a696d2",
+        "f5abfab0ab08ee94c3fe70a677c46e1186f95d38580945edb564da17ea1eee66",
     ),
 ];
 

@@ -76,7 +76,7 @@ fn results_are_identical_across_thread_counts() {
         ("fedgs", "selection.fedgs.graph=\"functional\""),
         ("fedgs", "availability={ kind = \"sln\", beta = 0.5 }"),
         ("f3ast", "budget={ kind = \"random\", min = 2, max = 8 }"),
-        ("hics", ""),
+        ("hics", "selection.hics.protocol=\"code\""),
         ("cs1", ""),
         ("cs2", ""),
         ("divfl", ""),
@@ -91,6 +91,8 @@ fn results_are_identical_across_thread_counts() {
             "selection.fedcor.steps=20",
             "selection.fedcor.warmup_steps=20",
             "train.momentum=0.9",
+            // Momentum is HiCS-FL's protocol `code` regime, which keeps each client's optimizer.
+            &format!("train.persistent_state={}", strategy == "hics"),
             "model.kind=\"mlp\"",
             "model.dropout=0.3",
         ]);
@@ -707,6 +709,8 @@ fn hics_code_protocol_with_frozen_updates_resumes_exactly() {
         "selection.hics.clusters=3",
         "selection.hics.cs_switch=0.1",
         "selection.hics.several_alpha_groups=true",
+        "train.momentum=0.9",
+        "train.persistent_state=true",
     ]);
     let whole = tempfile::tempdir().unwrap();
     let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
@@ -922,4 +926,32 @@ fn client_size_local_reports_the_whole_partition_to_selectors() {
     for (w, n) in weights.iter().zip(&whole) {
         assert!((w - *n as f64 / total as f64).abs() < 1e-15);
     }
+}
+
+/// With `partition.holdout_fraction = 0` (the HiCS-FL configs: the authors' code trains on
+/// all local data) no client holds examples out, and a loss report (pow-d's ranking) is the
+/// current model's loss over the client's whole training data, as the HiCS code's pow-d
+/// ranks by.
+#[test]
+fn without_holdout_a_loss_report_is_the_training_loss_of_the_current_model() {
+    let exp = synthetic(&["partition.holdout_fraction=0"]);
+    assert!(exp.clients.iter().all(|c| c.holdout.is_empty()));
+    let params = exp.layout.init(7);
+    let clients = [0, 3, 5];
+    let reports = exp.holdout_losses(&params, &clients);
+    let tensors = exp.layout.to_tensors(&params, &exp.device);
+    for (&k, r) in clients.iter().zip(&reports) {
+        let train = &exp.clients[k].train;
+        let e = fedsel::train::evaluate(
+            exp.arch.as_ref(),
+            &tensors,
+            &exp.data.train,
+            train,
+            exp.config.eval.batch_size,
+            &exp.device,
+        );
+        assert_eq!((r.loss, r.examples), (e.loss, train.len()), "client {k}");
+    }
+    let held = synthetic(&[]);
+    assert!(held.clients.iter().all(|c| !c.holdout.is_empty()));
 }

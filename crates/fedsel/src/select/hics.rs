@@ -48,7 +48,7 @@ use super::{
     ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind, clustered,
     ward,
 };
-use crate::config::{PartitionScheme, check, check_pos, check_prob};
+use crate::config::{LocalOptimizer, PartitionScheme, TrainConfig, check, check_pos, check_prob};
 use crate::diagnostics::{auc, group_share, high_entropy_group, shannon_entropy};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
@@ -151,13 +151,18 @@ impl HicsConfig {
     /// Rejects values no run can use, naming the key: the `selection.hics` part of
     /// [`Config::validate`](crate::config::Config::validate). When `strategy` is `hics`
     /// under protocol `code`, `several_alpha_groups` must say what a `class_dirichlet`
-    /// partition `scheme`'s α list says.
+    /// partition `scheme`'s α list says, and the local training `train` must be the
+    /// protocol's regime ([`HicsConfig::check_regime`]).
     pub(crate) fn validate(
         &self,
         strategy: &str,
         scheme: &PartitionScheme,
+        train: &TrainConfig,
     ) -> Result<(), ConfigError> {
         check_pos(self.temperature, "selection.hics.temperature")?;
+        if strategy == "hics" {
+            self.check_regime(train)?;
+        }
         match self.protocol {
             HicsProtocol::Paper => check_prob(self.lambda, "selection.hics.lambda", false, false)?,
             HicsProtocol::Code => check(
@@ -194,6 +199,57 @@ impl HicsConfig {
             "selection.hics.cs_switch",
             "must be a finite number ≥ 0 (0 turns the switch off)",
         )
+    }
+
+    /// Rejects a hybrid of one protocol's selector with the other's training regime,
+    /// naming the training key that makes it one (decisions.md, "No hybrid regimes").
+    ///
+    /// Eq. 7's temperature is tuned to the scale of Δb under the optimizer that produced
+    /// it. Protocol `paper` trains as App. 6.1.1 says: a fresh optimizer every round
+    /// (`train.persistent_state = false`) and, for SGD, plain mini-batch SGD
+    /// (`train.momentum = 0`). Momentum 0.9 with state kept between rounds (the authors'
+    /// code, `client_base.py`) makes Δb about 7× larger, so softmax(Δb / 0.0025) is
+    /// one-hot and Ĥ ≈ 0.06 nats for clients whose true entropy is 1.22: HiCS-FL then
+    /// acts as Clustered Sampling. Protocol `code` is the code's regime: each client's
+    /// optimizer kept (`persistent_state = true`) and, for SGD, momentum > 0.
+    pub fn check_regime(&self, train: &TrainConfig) -> Result<(), ConfigError> {
+        let sgd = train.optimizer == LocalOptimizer::Sgd;
+        match self.protocol {
+            HicsProtocol::Paper => {
+                check(
+                    !(sgd && train.momentum != 0.0),
+                    "train.momentum",
+                    format!(
+                        "is {} but selection.hics.protocol = \"paper\" trains with plain \
+                         mini-batch SGD (App. 6.1.1): set train.momentum = 0, or protocol \
+                         \"code\" for the authors' momentum regime",
+                        train.momentum
+                    ),
+                )?;
+                check(
+                    !train.persistent_state,
+                    "train.persistent_state",
+                    "is true but selection.hics.protocol = \"paper\" starts each round with a \
+                     fresh optimizer (App. 6.1.1): set it to false, or protocol \"code\" \
+                     for the authors' kept optimizer state",
+                )
+            }
+            HicsProtocol::Code => {
+                check(
+                    train.persistent_state,
+                    "train.persistent_state",
+                    "is false but selection.hics.protocol = \"code\" keeps each client's \
+                     optimizer between its rounds (client_base.py): set it to true, or \
+                     protocol \"paper\" for plain SGD",
+                )?;
+                check(
+                    !(sgd && train.momentum == 0.0),
+                    "train.momentum",
+                    "is 0 but selection.hics.protocol = \"code\" trains FMNIST with SGD \
+                     momentum 0.9 (client_base.py): set it, or protocol \"paper\" for plain SGD",
+                )
+            }
+        }
     }
 }
 

@@ -3,7 +3,10 @@
 //! Draw d candidates among the available clients without replacement with
 //! probability ∝ p_k, then keep the K_t with the highest loss (stable sort,
 //! ties keep the draw order). The loss comes from one of:
-//! - `powd`: each candidate's held-out loss of the current global model (d evaluations);
+//! - `powd`: each candidate's held-out loss of the current global model (d evaluations).
+//!   With `partition.holdout_fraction = 0` a client has no held-out part and reports the
+//!   loss over its whole training data instead: the training loss of the current global
+//!   model that the HiCS-FL code ranks by (`server_poc.py`, with d = 2K: `d_per_m = 2`);
 //! - `cpowd`: the loss on one mini-batch of each candidate's data (cheaper evaluations);
 //! - `rpowd`: the training loss a client reported when it last trained, +∞ if it never
 //!   did (no extra cost).
