@@ -422,9 +422,9 @@ pub fn is_finished(dir: &Path) -> bool {
 ///
 /// The cells are ranked by the hash of their resolved config and dealt out in turn: part I
 /// holds ranks r with r mod N = I - 1. Parts differ in size by at most one cell, and
-/// because the hash order ignores the grid's layout, a part is not one value of one axis
-/// (methods, settings and seeds differ in cost), as dealing in grid order would give when
-/// an axis has N values. The split depends only on
+/// because the hash order ignores the grid's layout, a part does not end up holding one
+/// value of one axis (methods, settings and seeds differ in cost), as dealing in grid order
+/// does when the innermost axis has N values. The split depends only on
 /// the sweep file and its `--set`s, so every shard computes the same one; per-cell locks
 /// keep a cell from running twice even if two shards were started from different files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
