@@ -103,22 +103,8 @@ pub fn generate(spec: &SyntheticSpec) -> FederatedData {
     }
     FederatedData {
         name: format!("synthetic({},{})", spec.alpha, spec.beta),
-        train: Dataset {
-            inputs: Inputs::Dense {
-                shape: vec![d],
-                values: train_x,
-            },
-            labels: train_y,
-            classes: c,
-        },
-        test: Dataset {
-            inputs: Inputs::Dense {
-                shape: vec![d],
-                values: test_x,
-            },
-            labels: test_y,
-            classes: c,
-        },
+        train: dense(train_x, train_y, d, c),
+        test: dense(test_x, test_y, d, c),
         users: Some(users),
         user_models: Some(user_models),
         user_holdout: None,
@@ -195,25 +181,23 @@ pub fn generate_easyfl(spec: &SyntheticSpec) -> FederatedData {
         .collect();
     FederatedData {
         name: format!("synthetic-easyfl({},{})", spec.alpha, spec.beta),
-        train: Dataset {
-            inputs: Inputs::Dense {
-                shape: vec![d],
-                values: pool_x,
-            },
-            labels: pool_y,
-            classes: c,
-        },
-        test: Dataset {
-            inputs: Inputs::Dense {
-                shape: vec![d],
-                values: test_x,
-            },
-            labels: test_y,
-            classes: c,
-        },
+        train: dense(pool_x, pool_y, d, c),
+        test: dense(test_x, test_y, d, c),
         users: Some(users),
         user_models: Some(user_models),
         user_holdout: Some(held),
+    }
+}
+
+/// `d`-dimensional examples and their labels among `c` classes.
+fn dense(values: Vec<f32>, labels: Vec<u32>, d: usize, c: usize) -> Dataset {
+    Dataset {
+        inputs: Inputs::Dense {
+            shape: vec![d],
+            values,
+        },
+        labels,
+        classes: c,
     }
 }
 

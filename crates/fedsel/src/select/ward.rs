@@ -85,10 +85,7 @@ pub fn linkage(points: &[Vec<f64>]) -> Vec<Merge> {
             if !active[k] || k == i || k == j {
                 continue;
             }
-            let sk = size[k] as f64;
-            let v = ((si + sk) * d[i][k].powi(2) + (sj + sk) * d[j][k].powi(2) - sk * h * h)
-                / (si + sj + sk);
-            let v = v.max(0.0).sqrt();
+            let v = lance_williams(si, sj, size[k] as f64, d[i][k], d[j][k], h);
             d[i][k] = v;
             d[k][i] = v;
         }
@@ -117,6 +114,13 @@ pub fn linkage(points: &[Vec<f64>]) -> Vec<Merge> {
         }
     }
     merges
+}
+
+/// Ward distance from the merge of clusters i and j (sizes si, sj, at distance h) to a
+/// cluster k of size sk, from d(i, k) and d(j, k): the Lance–Williams recurrence.
+fn lance_williams(si: f64, sj: f64, sk: f64, dik: f64, djk: f64, h: f64) -> f64 {
+    let v = ((si + sk) * dik.powi(2) + (sj + sk) * djk.powi(2) - sk * h * h) / (si + sj + sk);
+    v.max(0.0).sqrt()
 }
 
 /// Members of every cluster id (points and merges).
