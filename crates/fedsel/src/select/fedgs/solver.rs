@@ -110,13 +110,17 @@ impl Problem<'_> {
     }
 }
 
+/// Item j's term of the root bound: c_j + (w/2)·(its k − 1 largest distances). It also
+/// orders the items for the restarts and the branch-and-bound.
+fn item_bound(p: &Problem<'_>, prefix: &[Vec<f64>], j: usize) -> f64 {
+    let r = p.k.saturating_sub(1);
+    p.linear[j] + 0.5 * p.pair_weight * prefix[j][r.min(prefix[j].len() - 1)]
+}
+
 /// Σ_{i<j∈S} D_ij = ½ Σ_{j∈S} Σ_{i∈S∖j} D_ij ≤ ½ Σ_{j∈S} (the k−1 largest of row j), so
 /// the k largest of c_j + (w/2)·top_{k−1}(j) bound f from above.
 fn root_bound(p: &Problem<'_>, prefix: &[Vec<f64>]) -> f64 {
-    let r = p.k.saturating_sub(1);
-    let mut b: Vec<f64> = (0..p.n())
-        .map(|j| p.linear[j] + 0.5 * p.pair_weight * prefix[j][r.min(prefix[j].len() - 1)])
-        .collect();
+    let mut b: Vec<f64> = (0..p.n()).map(|j| item_bound(p, prefix, j)).collect();
     b.sort_by(|x, y| y.total_cmp(x));
     b.iter().take(p.k).sum()
 }
@@ -215,10 +219,12 @@ fn multistart(p: &Problem<'_>, prefix: &[Vec<f64>], limits: Limits) -> (Vec<usiz
     if p.k == 0 {
         return (best, value);
     }
-    let r = p.k - 1;
-    let key = |j: usize| p.linear[j] + 0.5 * p.pair_weight * prefix[j][r.min(prefix[j].len() - 1)];
     let mut seeds: Vec<usize> = (0..p.n()).collect();
-    seeds.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    seeds.sort_by(|&a, &b| {
+        item_bound(p, prefix, b)
+            .total_cmp(&item_bound(p, prefix, a))
+            .then(a.cmp(&b))
+    });
     for &first in seeds.iter().take(limits.restarts) {
         let set = local_search(p, Some(first), limits.swap_budget);
         let v = p.value(&set);
@@ -414,24 +420,23 @@ pub fn solve(p: &Problem<'_>, limits: Limits) -> Solution {
     }
     let prefix = p.row_prefix();
     let (heuristic, value) = multistart(p, &prefix, limits);
-    let mut root = root_bound(p, &prefix);
-    if p.k > 0 && root > value + 1e-12 && limits.spectral_steps > 0 && n <= limits.spectral_up_to {
-        root = root.min(spectral_bound(p, value, limits.spectral_steps));
+    // The least of the combinatorial and (where affordable) the spectral bound.
+    let mut bound = root_bound(p, &prefix);
+    if p.k > 0 && bound > value + 1e-12 && limits.spectral_steps > 0 && n <= limits.spectral_up_to {
+        bound = bound.min(spectral_bound(p, value, limits.spectral_steps));
     }
-    if p.k == 0 || n > limits.exact_up_to || root <= value + 1e-12 {
+    if p.k == 0 || n > limits.exact_up_to || bound <= value + 1e-12 {
         return Solution {
-            proven: p.k == 0 || root <= value + 1e-12,
-            upper_bound: root.max(value),
+            proven: p.k == 0 || bound <= value + 1e-12,
+            upper_bound: bound.max(value),
             chosen: heuristic,
             value,
             nodes: 0,
         };
     }
     // Items in decreasing order of their root bound term, ties by index.
-    let r = p.k - 1;
-    let key = |j: usize| p.linear[j] + 0.5 * p.pair_weight * prefix[j][r.min(prefix[j].len() - 1)];
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
+    order.sort_by(|&a, &b| item_bound(p, &prefix, b).total_cmp(&item_bound(p, &prefix, a)));
     let mut rank = vec![0; n];
     for (pos, &i) in order.iter().enumerate() {
         rank[i] = pos;
@@ -472,7 +477,7 @@ pub fn solve(p: &Problem<'_>, limits: Limits) -> Solution {
         upper_bound: if proven {
             s.best
         } else {
-            s.open_bound.min(root)
+            s.open_bound.min(bound)
         },
         proven,
         nodes: s.nodes,
