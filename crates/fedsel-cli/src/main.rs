@@ -31,7 +31,7 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
   [selection]     strategy = uniform|md|powd|cpowd|rpowd|afl|fedcor|fedgp|fedgs|f3ast|hics|cs1|cs2|divfl,
                   clients_per_round (0 = use fraction), fraction, client_size = train|local;
                   per-strategy tables
-                  [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl] (see README)
+                  [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl] (see docs/configuration.md)
   [availability]  kind = always | idl | mdf | ldf | ymf | yc | ln | sln | scarce | home_device | uneven | smartphones | trace
   [budget]        kind = constant | periodic (values, hold) | random (min, max)
   [eval]          every, batch_size, max_test_samples

@@ -13,8 +13,8 @@
 //!   has the scale T was tuned for: with momentum, longer local work or a model
 //!   that already fits a client's classes, the softmax saturates to one-hot or
 //!   flattens to uniform. The positive part keeps Eq. 5's linearity and has no
-//!   scale to tune (README, "HiCS-FL's entropy estimate", for how each estimate
-//!   separates the mixed clients on FMNIST).
+//!   scale to tune (docs/reproducing.md, "HiCS-FL's entropy estimate", for how
+//!   each estimate separates the mixed clients on FMNIST).
 //! - Distance (Eq. 9): λ·arccos(cos(Δb_u, Δb_k)) + (1 − λ)·|Ĥ_u − Ĥ_k|.
 //! - Ward clustering of the rows of that matrix into M groups (decisions.md).
 //! - Optionally (`cs_switch`, the authors' code, off by default): in a round where
