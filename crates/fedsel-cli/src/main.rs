@@ -19,6 +19,7 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
   [dataset]       kind = synthetic (alpha, beta, users, dim, classes, test_fraction)
                        | fmnist | cifar10 | cifar100
                        | shakespeare (train_fraction, min_samples, max_clients, max_samples_per_client)
+                       | leaf (path, shape, classes) | flgo (path, source, shape, classes)
   [partition]     clients, holdout_fraction
   [partition.scheme] kind = natural | iid | shards (shards_per_client) | dirichlet_qp (alpha)
                        | class_dirichlet (alphas = [..]) | labels (labels_per_client)

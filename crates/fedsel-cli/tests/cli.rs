@@ -332,3 +332,68 @@ fn sweep_rounds_shortens_the_grid_and_the_output_is_locked() {
         text(&o)
     );
 }
+
+/// A LEAF-format Synthetic set of `users` users (LEAF's `train/` and `test/` JSON files),
+/// user k holding 6 + k training examples of 5 features; returns each user's train size.
+fn write_leaf_synthetic(dir: &Path, users: usize) -> Vec<usize> {
+    let sizes: Vec<usize> = (0..users).map(|k| 6 + k).collect();
+    for (sub, size) in [("train", None), ("test", Some(2))] {
+        let names: Vec<String> = (0..users).map(|k| format!("f_{k:05}")).collect();
+        let mut data = serde_json::Map::new();
+        let mut counts = Vec::new();
+        for (k, name) in names.iter().enumerate() {
+            let n = size.unwrap_or(sizes[k]);
+            let x: Vec<Vec<f64>> = (0..n)
+                .map(|i| {
+                    (0..5)
+                        .map(|j| ((k * 7 + i * 3 + j) % 11) as f64 / 5.0 - 1.0)
+                        .collect()
+                })
+                .collect();
+            let y: Vec<usize> = (0..n).map(|i| (k + i) % 3).collect();
+            counts.push(n);
+            data.insert(name.clone(), serde_json::json!({ "x": x, "y": y }));
+        }
+        let file = serde_json::json!({ "users": names, "num_samples": counts, "user_data": data });
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        std::fs::write(dir.join(sub).join("all_data.json"), file.to_string()).unwrap();
+    }
+    sizes
+}
+
+#[test]
+fn a_leaf_directory_runs_with_one_client_per_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let leaf = dir.path().join("leaf");
+    let sizes = write_leaf_synthetic(&leaf, 20);
+    let out = dir.path().join("run");
+    let path = format!("dataset.path=\"{}\"", leaf.display());
+    let args = |extra: &'static str, out: &Path| {
+        let mut a = vec!["run", "--set", "dataset.kind=\"leaf\"", "--set", &path];
+        a.extend([
+            "--set",
+            "rounds=2",
+            "--set",
+            extra,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        fedsel(&a, dir.path())
+    };
+    let o = args("selection.clients_per_round=4", &out);
+    assert!(o.status.success(), "{}", text(&o));
+    let clients = std::fs::read_to_string(out.join("clients.csv")).unwrap();
+    let held: Vec<usize> = clients
+        .lines()
+        .skip(1)
+        .map(|row| {
+            let c: Vec<usize> = row.split(',').take(3).map(|v| v.parse().unwrap()).collect();
+            c[1] + c[2]
+        })
+        .collect();
+    assert_eq!(held, sizes, "training + held-out = each user's train part");
+    // The data fixes the input shape: a model that does not fit it is named.
+    let o = args("model.kind=\"cnn_fmnist\"", &dir.path().join("cnn"));
+    assert!(!o.status.success());
+    assert!(text(&o).contains("model.kind"), "{}", text(&o));
+}

@@ -158,6 +158,46 @@ pub enum DatasetConfig {
         #[serde(default)]
         max_samples_per_client: usize,
     },
+    /// A LEAF data directory (`train/*.json`, `test/*.json`): one client per user
+    /// (`data::leaf`).
+    Leaf {
+        /// The directory holding `train/` and `test/` (relative to the config file).
+        path: PathBuf,
+        /// Reshapes each feature vector (FEMNIST: `[1, 28, 28]` for the CNNs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shape: Option<Vec<usize>>,
+        /// Number of classes (default: one more than the largest label).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        classes: Option<usize>,
+    },
+    /// An FLGo or easyFL task directory, read from its `data.json` (`data::flgo`).
+    Flgo {
+        /// The task directory (relative to the config file).
+        path: PathBuf,
+        /// The dataset an index task's indices point into (fmnist, cifar10, cifar100),
+        /// loaded from the data directory as for `kind` = that dataset.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<FlgoSource>,
+        /// Reshapes each feature vector of a task that stores its examples.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shape: Option<Vec<usize>>,
+        /// Number of classes of a task that stores its examples (default: one more than
+        /// the largest label).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        classes: Option<usize>,
+    },
+}
+
+/// The datasets an FLGo index task can point into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlgoSource {
+    /// Fashion-MNIST (torchvision's order is the IDX files' order).
+    Fmnist,
+    /// CIFAR-10 (torchvision's order is the binary batches' order).
+    Cifar10,
+    /// CIFAR-100, fine labels.
+    Cifar100,
 }
 
 /// The program a Synthetic(α, β) dataset reproduces.
@@ -222,6 +262,8 @@ impl DatasetConfig {
             Self::Cifar10 => "cifar10",
             Self::Cifar100 => "cifar100",
             Self::Shakespeare { .. } => "shakespeare",
+            Self::Leaf { .. } => "leaf",
+            Self::Flgo { .. } => "flgo",
         }
     }
 }
@@ -906,6 +948,19 @@ impl Config {
             DatasetConfig::Shakespeare { train_fraction, .. } => {
                 check_prob(*train_fraction, "dataset.train_fraction", true, true)?;
             }
+            DatasetConfig::Leaf { shape, classes, .. }
+            | DatasetConfig::Flgo { shape, classes, .. } => {
+                if let Some(shape) = shape {
+                    check(
+                        !shape.is_empty() && shape.iter().all(|&d| d > 0),
+                        "dataset.shape",
+                        "must list at least one dimension, each at least 1",
+                    )?;
+                }
+                if let Some(c) = classes {
+                    check(*c >= 2, "dataset.classes", "must be at least 2")?;
+                }
+            }
             _ => {}
         }
         let p = &self.partition;
@@ -1127,18 +1182,21 @@ pub fn parse_toml(text: &str, source_name: &str) -> Result<toml::Table, ConfigEr
         })
 }
 
-/// Makes the relative file paths a config file names (the availability trace) relative to
+/// Makes the relative file paths a config file names (the availability trace, a LEAF or
+/// FLGo dataset's directory) relative to
 /// `dir`, the file's own directory, so a config runs the same from any working directory,
 /// as a sweep's `base` already does. Paths given with `--set` stay relative to the
 /// working directory.
 pub fn anchor_paths(table: &mut toml::Table, dir: &Path) {
-    if let Some(toml::Value::String(p)) = table
-        .get_mut("availability")
-        .and_then(toml::Value::as_table_mut)
-        .and_then(|a| a.get_mut("trace"))
-        && Path::new(p.as_str()).is_relative()
-    {
-        *p = dir.join(p.as_str()).display().to_string();
+    for (section, key) in [("availability", "trace"), ("dataset", "path")] {
+        if let Some(toml::Value::String(p)) = table
+            .get_mut(section)
+            .and_then(toml::Value::as_table_mut)
+            .and_then(|a| a.get_mut(key))
+            && Path::new(p.as_str()).is_relative()
+        {
+            *p = dir.join(p.as_str()).display().to_string();
+        }
     }
 }
 

@@ -14,9 +14,11 @@ use std::path::Path;
 use crate::availability::trace::Trace;
 use crate::checkpoint;
 use crate::config::Config;
+use crate::data::builder::DatasetBuilder;
 use crate::data::cifar::{self, V10, V100};
 use crate::data::fmnist::{self, Split};
 use crate::data::shakespeare::{self, ShakespeareSpec};
+use crate::data::{flgo, leaf};
 use crate::error::Result;
 
 /// A fuzz entry point.
@@ -30,6 +32,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("trace", trace),
     ("checkpoint", checkpoint),
     ("shakespeare", shakespeare),
+    ("leaf", leaf),
+    ("flgo", flgo),
 ];
 
 /// Clients of the partition a fuzzed trace is checked against.
@@ -139,5 +143,34 @@ pub fn shakespeare(data: &[u8]) -> Result<()> {
         users.iter().map(Vec::len).sum::<usize>(),
         federated.train.len()
     );
+    Ok(())
+}
+
+/// One LEAF data file (`train/*.json` or `test/*.json`). The users' example ranges it
+/// returns must tile the examples read, in order.
+pub fn leaf(data: &[u8]) -> Result<()> {
+    let mut examples = DatasetBuilder::default();
+    let users = leaf::parse_file(input_path(), data, &mut examples)?;
+    let mut next = 0;
+    for (_, range) in users {
+        assert_eq!(
+            range.start, next,
+            "a user's examples do not follow the last user's"
+        );
+        next = range.end;
+    }
+    assert_eq!(next, examples.len(), "examples read outside every user");
+    Ok(())
+}
+
+/// An FLGo / easyFL `data.json` of a task that stores its examples (an index task needs a
+/// dataset to point into and is refused without one). Every client's examples must lie in
+/// the training set.
+pub fn flgo(data: &[u8]) -> Result<()> {
+    let task = flgo::parse(input_path(), data, &flgo::FlgoSpec::default(), None)?;
+    let n = task.train.len();
+    let users = task.users.expect("a task has clients");
+    let held = task.user_holdout.unwrap_or_default();
+    assert!(users.iter().chain(&held).flatten().all(|&i| i < n));
     Ok(())
 }

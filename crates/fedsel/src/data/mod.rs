@@ -4,8 +4,11 @@
 //! Inputs are stored once, already normalised, and clients hold only index
 //! lists into them, so a partition never copies examples.
 
+pub mod builder;
 pub mod cifar;
+pub mod flgo;
 pub mod fmnist;
+pub mod leaf;
 pub mod locate;
 pub mod numpy_legacy;
 pub mod shakespeare;
@@ -13,7 +16,7 @@ pub mod synthetic;
 
 use std::path::Path;
 
-use crate::config::{Config, DatasetConfig, SyntheticGenerator};
+use crate::config::{Config, DatasetConfig, FlgoSource, SyntheticGenerator};
 use crate::error::DataError;
 
 /// Example inputs, row-major, one row per example.
@@ -174,6 +177,47 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
                 seed: config.data_seed(),
             },
         ),
+        DatasetConfig::Leaf {
+            path,
+            shape,
+            classes,
+        } => leaf::load(
+            path,
+            &leaf::LeafSpec {
+                shape: shape.clone(),
+                classes: *classes,
+            },
+        ),
+        DatasetConfig::Flgo {
+            path,
+            source,
+            shape,
+            classes,
+        } => {
+            let base = match source {
+                None => None,
+                Some(FlgoSource::Fmnist) => Some(fmnist::load_with(
+                    &data_dir.join(fmnist::DIR),
+                    config.verify_checksums,
+                )?),
+                Some(FlgoSource::Cifar10) => Some(cifar::load_cifar10(
+                    &data_dir.join(cifar::DIR10),
+                    config.verify_checksums,
+                )?),
+                Some(FlgoSource::Cifar100) => Some(cifar::load_cifar100(
+                    &data_dir.join(cifar::DIR100),
+                    config.verify_checksums,
+                )?),
+            };
+            flgo::load(
+                path,
+                &flgo::FlgoSpec {
+                    shape: shape.clone(),
+                    classes: *classes,
+                },
+                base,
+            )
+        }
     }
 }
 
