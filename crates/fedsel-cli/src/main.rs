@@ -106,8 +106,18 @@ enum Command {
         only: Option<String>,
         /// Time the training steps only: no comparison with the autodiff paths, no
         /// evaluation, selection or round timings (the quick half of a before/after pair).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "selection_only")]
         steps_only: bool,
+        /// Time only the selectors: each strategy's selection time per round at each
+        /// `--clients` size.
+        #[arg(long)]
+        selection_only: bool,
+        /// Client counts of the selection timings.
+        #[arg(long, value_delimiter = ',', default_values_t = [100, 1000, 10_000])]
+        clients: Vec<usize>,
+        /// Strategies of the selection timings (default: all).
+        #[arg(long, value_delimiter = ',')]
+        strategies: Vec<String>,
     },
 }
 
@@ -543,11 +553,63 @@ fn datasets(data_dir: Option<PathBuf>) {
     }
 }
 
+/// Each strategy's selection time per round at each client count (issue 23's workload:
+/// FMNIST iid, logistic regression, 10 clients a round, 10 rounds after warm-up). Beyond
+/// 1,000 clients a size is skipped where cubic growth from the last size predicts more
+/// than five minutes.
+fn selection_bench(clients: &[usize], strategies: &[String]) -> Result<()> {
+    use fedsel::bench::{STRATEGIES, SelectionWorkload, selection_time};
+    let names: Vec<&str> = if strategies.is_empty() {
+        STRATEGIES.to_vec()
+    } else {
+        strategies.iter().map(String::as_str).collect()
+    };
+    if let Some(bad) = names.iter().find(|s| !STRATEGIES.contains(s)) {
+        anyhow::bail!(
+            "--strategies: `{bad}` is not one of {}",
+            STRATEGIES.join(", ")
+        );
+    }
+    println!(
+        "select: ms per round (select + observe), 10 rounds after warm-up, k = 10; setup = graph / initial phase"
+    );
+    for name in names {
+        let mut last: Option<(usize, f64)> = None;
+        for &n in clients {
+            let w = SelectionWorkload {
+                n,
+                k: 10.min(n),
+                rounds: 10,
+            };
+            if let Some((m, secs)) = last.filter(|_| n > 1000) {
+                // Cubic growth bounds every selector's (Ward, Floyd–Warshall, a GP fit).
+                let predicted = secs * (n as f64 / m as f64).powi(3);
+                if predicted > 300.0 {
+                    println!(
+                        "select {name:<8} N={n:>6}: skipped, about {predicted:.0} s predicted from N={m}"
+                    );
+                    continue;
+                }
+            }
+            let started = std::time::Instant::now();
+            let t = selection_time(name, w)?;
+            last = Some((n, started.elapsed().as_secs_f64()));
+            println!(
+                "select {name:<8} N={n:>6}: {:>10.3} ms mean, {:>10.3} ms max per round, setup {:.3} s",
+                t.mean_ms, t.max_ms, t.setup_s
+            );
+        }
+    }
+    Ok(())
+}
+
 fn bench(
     rounds: usize,
     data_dir: Option<PathBuf>,
     only: Option<&str>,
     steps_only: bool,
+    clients: &[usize],
+    strategies: &[String],
 ) -> Result<()> {
     use fedsel::bench::{random_dataset, step_time};
     use fedsel::model::{
@@ -674,14 +736,7 @@ fn bench(
     if only.is_some() {
         return Ok(());
     }
-    let (mean, max) = fedsel::bench::fedgs_selection_time(100, 10, 200);
-    println!(
-        "select fedgs N=100 M=10 (oracle 3DG, 400 rounds): {mean:.3} ms mean, {max:.3} ms max per round"
-    );
-    let (mean, max) = fedsel::bench::hics_selection_time(100, 20, 100, 200);
-    println!(
-        "select hics N=100 K=20 C=100 (after warm-up, 200 rounds): {mean:.3} ms mean, {max:.3} ms max per round"
-    );
+    selection_bench(clients, strategies)?;
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
     let dir = locate::data_dir(data_dir, None);
@@ -742,10 +797,26 @@ fn main() -> Result<()> {
             Ok(())
         }
         Some(Command::Bench {
+            selection_only: true,
+            clients,
+            strategies,
+            ..
+        }) => selection_bench(&clients, &strategies),
+        Some(Command::Bench {
             rounds,
             data_dir,
             only,
             steps_only,
-        }) => bench(rounds, data_dir, only.as_deref(), steps_only),
+            clients,
+            strategies,
+            ..
+        }) => bench(
+            rounds,
+            data_dir,
+            only.as_deref(),
+            steps_only,
+            &clients,
+            &strategies,
+        ),
     }
 }

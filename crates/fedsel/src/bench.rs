@@ -144,134 +144,238 @@ pub fn eval_times(
         .collect()
 }
 
-/// A query for selectors that ask clients for nothing (FedGS on its oracle graph).
-struct NoReports;
+/// The clients of a selection benchmark: every report a selector can ask for, answered
+/// from seeded draws instead of training, so that only the selector's own work is timed.
+/// Client k's update and gradient are one fixed random vector per client (drawn on first
+/// use), scaled by a per-call factor; losses are fresh draws per call.
+struct SyntheticClients {
+    params: usize,
+    classes: usize,
+    calls: u64,
+    vectors: Vec<Option<Vec<f32>>>,
+}
 
-impl crate::select::ClientQuery for NoReports {
-    fn holdout_losses(&mut self, _: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
-        unreachable!("FedGS on the oracle graph asks for no losses")
+impl SyntheticClients {
+    fn new(n: usize, params: usize, classes: usize) -> Self {
+        Self {
+            params,
+            classes,
+            calls: 0,
+            vectors: vec![None; n],
+        }
     }
-    fn minibatch_losses(&mut self, _: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
-        unreachable!("FedGS on the oracle graph asks for no losses")
+
+    fn losses(&mut self, clients: &[usize]) -> Vec<f64> {
+        use rand::Rng as _;
+        self.calls += 1;
+        let mut rng = stream(0, Purpose::Probe, self.calls, 0);
+        clients.iter().map(|_| 0.5 + rng.random::<f64>()).collect()
     }
-    fn probe(&mut self, _: &[usize], _: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
-        unreachable!("FedGS on the oracle graph asks for no probes")
+
+    fn vectors(&mut self, clients: &[usize], len: usize) -> Vec<Vec<f32>> {
+        use rand::Rng as _;
+        self.calls += 1;
+        let scale = 1.0 + (self.calls % 7) as f32 * 0.01;
+        let params = self.params;
+        clients
+            .iter()
+            .map(|&k| {
+                let v = self.vectors[k].get_or_insert_with(|| {
+                    let mut rng = stream(0, Purpose::Strategy, 0, k as u64);
+                    (0..params).map(|_| rng.random::<f32>() - 0.5).collect()
+                });
+                v.iter().take(len).map(|x| x * scale).collect()
+            })
+            .collect()
     }
 }
 
-/// Per-round FedGS selection time (graph already built) for `n` clients and `m` per
-/// round: `rounds` rounds with every client available, then `rounds` with each client
-/// available with probability ½. Clients hold two of ten labels, as in FedGS's FMNIST
-/// setting. Returns (mean ms, max ms) over all rounds.
-pub fn fedgs_selection_time(n: usize, m: usize, rounds: usize) -> (f64, f64) {
-    use crate::select::{Feedback, RoundContext, Selector, Setup, fedgs::FedGs};
-    use rand::Rng as _;
-    let features: Vec<Vec<f64>> = (0..n)
+impl crate::select::ClientQuery for SyntheticClients {
+    fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
+        Ok(self.losses(clients))
+    }
+    fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
+        Ok(self.losses(clients))
+    }
+    fn probe(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
+        Ok(self.losses(evaluate))
+    }
+    fn advance(
+        &mut self,
+        _: &[usize],
+        evaluate: &[usize],
+    ) -> Result<Vec<f64>, crate::error::Error> {
+        Ok(self.losses(evaluate))
+    }
+    fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, crate::error::Error> {
+        Ok(self.vectors(clients, self.params))
+    }
+    fn noise_responses(
+        &mut self,
+        updates: &[Vec<f32>],
+        _: usize,
+    ) -> Result<Vec<Vec<f64>>, crate::error::Error> {
+        let c = self.classes;
+        Ok(updates
+            .iter()
+            .map(|u| u.iter().take(c).map(|&x| f64::from(x)).collect())
+            .collect())
+    }
+    fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>, crate::error::Error> {
+        let f = self.vectors(clients, self.classes);
+        Ok(f.iter()
+            .map(|a| {
+                f.iter()
+                    .map(|b| a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum())
+                    .collect()
+            })
+            .collect())
+    }
+    fn gradients(
+        &mut self,
+        clients: &[usize],
+        _: crate::select::GradientScope,
+    ) -> Result<Vec<Vec<f32>>, crate::error::Error> {
+        Ok(self.vectors(clients, self.params))
+    }
+}
+
+/// The workload of a selection benchmark: issue 23's, Fashion-MNIST split iid over `n`
+/// clients with logistic regression (7,850 parameters, 10 classes, the whole model as
+/// output layer), `k` clients a round, every client available.
+#[derive(Debug, Clone, Copy)]
+pub struct SelectionWorkload {
+    /// Clients.
+    pub n: usize,
+    /// Clients per round.
+    pub k: usize,
+    /// Rounds timed, after the strategy's warm-up (FedCor's R_w + 1 rounds, HiCS-FL's
+    /// ⌈n/k⌉ rounds of its first sweep, one round for the rest).
+    pub rounds: usize,
+}
+
+/// One strategy's timing at one workload.
+#[derive(Debug, Clone, Copy)]
+pub struct SelectionTime {
+    /// Seconds of the setup and initial phase (FedGS's graph, before round 0).
+    pub setup_s: f64,
+    /// Mean milliseconds per timed round: `select` plus `observe`.
+    pub mean_ms: f64,
+    /// Slowest timed round, in milliseconds.
+    pub max_ms: f64,
+}
+
+/// Times `strategy` (with its default options) on `w`: its setup, its warm-up untimed,
+/// then `w.rounds` rounds of `select` and `observe`. The reports it asks for come from
+/// [`SyntheticClients`], so client work is not in the figure (DivFL's n gradients a
+/// round, for one, are a pass over every client's data in a real run).
+pub fn selection_time(
+    strategy: &str,
+    w: SelectionWorkload,
+) -> Result<SelectionTime, crate::error::Error> {
+    use crate::select::{Feedback, RoundContext, Setup, UpdateKind};
+    let (params, classes) = (7850, 10);
+    let cfg = crate::config::SelectionConfig {
+        strategy: strategy.into(),
+        ..Default::default()
+    };
+    let mut s = crate::select::build(&cfg)?;
+    let needs = s.needs();
+    let n = w.n;
+    // Two labels per client, as FedGS's FMNIST setting, for the oracle's features.
+    let histograms: Vec<Vec<usize>> = (0..n)
         .map(|k| {
-            let mut f = vec![0.0; 10];
-            f[k % 10] = 0.5;
-            f[(k / 10 + k) % 10] += 0.5;
-            f
+            let mut h = vec![0; classes];
+            h[k % classes] += 30;
+            h[(k / classes + k) % classes] += 30;
+            h
         })
         .collect();
-    let mut s = FedGs::new(crate::config::FedGsConfig::default());
+    let size = (60_000 / n).max(1);
+    let started = Instant::now();
     s.setup(&Setup {
-        sizes: vec![600; n],
+        sizes: vec![size; n],
         weights: vec![1.0 / n as f64; n],
-        per_round: m,
-        rounds: 2 * rounds,
-        num_params: 1,
-        classes: 10,
-        oracle_label_histograms: None,
-        oracle_features: Some(features),
-    });
-    s.initial_phase(&mut NoReports)
-        .expect("the oracle graph needs no reports");
-    let mut rng = stream(0, Purpose::Availability, 0, 0);
-    let mut times = Vec::with_capacity(2 * rounds);
-    for t in 0..2 * rounds {
-        let available: Vec<usize> = if t < rounds {
-            (0..n).collect()
-        } else {
-            (0..n).filter(|_| rng.random::<f64>() < 0.5).collect()
-        };
-        let ctx = RoundContext {
-            round: t,
-            available: &available,
-            budget: m,
-        };
-        let started = Instant::now();
-        let sel = s
-            .select(&ctx, &mut NoReports, &mut rng)
-            .expect("the oracle graph needs no reports");
-        times.push(started.elapsed().as_secs_f64() * 1e3);
-        s.observe(&Feedback {
-            round: t,
-            selected: &sel.clients,
-            train_losses: &vec![0.0; sel.clients.len()],
-            updates: None,
-        });
-    }
-    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
-    let max = times.iter().copied().fold(0.0, f64::max);
-    (mean, max)
-}
-
-/// Per-round HiCS-FL selection time after warm-up for `n` clients, `k` per round and
-/// `classes` output classes (hidden width 64): Ĥ, the Eq. 9 distances, Ward clustering and
-/// the draws. Returns (mean ms, max ms) over `rounds` rounds.
-pub fn hics_selection_time(n: usize, k: usize, classes: usize, rounds: usize) -> (f64, f64) {
-    use crate::select::{Feedback, RoundContext, Selector, Setup, hics::Hics};
-    use rand::Rng as _;
-    let mut s = Hics::new(crate::config::HicsConfig {
-        entropy_report: false,
-        ..crate::config::HicsConfig::default()
-    });
-    s.setup(&Setup {
-        sizes: vec![600; n],
-        weights: vec![1.0 / n as f64; n],
-        per_round: k,
-        rounds: rounds + n,
-        num_params: 1,
+        per_round: w.k,
+        rounds: w.rounds + n,
+        num_params: params,
         classes,
-        oracle_label_histograms: None,
-        oracle_features: None,
+        oracle_label_histograms: needs.oracle_label_histograms.then(|| histograms.clone()),
+        oracle_features: needs.oracle_features.then(|| {
+            histograms
+                .iter()
+                .map(|h| h.iter().map(|&c| c as f64 / 60.0).collect())
+                .collect()
+        }),
     });
-    let mut rng = stream(0, Purpose::Strategy, 0, 0);
+    let mut clients = SyntheticClients::new(n, params, classes);
+    s.initial_phase(&mut clients)?;
+    let setup_s = started.elapsed().as_secs_f64();
+    let warmup = match strategy {
+        "hics" => n.div_ceil(w.k),
+        "fedcor" | "fedgp" => cfg.fedcor.warmup + 1,
+        _ => 1,
+    };
     let all: Vec<usize> = (0..n).collect();
-    let mut times = Vec::with_capacity(rounds);
-    let mut t = 0;
-    while times.len() < rounds {
+    let update_len = match needs.updates {
+        UpdateKind::None => 0,
+        UpdateKind::Full | UpdateKind::OutputLayer => params,
+    };
+    let mut times = Vec::with_capacity(w.rounds);
+    for t in 0..warmup + w.rounds {
+        let mut rng = stream(0, Purpose::Selection, t as u64, 0);
         let ctx = RoundContext {
             round: t,
             available: &all,
-            budget: k,
+            budget: w.k,
         };
-        let warm = t < n.div_ceil(k);
-        let started = Instant::now();
-        let sel = s
-            .select(&ctx, &mut NoReports, &mut rng)
-            .expect("no reports needed");
-        if !warm {
-            times.push(started.elapsed().as_secs_f64() * 1e3);
-        }
-        let updates: Vec<Vec<f32>> = sel
-            .clients
-            .iter()
-            .map(|_| {
-                (0..classes * 65)
-                    .map(|_| rng.random::<f32>() * 0.01)
-                    .collect()
-            })
-            .collect();
+        let began = Instant::now();
+        let sel = s.select(&ctx, &mut clients, &mut rng)?;
+        let mut elapsed = began.elapsed();
+        let updates = (update_len > 0).then(|| clients.vectors(&sel.clients, update_len));
+        let losses = clients.losses(&sel.clients);
+        let began = Instant::now();
         s.observe(&Feedback {
             round: t,
             selected: &sel.clients,
-            train_losses: &vec![0.0; sel.clients.len()],
-            updates: Some(&updates),
+            train_losses: &losses,
+            updates: updates.as_deref(),
         });
-        t += 1;
+        elapsed += began.elapsed();
+        if t >= warmup {
+            times.push(elapsed.as_secs_f64() * 1e3);
+        }
     }
-    let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
-    (mean, times.iter().copied().fold(0.0, f64::max))
+    Ok(SelectionTime {
+        setup_s,
+        mean_ms: times.iter().sum::<f64>() / times.len().max(1) as f64,
+        max_ms: times.iter().copied().fold(0.0, f64::max),
+    })
+}
+
+/// Every strategy [`selection_time`] knows, in the order `fedsel bench` prints them.
+pub const STRATEGIES: &[&str] = &[
+    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "f3ast", "fedcor", "fedgp", "cs1", "cs2",
+    "hics", "divfl", "fedgs",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stand-in clients answer whatever each strategy asks for, and a selector's
+    /// rounds are timed after its warm-up.
+    #[test]
+    fn every_strategy_runs_on_the_stand_in_clients() {
+        let w = SelectionWorkload {
+            n: 40,
+            k: 4,
+            rounds: 2,
+        };
+        for s in STRATEGIES {
+            let t = selection_time(s, w).unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert!(t.mean_ms >= 0.0 && t.max_ms >= t.mean_ms, "{s}: {t:?}");
+        }
+        assert!(selection_time("nope", w).is_err());
+    }
 }
