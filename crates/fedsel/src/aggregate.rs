@@ -6,7 +6,82 @@
 //! DivFL), or selector-given importance weights (F3AST's p_k/r_k).
 //! Δ = Σ_k w_k (x_k − w); the server optimizer then moves w along Δ.
 
-use crate::config::{AggregationRule, ServerConfig, ServerOptimizer};
+use serde::{Deserialize, Serialize};
+
+/// How the uploaded models are combined.
+///
+/// Aggregation belongs to the strategy as much as selection does (F3AST's importance
+/// weights are what make its selection unbiased), so the default is `auto`: the rule the
+/// strategy's paper and code use ([`crate::select::own_aggregation`]). Loading a config
+/// replaces `auto` by that rule, so the resolved config records the rule that ran. An
+/// explicit rule that differs from the strategy's own runs, with a warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregationRule {
+    /// The strategy's own rule.
+    Auto,
+    /// Unweighted mean over the selected (duplicates count twice).
+    Mean,
+    /// Data-size weights n_k renormalised over the selected.
+    DataSize,
+    /// Weights given by the selector (e.g. F3AST's p_k/r_k); not renormalised.
+    Selector,
+}
+
+impl AggregationRule {
+    /// The name configs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Mean => "mean",
+            Self::DataSize => "data_size",
+            Self::Selector => "selector",
+        }
+    }
+}
+
+/// Server-side optimizer applied to the aggregated update Δ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerOptimizer {
+    /// w ← w + Δ (plain FedAvg).
+    Replace,
+    /// w ← w + η Δ.
+    Sgd,
+    /// FedAdam (Reddi et al.): Adam on Δ with adaptivity τ, no bias correction.
+    Adam,
+}
+
+/// Server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Aggregation rule.
+    pub aggregation: AggregationRule,
+    /// Server optimizer.
+    pub optimizer: ServerOptimizer,
+    /// Server learning rate η (SGD and Adam).
+    pub lr: f64,
+    /// Adam β1.
+    pub beta1: f64,
+    /// Adam β2.
+    pub beta2: f64,
+    /// Adam adaptivity τ.
+    pub tau: f64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            aggregation: AggregationRule::Auto,
+            optimizer: ServerOptimizer::Replace,
+            lr: 1.0,
+            beta1: 0.9,
+            beta2: 0.99,
+            tau: 1e-3,
+        }
+    }
+}
 
 /// Aggregation weight of each selected entry (duplicates are separate entries).
 ///

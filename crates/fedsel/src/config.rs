@@ -20,6 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
+pub use crate::aggregate::{AggregationRule, ServerConfig, ServerOptimizer};
+pub use crate::availability::AvailabilityConfig;
+pub use crate::availability::budget::BudgetConfig;
 pub use crate::availability::f3ast::{HomeDeviceConfig, ScarceConfig, SmartphonesConfig};
 pub use crate::availability::fedgs::{
     LdfConfig, LnConfig, MdfConfig, SlnConfig, SlnPhase, YcConfig, YmfConfig,
@@ -32,6 +35,8 @@ pub use crate::select::fedcor::FedCorConfig;
 pub use crate::select::fedgs::FedGsConfig;
 pub use crate::select::hics::HicsConfig;
 pub use crate::select::powd::PowdConfig;
+pub use crate::select::{ClientSize, SelectionConfig};
+use crate::validate::{check, check_pos, check_prob};
 
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -217,9 +222,6 @@ pub enum SyntheticGenerator {
     Easyfl,
 }
 
-fn one() -> usize {
-    1
-}
 fn half() -> f64 {
     0.5
 }
@@ -454,236 +456,6 @@ impl Default for TrainConfig {
     }
 }
 
-/// How the uploaded models are combined.
-///
-/// Aggregation belongs to the strategy as much as selection does (F3AST's importance
-/// weights are what make its selection unbiased), so the default is `auto`: the rule the
-/// strategy's paper and code use ([`crate::select::own_aggregation`]). Loading a config
-/// replaces `auto` by that rule, so the resolved config records the rule that ran. An
-/// explicit rule that differs from the strategy's own runs, with a warning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AggregationRule {
-    /// The strategy's own rule.
-    Auto,
-    /// Unweighted mean over the selected (duplicates count twice).
-    Mean,
-    /// Data-size weights n_k renormalised over the selected.
-    DataSize,
-    /// Weights given by the selector (e.g. F3AST's p_k/r_k); not renormalised.
-    Selector,
-}
-
-impl AggregationRule {
-    /// The name configs use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Mean => "mean",
-            Self::DataSize => "data_size",
-            Self::Selector => "selector",
-        }
-    }
-}
-
-/// Server-side optimizer applied to the aggregated update Δ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ServerOptimizer {
-    /// w ← w + Δ (plain FedAvg).
-    Replace,
-    /// w ← w + η Δ.
-    Sgd,
-    /// FedAdam (Reddi et al.): Adam on Δ with adaptivity τ, no bias correction.
-    Adam,
-}
-
-/// Server.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
-    /// Aggregation rule.
-    pub aggregation: AggregationRule,
-    /// Server optimizer.
-    pub optimizer: ServerOptimizer,
-    /// Server learning rate η (SGD and Adam).
-    pub lr: f64,
-    /// Adam β1.
-    pub beta1: f64,
-    /// Adam β2.
-    pub beta2: f64,
-    /// Adam adaptivity τ.
-    pub tau: f64,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        Self {
-            aggregation: AggregationRule::Auto,
-            optimizer: ServerOptimizer::Replace,
-            lr: 1.0,
-            beta1: 0.9,
-            beta2: 0.99,
-            tau: 1e-3,
-        }
-    }
-}
-
-/// Client selection.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SelectionConfig {
-    /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
-    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2) or `divfl`.
-    pub strategy: String,
-    /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
-    pub clients_per_round: usize,
-    /// Fraction of clients per round, used when `clients_per_round` is 0.
-    pub fraction: f64,
-    /// What each client reports as its size n_k, from which selectors derive p_k = n_k / Σ n.
-    pub client_size: ClientSize,
-    /// Power-of-choice settings (`powd`, `cpowd`, `rpowd`).
-    pub powd: PowdConfig,
-    /// Active FL settings (`afl`).
-    pub afl: AflConfig,
-    /// FedCor / FedGP settings (`fedcor`, `fedgp`).
-    pub fedcor: FedCorConfig,
-    /// FedGS settings (`fedgs`).
-    pub fedgs: FedGsConfig,
-    /// F3AST settings (`f3ast`).
-    pub f3ast: F3astConfig,
-    /// HiCS-FL settings (`hics`).
-    pub hics: HicsConfig,
-    /// DivFL settings (`divfl`).
-    pub divfl: DivflConfig,
-}
-
-impl Default for SelectionConfig {
-    fn default() -> Self {
-        Self {
-            strategy: "uniform".into(),
-            clients_per_round: 0,
-            fraction: 0.2,
-            client_size: ClientSize::Train,
-            powd: PowdConfig::default(),
-            afl: AflConfig::default(),
-            fedcor: FedCorConfig::default(),
-            fedgs: FedGsConfig::default(),
-            f3ast: F3astConfig::default(),
-            hics: HicsConfig::default(),
-            divfl: DivflConfig::default(),
-        }
-    }
-}
-
-impl SelectionConfig {
-    /// m for `n` clients.
-    pub fn per_round(&self, n: usize) -> usize {
-        if self.clients_per_round > 0 {
-            self.clients_per_round
-        } else {
-            ((self.fraction * n as f64).round() as usize).max(1)
-        }
-    }
-}
-
-/// The size n_k a client reports to the server (selectors weigh clients by p_k = n_k / Σ n).
-///
-/// Aggregation by data size always uses the training part: this only changes what the
-/// selectors see, since the papers' codes differ on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClientSize {
-    /// The training part of its local data (FedGS: n_k is the training-split size).
-    #[default]
-    Train,
-    /// All its local data, training and held-out parts together. FedCor's code sets
-    /// p_k = |partition_k| / |D| and AFL's valuation ℓ_k·√n_k on the whole partition
-    /// before its 80/20 split (algorithms.md §1, §6).
-    Local,
-}
-
-/// Availability model: which clients can be reached in a round.
-///
-/// The FedGS modes follow FedGS Table 1 with β as their `beta`; the F3AST
-/// models follow F3AST §4.1 and App. D.4. Log-normal parameters are the σ of
-/// the underlying normal (numpy's `lognormal(0, σ)`). A model's options are
-/// defined in its module under [`availability`](crate::availability).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum AvailabilityConfig {
-    /// Every client, every round (FedGS IDL, F3AST Always).
-    #[default]
-    #[serde(alias = "idl")]
-    Always,
-    /// FedGS MoreDataFirst.
-    Mdf(MdfConfig),
-    /// FedGS LessDataFirst.
-    Ldf(LdfConfig),
-    /// FedGS YMaxFirst.
-    Ymf(YmfConfig),
-    /// FedGS YCycle.
-    Yc(YcConfig),
-    /// FedGS LogNormal.
-    Ln(LnConfig),
-    /// FedGS SinLogNormal.
-    Sln(SlnConfig),
-    /// F3AST Scarce.
-    Scarce(ScarceConfig),
-    /// F3AST HomeDevice.
-    HomeDevice(HomeDeviceConfig),
-    /// F3AST Uneven: q_k ∝ 1/p_k, scaled so that the largest is 1.
-    Uneven,
-    /// F3AST SmartPhones.
-    Smartphones(SmartphonesConfig),
-    /// A recorded trace.
-    Trace(TraceConfig),
-}
-
-impl AvailabilityConfig {
-    /// Short name, for labels.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Always => "always",
-            Self::Mdf { .. } => "mdf",
-            Self::Ldf { .. } => "ldf",
-            Self::Ymf { .. } => "ymf",
-            Self::Yc { .. } => "yc",
-            Self::Ln { .. } => "ln",
-            Self::Sln { .. } => "sln",
-            Self::Scarce { .. } => "scarce",
-            Self::HomeDevice { .. } => "home_device",
-            Self::Uneven => "uneven",
-            Self::Smartphones { .. } => "smartphones",
-            Self::Trace { .. } => "trace",
-        }
-    }
-}
-
-/// The communication budget K_t: how many clients the server may select in round t.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum BudgetConfig {
-    /// K_t = m, the selection's clients per round.
-    #[default]
-    Constant,
-    /// K_t = values[(t / hold) mod len]: a repeating schedule.
-    Periodic {
-        /// The budgets, in order.
-        values: Vec<usize>,
-        /// Rounds each value holds.
-        #[serde(default = "one")]
-        hold: usize,
-    },
-    /// K_t uniform in min..=max, drawn per round from the budget's own stream.
-    Random {
-        /// Smallest budget.
-        min: usize,
-        /// Largest budget.
-        max: usize,
-    },
-}
-
 /// Evaluation of the global model on the global test set.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -723,40 +495,6 @@ const STRATEGIES: &[&str] = &[
 /// Floats the Synthetic generator may produce (4 GB): far above every paper's size
 /// (1000 users of dimension 60), far below what would exhaust a workstation.
 const SYNTHETIC_MAX_FLOATS: usize = 1_000_000_000;
-
-/// `Ok` when `ok`, else the error naming `key` with `reason`.
-pub(crate) fn check(ok: bool, key: &str, reason: impl Into<String>) -> Result<(), ConfigError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::invalid(key, reason))
-    }
-}
-
-/// `x` must lie in the unit interval, each end open or closed as asked.
-pub(crate) fn check_prob(
-    x: f64,
-    key: &str,
-    lo_open: bool,
-    hi_open: bool,
-) -> Result<(), ConfigError> {
-    let lo = if lo_open { x > 0.0 } else { x >= 0.0 };
-    let hi = if hi_open { x < 1.0 } else { x <= 1.0 };
-    check(
-        x.is_finite() && lo && hi,
-        key,
-        format!(
-            "{x} is outside {}0, 1{}",
-            if lo_open { "(" } else { "[" },
-            if hi_open { ")" } else { "]" }
-        ),
-    )
-}
-
-/// `x` must be finite and > 0.
-pub(crate) fn check_pos(x: f64, key: &str) -> Result<(), ConfigError> {
-    check(x.is_finite() && x > 0.0, key, format!("{x} must be > 0"))
-}
 
 impl Config {
     fn validate_availability(&self) -> Result<(), ConfigError> {
@@ -1062,8 +800,18 @@ impl Config {
         sel.fedcor.validate()?;
         sel.fedgs.validate()?;
         sel.f3ast.validate()?;
-        sel.hics
-            .validate(&sel.strategy, &self.partition.scheme, &self.train)?;
+        sel.hics.validate(
+            &sel.strategy,
+            match &self.partition.scheme {
+                PartitionScheme::ClassDirichlet { alphas } => Some(alphas),
+                _ => None,
+            },
+            crate::select::hics::LocalRegime {
+                sgd: self.train.optimizer == LocalOptimizer::Sgd,
+                momentum: self.train.momentum,
+                persistent_state: self.train.persistent_state,
+            },
+        )?;
         sel.divfl.validate()?;
         self.validate_availability()?;
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;

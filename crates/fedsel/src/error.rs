@@ -201,3 +201,11 @@ pub enum Error {
 
 /// Result alias of the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Reads a whole file, naming it on failure (the data loaders and the availability trace).
+pub(crate) fn read_file(path: &std::path::Path) -> std::result::Result<Vec<u8>, DataError> {
+    std::fs::read(path).map_err(|error| DataError::Io {
+        path: path.to_path_buf(),
+        error,
+    })
+}

@@ -27,6 +27,7 @@ pub mod select;
 pub mod sspp;
 pub mod summary;
 pub mod train;
+pub mod validate;
 
 /// The crate version, recorded in every output.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

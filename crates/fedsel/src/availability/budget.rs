@@ -3,8 +3,36 @@
 
 use rand::Rng as _;
 
-use crate::config::BudgetConfig;
 use crate::rng::{Purpose, stream};
+use serde::{Deserialize, Serialize};
+
+/// The communication budget K_t: how many clients the server may select in round t.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BudgetConfig {
+    /// K_t = m, the selection's clients per round.
+    #[default]
+    Constant,
+    /// K_t = values[(t / hold) mod len]: a repeating schedule.
+    Periodic {
+        /// The budgets, in order.
+        values: Vec<usize>,
+        /// Rounds each value holds.
+        #[serde(default = "one")]
+        hold: usize,
+    },
+    /// K_t uniform in min..=max, drawn per round from the budget's own stream.
+    Random {
+        /// Smallest budget.
+        min: usize,
+        /// Largest budget.
+        max: usize,
+    },
+}
+
+fn one() -> usize {
+    1
+}
 
 /// K_t for every round.
 #[derive(Debug, Clone)]

@@ -4,9 +4,10 @@ use std::f64::consts::PI;
 
 use serde::{Deserialize, Serialize};
 
+use super::AvailabilityConfig;
 use super::{ActivityRate, ClientInfo, StaticRates, lognormal_rates, scale_to_max};
-use crate::config::{AvailabilityConfig, check, check_prob};
 use crate::error::ConfigError;
+use crate::validate::{check, check_prob};
 
 /// F3AST Scarce: every client with probability q.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

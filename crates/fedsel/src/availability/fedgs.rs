@@ -8,9 +8,10 @@ use std::f64::consts::PI;
 
 use serde::{Deserialize, Serialize};
 
+use super::AvailabilityConfig;
 use super::{ActivityRate, ClientInfo, StaticRates, lognormal_rates, scale_to_max};
-use crate::config::{AvailabilityConfig, check, check_prob};
 use crate::error::ConfigError;
+use crate::validate::{check, check_prob};
 
 /// FedGS MoreDataFirst: n_k^β / max n^β.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -21,9 +21,70 @@ pub mod trace;
 use rand::Rng as _;
 use rand_distr::{Distribution, LogNormal};
 
-use crate::config::{AvailabilityConfig, BudgetConfig};
 use crate::error::Result;
 use crate::rng::{Purpose, stream};
+use budget::BudgetConfig;
+use f3ast::{HomeDeviceConfig, ScarceConfig, SmartphonesConfig};
+use fedgs::{LdfConfig, LnConfig, MdfConfig, SlnConfig, YcConfig, YmfConfig};
+use serde::{Deserialize, Serialize};
+use trace::TraceConfig;
+
+/// Availability model: which clients can be reached in a round.
+///
+/// The FedGS modes follow FedGS Table 1 with β as their `beta`; the F3AST
+/// models follow F3AST §4.1 and App. D.4. Log-normal parameters are the σ of
+/// the underlying normal (numpy's `lognormal(0, σ)`). A model's options are
+/// defined in its module under [`availability`](crate::availability).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AvailabilityConfig {
+    /// Every client, every round (FedGS IDL, F3AST Always).
+    #[default]
+    #[serde(alias = "idl")]
+    Always,
+    /// FedGS MoreDataFirst.
+    Mdf(MdfConfig),
+    /// FedGS LessDataFirst.
+    Ldf(LdfConfig),
+    /// FedGS YMaxFirst.
+    Ymf(YmfConfig),
+    /// FedGS YCycle.
+    Yc(YcConfig),
+    /// FedGS LogNormal.
+    Ln(LnConfig),
+    /// FedGS SinLogNormal.
+    Sln(SlnConfig),
+    /// F3AST Scarce.
+    Scarce(ScarceConfig),
+    /// F3AST HomeDevice.
+    HomeDevice(HomeDeviceConfig),
+    /// F3AST Uneven: q_k ∝ 1/p_k, scaled so that the largest is 1.
+    Uneven,
+    /// F3AST SmartPhones.
+    Smartphones(SmartphonesConfig),
+    /// A recorded trace.
+    Trace(TraceConfig),
+}
+
+impl AvailabilityConfig {
+    /// Short name, for labels.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Always => "always",
+            Self::Mdf { .. } => "mdf",
+            Self::Ldf { .. } => "ldf",
+            Self::Ymf { .. } => "ymf",
+            Self::Yc { .. } => "yc",
+            Self::Ln { .. } => "ln",
+            Self::Sln { .. } => "sln",
+            Self::Scarce { .. } => "scarce",
+            Self::HomeDevice { .. } => "home_device",
+            Self::Uneven => "uneven",
+            Self::Smartphones { .. } => "smartphones",
+            Self::Trace { .. } => "trace",
+        }
+    }
+}
 
 /// Round key of the per-run draws (never a real round).
 const RUN: u64 = u64::MAX;

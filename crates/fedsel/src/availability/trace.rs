@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::Availability;
-use crate::config::check;
-use crate::data::read_file;
-use crate::error::{ConfigError, DataError, Result};
+use crate::error::{ConfigError, DataError, Result, read_file};
+use crate::validate::check;
 
 /// A recorded trace: a CSV with header `round,client`, one row per active pair;
 /// rounds past its end repeat it cyclically. A relative path in a config file is

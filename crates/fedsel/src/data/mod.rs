@@ -18,6 +18,7 @@ use std::path::Path;
 
 use crate::config::{Config, DatasetConfig, FlgoSource, SyntheticGenerator};
 use crate::error::DataError;
+pub(crate) use crate::error::read_file;
 
 /// Example inputs, row-major, one row per example.
 #[derive(Debug, Clone)]
@@ -219,12 +220,4 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
             )
         }
     }
-}
-
-/// Reads a whole file, naming it on failure.
-pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
-    std::fs::read(path).map_err(|source| DataError::Io {
-        path: path.to_path_buf(),
-        error: source,
-    })
 }

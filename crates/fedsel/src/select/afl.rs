@@ -17,9 +17,9 @@ use rand::seq::index::sample;
 use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, RoundContext, Selection, Selector, Setup, weighted_without_replacement};
-use crate::config::{check_pos, check_prob};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+use crate::validate::{check_pos, check_prob};
 
 /// Active Federated Learning (Goetz et al. 2019), as FedCor ran it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

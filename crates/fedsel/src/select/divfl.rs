@@ -22,9 +22,9 @@ use rand::seq::index::sample;
 use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, GradientScope, RoundContext, Selection, Selector, Setup};
-use crate::config::check_prob;
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+use crate::validate::check_prob;
 
 /// How DivFL refreshes client gradients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

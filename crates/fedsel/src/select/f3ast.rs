@@ -24,9 +24,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, Protocol, RoundContext, Selection, Selector, Setup};
-use crate::config::check_prob;
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+use crate::validate::check_prob;
 
 /// Which H(r) F3AST minimises (F3AST Eq. 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

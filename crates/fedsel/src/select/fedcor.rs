@@ -45,9 +45,9 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, RoundContext, Selection, Selector, Setup};
-use crate::config::{check, check_pos, check_prob};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+use crate::validate::{check, check_pos, check_prob};
 
 /// FedCor (seed 000) and its FedGP variant (seed 001).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -48,10 +48,10 @@ use super::{
     ClientQuery, Feedback, Needs, RoundContext, Selection, Selector, Setup, UpdateKind, clustered,
     ward,
 };
-use crate::config::{LocalOptimizer, PartitionScheme, TrainConfig, check, check_pos, check_prob};
 use crate::diagnostics::{auc, group_share, high_entropy_group, shannon_entropy};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+use crate::validate::{check, check_pos, check_prob};
 
 /// What HiCS-FL turns into a label-distribution estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,21 +147,32 @@ impl Default for HicsConfig {
     }
 }
 
+/// What HiCS-FL's protocols pin of the run's local training (the config's `[train]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalRegime {
+    /// The local optimizer is SGD (momentum applies).
+    pub sgd: bool,
+    /// SGD momentum.
+    pub momentum: f64,
+    /// Each client's optimizer state is kept between its rounds.
+    pub persistent_state: bool,
+}
+
 impl HicsConfig {
     /// Rejects values no run can use, naming the key: the `selection.hics` part of
     /// [`Config::validate`](crate::config::Config::validate). When `strategy` is `hics`
     /// under protocol `code`, `several_alpha_groups` must say what a `class_dirichlet`
-    /// partition `scheme`'s α list says, and the local training `train` must be the
+    /// partition's α list (`alpha_groups`) says, and the local training must be the
     /// protocol's regime ([`HicsConfig::check_regime`]).
     pub(crate) fn validate(
         &self,
         strategy: &str,
-        scheme: &PartitionScheme,
-        train: &TrainConfig,
+        alpha_groups: Option<&[f64]>,
+        regime: LocalRegime,
     ) -> Result<(), ConfigError> {
         check_pos(self.temperature, "selection.hics.temperature")?;
         if strategy == "hics" {
-            self.check_regime(train)?;
+            self.check_regime(regime)?;
         }
         match self.protocol {
             HicsProtocol::Paper => check_prob(self.lambda, "selection.hics.lambda", false, false)?,
@@ -171,11 +182,11 @@ impl HicsConfig {
                 "must be a finite number ≥ 0",
             )?,
         }
-        if let PartitionScheme::ClassDirichlet { alphas } = scheme
+        if let Some(alphas) = alpha_groups
             && strategy == "hics"
             && self.protocol == HicsProtocol::Code
         {
-            let mut distinct = alphas.clone();
+            let mut distinct = alphas.to_vec();
             distinct.sort_by(f64::total_cmp);
             distinct.dedup();
             let several = distinct.len() > 1;
@@ -212,8 +223,8 @@ impl HicsConfig {
     /// one-hot and Ĥ ≈ 0.06 nats for clients whose true entropy is 1.22: HiCS-FL then
     /// acts as Clustered Sampling. Protocol `code` is the code's regime: each client's
     /// optimizer kept (`persistent_state = true`) and, for SGD, momentum > 0.
-    pub fn check_regime(&self, train: &TrainConfig) -> Result<(), ConfigError> {
-        let sgd = train.optimizer == LocalOptimizer::Sgd;
+    pub fn check_regime(&self, train: LocalRegime) -> Result<(), ConfigError> {
+        let sgd = train.sgd;
         match self.protocol {
             HicsProtocol::Paper => {
                 check(

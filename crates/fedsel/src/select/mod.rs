@@ -26,9 +26,90 @@ pub mod ward;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{AggregationRule, SelectionConfig};
+use crate::aggregate::AggregationRule;
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+use afl::AflConfig;
+use divfl::DivflConfig;
+use f3ast::F3astConfig;
+use fedcor::FedCorConfig;
+use fedgs::FedGsConfig;
+use hics::HicsConfig;
+use powd::PowdConfig;
+
+/// Client selection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SelectionConfig {
+    /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
+    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2) or `divfl`.
+    pub strategy: String,
+    /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
+    pub clients_per_round: usize,
+    /// Fraction of clients per round, used when `clients_per_round` is 0.
+    pub fraction: f64,
+    /// What each client reports as its size n_k, from which selectors derive p_k = n_k / Σ n.
+    pub client_size: ClientSize,
+    /// Power-of-choice settings (`powd`, `cpowd`, `rpowd`).
+    pub powd: PowdConfig,
+    /// Active FL settings (`afl`).
+    pub afl: AflConfig,
+    /// FedCor / FedGP settings (`fedcor`, `fedgp`).
+    pub fedcor: FedCorConfig,
+    /// FedGS settings (`fedgs`).
+    pub fedgs: FedGsConfig,
+    /// F3AST settings (`f3ast`).
+    pub f3ast: F3astConfig,
+    /// HiCS-FL settings (`hics`).
+    pub hics: HicsConfig,
+    /// DivFL settings (`divfl`).
+    pub divfl: DivflConfig,
+}
+
+impl Default for SelectionConfig {
+    fn default() -> Self {
+        Self {
+            strategy: "uniform".into(),
+            clients_per_round: 0,
+            fraction: 0.2,
+            client_size: ClientSize::Train,
+            powd: PowdConfig::default(),
+            afl: AflConfig::default(),
+            fedcor: FedCorConfig::default(),
+            fedgs: FedGsConfig::default(),
+            f3ast: F3astConfig::default(),
+            hics: HicsConfig::default(),
+            divfl: DivflConfig::default(),
+        }
+    }
+}
+
+impl SelectionConfig {
+    /// m for `n` clients.
+    pub fn per_round(&self, n: usize) -> usize {
+        if self.clients_per_round > 0 {
+            self.clients_per_round
+        } else {
+            ((self.fraction * n as f64).round() as usize).max(1)
+        }
+    }
+}
+
+/// The size n_k a client reports to the server (selectors weigh clients by p_k = n_k / Σ n).
+///
+/// Aggregation by data size always uses the training part: this only changes what the
+/// selectors see, since the papers' codes differ on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientSize {
+    /// The training part of its local data (FedGS: n_k is the training-split size).
+    #[default]
+    Train,
+    /// All its local data, training and held-out parts together. FedCor's code sets
+    /// p_k = |partition_k| / |D| and AFL's valuation ℓ_k·√n_k on the whole partition
+    /// before its 80/20 split (algorithms.md §1, §6).
+    Local,
+}
 
 /// Which of a method's two definitions a run follows (decisions.md): a paper's tables were
 /// produced by its authors' code, so where the text and the code differ, `paper` follows

@@ -28,9 +28,9 @@ pub mod solver;
 use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, Needs, Protocol, RoundContext, Selection, Selector, Setup};
-use crate::config::{check, check_pos, check_prob};
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
+use crate::validate::{check, check_pos, check_prob};
 
 /// Where FedGS's client features for the 3DG come from (FedGS §3.2, Table 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
