@@ -48,6 +48,9 @@ pub struct Experiment {
     pub test_idx: Vec<usize>,
     /// Those examples, batched on the device once for the whole run.
     test_batches: Vec<(model::Batch, Tensor<1, Int>)>,
+    /// The availability trace, read and checked against the partition once, before any
+    /// output directory is made (`availability.kind = "trace"` only).
+    trace: Option<crate::availability::trace::Trace>,
 }
 
 /// One finished round, as written to `metrics.csv`.
@@ -137,9 +140,12 @@ impl Experiment {
         }
         // A trace is read here, not at round 0, so that a trace naming a client the
         // partition does not have fails before any output directory is made.
-        if let crate::config::AvailabilityConfig::Trace(t) = &config.availability {
-            crate::availability::trace::Trace::load(&t.trace, clients.len())?;
-        }
+        let trace = match &config.availability {
+            crate::config::AvailabilityConfig::Trace(t) => Some(
+                crate::availability::trace::Trace::load(&t.trace, clients.len())?,
+            ),
+            _ => None,
+        };
         let arch = model::build(&config.model, &data.train)?;
         let layout = ParamLayout::of(arch.as_ref());
         let device = device_for(&config.device)?;
@@ -167,6 +173,7 @@ impl Experiment {
             device,
             test_idx,
             test_batches,
+            trace,
         })
     }
 
@@ -800,6 +807,7 @@ impl<'a> Run<'a> {
             per_round,
             &exp.client_info(),
             seed,
+            exp.trace.as_ref(),
         )?;
         let name = selector.name();
         let rule = match cfg.server.aggregation {

@@ -203,13 +203,15 @@ pub struct Environment {
 }
 
 impl Environment {
-    /// Builds the availability model and budget a config names.
+    /// Builds the availability model and budget a config names. A trace already read
+    /// (`trace`) is used as it is; otherwise the one the config names is read.
     pub fn new(
         cfg: &AvailabilityConfig,
         budget: &BudgetConfig,
         per_round: usize,
         info: &ClientInfo,
         seed: u64,
+        trace: Option<&trace::Trace>,
     ) -> Result<Self> {
         let n = info.sizes.len();
         let rates = |r: Box<dyn ActivityRate>| -> Box<dyn Availability> {
@@ -218,7 +220,10 @@ impl Environment {
         use AvailabilityConfig as A;
         let model: Box<dyn Availability> = match cfg {
             A::Always => Box::new(always::Always { clients: n }),
-            A::Trace(t) => Box::new(trace::Trace::load(&t.trace, n)?),
+            A::Trace(t) => Box::new(match trace {
+                Some(read) => read.clone(),
+                None => trace::Trace::load(&t.trace, n)?,
+            }),
             A::Mdf(_) | A::Ldf(_) | A::Ymf(_) | A::Yc(_) | A::Ln(_) | A::Sln(_) => {
                 rates(fedgs::build(cfg, info, seed))
             }
@@ -291,7 +296,7 @@ mod tests {
                 | AvailabilityConfig::Smartphones(_) => f3ast::build(&cfg, &info, 7),
                 _ => fedgs::build(&cfg, &info, 7),
             };
-            let env = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 7).unwrap();
+            let env = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 7, None).unwrap();
             let mut counts = vec![0usize; 40];
             for t in 0..rounds {
                 for k in env.round(t).active {
@@ -322,9 +327,9 @@ mod tests {
     fn availability_depends_only_on_seed_round_and_client() {
         let info = info();
         let cfg = AvailabilityConfig::Ln(LnConfig { beta: 0.5 });
-        let a = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 3).unwrap();
-        let b = Environment::new(&cfg, &BudgetConfig::Constant, 9, &info, 3).unwrap();
-        let c = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 4).unwrap();
+        let a = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 3, None).unwrap();
+        let b = Environment::new(&cfg, &BudgetConfig::Constant, 9, &info, 3, None).unwrap();
+        let c = Environment::new(&cfg, &BudgetConfig::Constant, 5, &info, 4, None).unwrap();
         assert_eq!(a.round(17).active, b.round(17).active);
         assert_ne!(
             (0..5).map(|t| a.round(t).active).collect::<Vec<_>>(),
@@ -345,6 +350,7 @@ mod tests {
             1,
             &info,
             1,
+            None,
         )
         .unwrap();
         assert!((0..500).all(|t| !env.round(t).active.is_empty()));
