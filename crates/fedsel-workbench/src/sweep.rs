@@ -133,6 +133,9 @@ pub struct Cell {
     pub config: Config,
     /// Directory name: label plus a hash of the resolved config.
     pub dir_name: String,
+    /// The resolved config's hash, computed once: shards rank cells by it and a cell's
+    /// checkpoint must carry it.
+    pub hash: String,
 }
 
 impl Cell {
@@ -373,12 +376,14 @@ impl Sweep {
                         .join("-")
                 };
                 config.name = format!("{}-{label}", self.name);
-                let dir_name = format!("{}-{}", sanitize(&label), &config.hash()[..12]);
+                let hash = config.hash();
+                let dir_name = format!("{}-{}", sanitize(&label), &hash[..12]);
                 Ok(Cell {
                     label,
                     parts,
                     config,
                     dir_name,
+                    hash,
                 })
             })
             .collect()
@@ -450,9 +455,8 @@ impl Shard {
 
     /// This part's cells of the grid `cells`, in grid order.
     pub fn part<'a>(&self, cells: &'a [Cell]) -> Vec<&'a Cell> {
-        let hashes: Vec<String> = cells.iter().map(|c| c.config.hash()).collect();
         let mut by_hash: Vec<usize> = (0..cells.len()).collect();
-        by_hash.sort_by(|&a, &b| hashes[a].cmp(&hashes[b]).then(a.cmp(&b)));
+        by_hash.sort_by(|&a, &b| cells[a].hash.cmp(&cells[b].hash).then(a.cmp(&b)));
         let mut mine: Vec<usize> = by_hash
             .into_iter()
             .enumerate()
@@ -721,7 +725,7 @@ pub fn run_cell(cell: &Cell, out: &Path, data_dir: &Path) -> Result<CellRun> {
     }
     let checkpoint = fedsel::checkpoint::load(&dir)
         .ok()
-        .filter(|cp| cp.config_hash == cell.config.hash());
+        .filter(|cp| cp.config_hash == cell.hash);
     let (writer, result) = match checkpoint {
         Some(cp) => {
             let mut w = RunWriter::resume(&dir, cp.next_round)?;
