@@ -113,10 +113,9 @@ class FedselStrategy(FedAvg):
     layer, for strategies that read it, is the ArrayRecord's ``output_keys`` = (bias key,
     weight key), by default the one :func:`output_layer` finds: the last ``<prefix>.bias``
     whose ``<prefix>.weight`` is 2-D, or for unnamed arrays the last 1-D array after a 2-D
-    one. ``timeout`` bounds
-    each exchange of messages. Other keyword arguments go to ``FedAvg``; federated
-    evaluation is off unless ``fraction_evaluate`` is given, since the selectors send their
-    own evaluate messages.
+    one. ``timeout`` bounds each exchange of messages. Other keyword arguments go to
+    ``FedAvg``; federated evaluation is off unless ``fraction_evaluate`` is given, since the
+    selectors send their own evaluate messages.
     """
 
     def __init__(
