@@ -24,7 +24,8 @@ the same thing:
 * probe trainings (FedCor) and local updates (FedGS_cos) are train messages whose models
   are not aggregated into the global one;
 * updates (HiCS-FL, Clustered Sampling) are read from the round's train replies, whole or
-  the output layer only (its bias, then its weight);
+  the output layer only (its bias, then its weight; :func:`output_layer` says which
+  arrays those are);
 * aggregation is the strategy's: the plain mean, data-size weights (FedGS, DivFL) or the
   selector's own weights (F3AST's p_k / r_k, not renormalised).
 
@@ -52,7 +53,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from . import FedselError, Selector
 
-__all__ = ["FedselStrategy"]
+__all__ = ["FedselStrategy", "output_layer"]
 
 
 def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -71,6 +72,38 @@ def _metrics(message: Message) -> MetricRecord:
     return records[0]
 
 
+def output_layer(arrays: dict[str, np.ndarray]) -> tuple[str, str]:
+    """The (bias key, weight key) of the model's output layer, which HiCS-FL and Clustered
+    Sampling read and whose bias length is the number of classes.
+
+    Named arrays (a PyTorch ``state_dict``, as ``ArrayRecord(model.state_dict())`` keeps
+    its keys, or NumPy arrays under names): the last bias ``<prefix>.bias`` (or ``bias``)
+    that is 1-D and whose sibling ``<prefix>.weight`` (or ``weight``) is 2-D with one row
+    per bias entry, i.e. the last fully connected layer in the record's order, which for a
+    ``state_dict`` is the order the modules were registered in. Norm layers (1-D weights),
+    convolutions (4-D weights), running statistics and ``num_batches_tracked`` (0-d) never
+    match, so a model whose head is not a linear layer, or whose last registered linear
+    layer is not its head, must name it with ``output_keys``.
+
+    Unnamed arrays (an ArrayRecord made from a list, keyed ``"0"``, ``"1"``, ...): the last
+    1-D array directly after a 2-D array with one row per entry, the same layer as laid
+    out by ``model.parameters()`` or a NumPy model's list.
+    """
+    keys = list(arrays)
+
+    def pair(b: str, w: str) -> bool:
+        return w in arrays and arrays[b].ndim == 1 and arrays[w].ndim == 2 and arrays[w].shape[0] == arrays[b].shape[0]
+
+    if all(k.isdigit() for k in keys):
+        found = [(b, keys[i - 1]) for i, b in enumerate(keys) if i > 0 and pair(b, keys[i - 1])]
+    else:
+        found = [(b, b[: -len("bias")] + "weight") for b in keys if (b == "bias" or b.endswith(".bias")) and pair(b, b[: -len("bias")] + "weight")]
+    if not found:
+        shapes = ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in arrays.items())
+        raise FedselError(f"no output layer (a 1-D `.bias` with a 2-D `.weight` of as many rows) among the model's arrays [{shapes}]; pass output_keys=(bias key, weight key)")
+    return found[-1]
+
+
 class FedselStrategy(FedAvg):
     """FedAvg whose node sampling and aggregation are a fedsel strategy's.
 
@@ -78,10 +111,11 @@ class FedselStrategy(FedAvg):
     ``[selection.<strategy>]`` in a fedsel config). ``per_round`` nodes are trained per
     round, ``num_rounds`` is the run's length (some strategies plan with it). The output
     layer, for strategies that read it, is the ArrayRecord's ``output_keys`` = (bias key,
-    weight key), by default its last 1-D array and the array before it. ``timeout`` bounds
-    each exchange of messages. Other keyword arguments go to ``FedAvg``; federated
-    evaluation is off unless ``fraction_evaluate`` is given, since the selectors send their
-    own evaluate messages.
+    weight key), by default the one :func:`output_layer` finds: the last ``<prefix>.bias``
+    whose ``<prefix>.weight`` is 2-D, or for unnamed arrays the last 1-D array after a 2-D
+    one. ``timeout`` bounds each exchange of messages. Other keyword arguments go to
+    ``FedAvg``; federated evaluation is off unless ``fraction_evaluate`` is given, since the
+    selectors send their own evaluate messages.
     """
 
     def __init__(
@@ -165,17 +199,17 @@ class FedselStrategy(FedAvg):
         return {k: sum(wi * x[k] for wi, x in zip(w, locals_)).astype(old[k].dtype) for k in old}
 
     def _output_layer(self, arrays: dict[str, np.ndarray]) -> tuple[str, str]:
-        if self.output_keys is not None:
-            return self.output_keys
-        keys = list(arrays)
-        bias = [k for k in keys if arrays[k].ndim == 1]
-        if not bias:
-            raise FedselError("no 1-D array (output-layer bias) in the model; pass output_keys")
-        b = bias[-1]
-        i = keys.index(b)
-        if i == 0:
-            raise FedselError(f"no array before the bias `{b}` to be its weight; pass output_keys")
-        return b, keys[i - 1]
+        """The (bias key, weight key) of the output layer, by :func:`output_layer` unless
+        ``output_keys`` names them."""
+        if self.output_keys is None:
+            return output_layer(arrays)
+        b, w = self.output_keys
+        missing = [k for k in (b, w) if k not in arrays]
+        if missing:
+            raise FedselError(f"output_keys {missing} not in the model's arrays {list(arrays)}")
+        if arrays[b].ndim != 1:
+            raise FedselError(f"output_keys bias `{b}` has shape {arrays[b].shape}, not one value per class")
+        return b, w
 
     def _update(self, local: dict[str, np.ndarray], old: dict[str, np.ndarray]) -> np.ndarray:
         """The part of x_k - w the selector reads, flattened as the core lays it out."""

@@ -21,7 +21,7 @@ from flwr.app import (  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedsel import FedselError  # noqa: E402
-from fedsel.flower import FedselStrategy  # noqa: E402
+from fedsel.flower import FedselStrategy, output_layer  # noqa: E402
 
 NODES = [101, 102, 103, 104, 105, 106]
 DEAD = 104
@@ -138,3 +138,60 @@ def test_a_round_where_no_node_answers_is_an_error_naming_the_strategy():
     s = strategy("powd", {"d": 4})
     with pytest.raises(FedselError, match="round 2: no available node answered the requests of strategy powd"):
         run(s, Mute(), 2)
+
+
+def pytorch_like_state_dict():
+    """A CNN's state_dict as NumPy arrays: two convolutions, a BatchNorm, two linear layers
+    (the head is fc2), and a LayerNorm registered after the head."""
+    f = np.float32
+    return {
+        "conv1.weight": np.zeros((8, 1, 5, 5), f),
+        "conv1.bias": np.zeros(8, f),
+        "bn1.weight": np.ones(8, f),
+        "bn1.bias": np.zeros(8, f),
+        "bn1.running_mean": np.zeros(8, f),
+        "bn1.running_var": np.ones(8, f),
+        "bn1.num_batches_tracked": np.array(0, np.int64),
+        "conv2.weight": np.zeros((16, 8, 5, 5), f),
+        "conv2.bias": np.zeros(16, f),
+        "fc1.weight": np.zeros((64, 256), f),
+        "fc1.bias": np.zeros(64, f),
+        "fc2.weight": np.zeros((10, 64), f),
+        "fc2.bias": np.zeros(10, f),
+        "norm.weight": np.ones(10, f),
+        "norm.bias": np.zeros(10, f),
+    }
+
+
+def test_the_output_layer_of_a_state_dict_is_its_last_linear_layer():
+    """Not the last 1-D array (a norm's bias), nor a convolution's or BatchNorm's bias, nor
+    the 0-d `num_batches_tracked`: the last `.bias` whose `.weight` is 2-D with as many rows."""
+    assert output_layer(pytorch_like_state_dict()) == ("fc2.bias", "fc2.weight")
+    sd = pytorch_like_state_dict()
+    for k in ("fc2.weight", "fc2.bias", "norm.weight", "norm.bias"):
+        del sd[k]
+    assert output_layer(sd) == ("fc1.bias", "fc1.weight")
+    # The NumPy example's softmax regression names its arrays without a prefix.
+    assert output_layer({"weight": np.zeros((10, 784)), "bias": np.zeros(10)}) == ("bias", "weight")
+
+
+def test_unnamed_arrays_fall_back_to_the_last_1d_array_after_a_2d_one():
+    arrays = [np.zeros((8, 1, 5, 5)), np.zeros(8), np.zeros((10, 8)), np.zeros(10), np.ones(10), np.array(3)]
+    record = ArrayRecord(arrays)
+    assert output_layer({k: v.numpy() for k, v in record.items()}) == ("3", "2")
+
+
+def test_a_model_without_an_output_layer_is_an_error_naming_its_arrays():
+    conv_only = {"conv.weight": np.zeros((10, 1, 3, 3)), "conv.bias": np.zeros(10), "bn.num_batches_tracked": np.array(0)}
+    with pytest.raises(FedselError, match=r"conv\.weight \(10, 1, 3, 3\), conv\.bias \(10,\), bn\.num_batches_tracked \(\).*output_keys"):
+        output_layer(conv_only)
+
+
+def test_output_keys_name_the_output_layer_and_must_exist():
+    """A head that the rule does not find (a 1x1 convolution) is named with output_keys."""
+    sd = {"head.weight": np.zeros((10, 16, 1, 1)), "head.bias": np.zeros(10)}
+    s = FedselStrategy("hics", per_round=2, num_rounds=2, output_keys=("head.bias", "head.weight"))
+    assert s._output_layer(sd) == ("head.bias", "head.weight")
+    s = FedselStrategy("hics", per_round=2, num_rounds=2, output_keys=("fc.bias", "fc.weight"))
+    with pytest.raises(FedselError, match=r"output_keys \['fc.bias', 'fc.weight'\] not in the model's arrays \['head.weight', 'head.bias'\]"):
+        s._output_layer(sd)

@@ -1,10 +1,10 @@
 """The model, the data and the training both apps share.
 
 The model is softmax regression in NumPy (no deep-learning framework to install); its
-arrays are `weight` (10 x 784) then `bias` (10), so the bias is the output layer's last
-1-D array, where fedsel's strategies read it. Each node trains on the partition fedsel
-makes of the local Fashion-MNIST files for the same config and seed, read from the IDX
-files; nothing is downloaded.
+arrays are `weight` (10 x 784) and `bias` (10), the names by which fedsel's strategies
+find the output layer (a 1-D `bias` beside a 2-D `weight`). Each node trains on the
+partition fedsel makes of the local Fashion-MNIST files for the same config and seed, read
+from the IDX files; nothing is downloaded.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Fashion-MNIST with a PyTorch CNN on Flower, with fedsel's client selection."""

@@ -1,0 +1,76 @@
+"""The ServerApp: FedAvg with fedsel choosing the nodes, and a test-set evaluation.
+
+The run config's `strategy` names the fedsel strategy. The CNN's state dict travels as an
+ArrayRecord under its own keys, so HiCS-FL and Clustered Sampling find its output layer
+(`fc2`) by name. At the end the app prints the accuracy per round, the nodes chosen and the
+ledger of messages the strategy sent, and writes them as JSON to the run config's `results`
+path when one is given; that file is also written after every round, with `done` the last
+round finished.
+"""
+
+import json
+import os
+import time
+
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from fedsel.flower import FedselStrategy
+from fmnist_torch import task
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    c = context.run_config
+    rounds = int(c["num-server-rounds"])
+    root = str(task.data_dir(str(c["data-dir"])))
+    tx, ty = task.split(root, "t10k")
+    if int(c["test-examples"]) > 0:
+        tx, ty = tx[: int(c["test-examples"])], ty[: int(c["test-examples"])]
+
+    accs: dict[int, float] = {}
+
+    def write(out: dict) -> None:
+        """Replaces the results file at once, so a reader never sees half of it."""
+        if str(c["results"]):
+            tmp = f"{c['results']}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(tmp, str(c["results"]))
+
+    def test(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        loss, accs[server_round] = task.loss_acc(task.model(arrays.to_torch_state_dict()), tx, ty)
+        # The results so far, after every round: a run that dies keeps its finished rounds.
+        write({"strategy": strategy.strategy, "rounds": rounds, "done": server_round, "test_acc": accs, "ledger": dict(strategy.ledger), "history": strategy.history})
+        return MetricRecord({"test_loss": loss, "test_acc": accs[server_round]})
+
+    strategy = FedselStrategy(
+        str(c["strategy"]),
+        per_round=int(c["per-round"]),
+        num_rounds=rounds,
+        seed=int(c["seed"]),
+        options=json.loads(str(c["options"])) if str(c["options"]) else None,
+        min_available_nodes=int(c["per-round"]),
+    )
+    t0 = time.time()
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(task.model(seed=int(c["seed"])).state_dict()),
+        num_rounds=rounds,
+        evaluate_fn=test,
+    )
+    wall = time.time() - t0
+    acc = {int(r): float(m["test_acc"]) for r, m in result.evaluate_metrics_serverapp.items()}
+    out = {
+        "strategy": strategy.strategy,
+        "rounds": rounds,
+        "done": rounds,
+        "wall_s": wall,
+        "test_acc": acc,
+        "ledger": dict(strategy.ledger),
+        "history": strategy.history,
+    }
+    print(f"fedsel {strategy.strategy}: {rounds} rounds in {wall:.1f}s, final test acc {acc.get(rounds)}, ledger {dict(strategy.ledger)}")
+    write(out)
