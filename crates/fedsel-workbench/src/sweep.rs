@@ -172,7 +172,7 @@ pub fn value_label(v: &toml::Value) -> String {
 
 /// The most cells a sweep may have. Axes multiply, so a short file can describe a grid
 /// whose enumeration alone would fill memory (26 two-valued axes make 2²⁶ cells); the
-/// largest shipped sweep has 135 cells, and each cell is a whole training run.
+/// largest shipped sweep has 150 cells, and each cell is a whole training run.
 const MAX_CELLS: usize = 10_000;
 
 impl Sweep {

@@ -34,6 +34,7 @@ pub use crate::select::f3ast::F3astConfig;
 pub use crate::select::fedcor::FedCorConfig;
 pub use crate::select::fedgs::FedGsConfig;
 pub use crate::select::hics::HicsConfig;
+pub use crate::select::md::{MdConfig, MdPool};
 pub use crate::select::powd::PowdConfig;
 pub use crate::select::{ClientSize, SelectionConfig};
 use crate::validate::{check, check_pos, check_prob};

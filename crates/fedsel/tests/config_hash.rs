@@ -14,91 +14,91 @@ use fedsel::config::Config;
 const PINNED: &[(&str, &str)] = &[
     (
         "examples/trace_f3ast.toml",
-        "916a1b00316b5d4b7ed9f290dc674e3807acec4157e6b6e1ca4200347f4d9b6f",
+        "c1843077d7349d909b8d0abc75e79934f51fc20fe38d39323b4ee8ee7ea79d2a",
     ),
     (
         "f3ast/shakespeare_base.toml",
-        "88a870793b47ed60cd91e37b3d883694583ed9ef511bfc84cb9f927558eff154",
+        "5a90412e5195148243e4213fb5e130400db179d3a1cb2f1ac18de6d42f11ff69",
     ),
     (
         "f3ast/synthetic_always_f3ast.toml",
-        "85b791ff1e1fed07dec7fd4fc60f171be7cd15907e5a6914c1e0d4151fbc5256",
+        "89dc6684904b47d038925c1db109549377fa3f5e1cc4f4c477d96955355e3543",
     ),
     (
         "f3ast/synthetic_homedevice_f3ast.toml",
-        "883ac26f18409dd3336a5a908665fc2b9f675bd048ad9549e31930b476173f26",
+        "bdc6556b42a8f0febddefc106c4df4403efb379d7553651d107723572d8917a6",
     ),
     (
         "f3ast/synthetic_scarce_fedavg.toml",
-        "67e7f147466243b983482a78002df805d2810126fc54b736464dcf70317ab420",
+        "1cd70f04532b522eae13d2115261e13d7deaaed9a01a00fc4995bc6102830eef",
     ),
     (
         "f3ast/synthetic_smartphones_f3ast.toml",
-        "87ff904b78cf7b1e2580c22f6b237785ff871281d52565c70d6cf5b07d7357b5",
+        "7963b4db3bc5b6ba64cfd3b111d92c575a4ee99ef3d41c680fbb64a1a7005e52",
     ),
     (
         "f3ast/synthetic_uneven_f3ast.toml",
-        "0eb9a3a6ecb3a7012417f66209c79d3a3977665174b87aab5344500d5d611d20",
+        "a6bf1fccbb65b50bbd85855417591b333979cf19563dce1ff1709710107d3c2f",
     ),
     (
         "fedcor/cifar10_2spc_rand.toml",
-        "06bb2dc687e8cf929828f2dbd09035d9a14148b3bb9bc0ae7b5920881e794507",
+        "405670eddd91f451f94e488b4fc5d12d2e709bff767e60225be8d8ea26e568d1",
     ),
     (
         "fedcor/fmnist_2spc_afl.toml",
-        "10c84c519685ab25a3d38e13ddcfa7cd98a69beb6025ff73a1ef313e85a79f37",
+        "80606977d0c513e5b8fae6e46cf653f322042843db4b01f545ae8313b06cd65a",
     ),
     (
         "fedcor/fmnist_2spc_fedcor.toml",
-        "585895da704fb9f2c4c2a78298e412207b388f0cd3355fabba5c42c211320944",
+        "662682f42dabb396dc0c43e1218cd0456af5f7d1f10cbe295c6a3fe458ead605",
     ),
     (
         "fedcor/fmnist_2spc_powd.toml",
-        "ff63bbc13458758556e0fb1466237df66c49d5ae6f1f073897e5a406913fb357",
+        "3a7a1b4a41e2b531c9dfdd4edfe4f6d7912255fabce1dfea5666ef863c54434a",
     ),
     (
         "fedcor/fmnist_dir_fedcor.toml",
-        "636ce13848acbd7e66ab8cff681065dc3e8183942bd15f2c63995be0c3c982e3",
+        "6585a59777e13093a7707e81a267e74c689033a8981a7de626633cf224a6581f",
     ),
     (
         "fedgs/synthetic_idl_fedgs.toml",
-        "ed30fdd7002d7e755ea2b29e6454a2ae68af881a35f3411fa0e8a974f0873323",
+        "98f42dc2b982586a70c69202e8760818773653ab26b323f8e07f8049c4c052d3",
     ),
     (
         "fedgs/synthetic_ldf_fedgs.toml",
-        "824dfff15b4cc709c32e7dfc7f028caf2ded2aaa31e0d8be61be75801b1d4c05",
+        "fdb43f83a8560f6196a9b77bd32c9f348bf6308c6cf226b05c2630352ccda1fb",
     ),
     (
         "fedgs/synthetic_ln_mdsample.toml",
-        "385e6a930383c1cbe48480d3231d1f044aa08a28d1f109b7f727df329f3c297b",
+        "2c54dcdcc7cdc3f496acba1bac774cdaf278538545df76fcc3026739f8a8e75a",
     ),
     (
         "fedgs/synthetic_mdf_fedgs.toml",
-        "4c9dcf90f2643e77aca68bee6c5089df2c05f8f1fdd1bdc0e1bbc812b2e87a74",
+        "04943576ca3310d9adb67704c1a4971a2e8216c98cd7756f2487b49678b70d4f",
     ),
     (
         "fedgs/synthetic_sln_powd.toml",
-        "b4ab8ceaf4f41c7eba812a1674c377ab7ba99ae27b8c1d6885d9844e75d5eba8",
+        "571dfd6a861d9834eb1a9f8670cf3dcd1b95fd2cf3b026c4cf68caba4f536c70",
     ),
     (
         "hics/fmnist_s1_cs.toml",
-        "5b7db366d601a2fe278de1c3068c4ae98c8f511970610cf666b946aa21ac35f7",
+        "1b5128688487fdb1f2cc228e6784228cd38f6a4651a54af027d542692c4567d0",
     ),
     (
         "hics/fmnist_s1_divfl.toml",
-        "94a1f466f43fafcc94e67d86c5c8921724debd48e8a66d3bb67360b74ca086ba",
+        "afa1b5245790e342bf90c6f2815a06f78940b541d2680d1a69388106ff2639f3",
     ),
     (
         "hics/fmnist_s1_hics.toml",
-        "52eb4ad8b2642ed61dadaa63ca757e5d1ce495c5863ab141eb1a0dd3917173da",
+        "49578c1a4027e6bda2fed251d9b0d8e1c1ca07f7386ae597ea04c92e82ab31af",
     ),
     (
         "hics/fmnist_s2_hics_code.toml",
-        "f2418d1dd0444399a8f6736b877d602d399b1d32d5bd04050333cfbeb0e904c7",
+        "f081e9098b28487fa747ffd3a058f4a5b5c971881841d77bf28552c6f08c35bf",
     ),
     (
         "hics/fmnist_s3_random.toml",
-        "f5abfab0ab08ee94c3fe70a677c46e1186f95d38580945edb564da17ea1eee66",
+        "fa17704e0584630620d33c59fad7a712f6e6904e0f04cd8a15d39b83880e4b33",
     ),
 ];
 
@@ -106,7 +106,7 @@ const PINNED: &[(&str, &str)] = &[
 fn the_default_config_hash_is_pinned() {
     assert_eq!(
         Config::default().hash(),
-        "051f9f43d922b60a49e7ce6f4d03d6d9e416acc58fdaaf7370049dc944530b2e"
+        "d166e9a8905a7cfd40210f57a0a67c37ffb30f2ef2cc42d243b569d4ec9b45fb"
     );
 }
 

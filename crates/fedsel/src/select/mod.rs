@@ -35,6 +35,7 @@ use f3ast::F3astConfig;
 use fedcor::FedCorConfig;
 use fedgs::FedGsConfig;
 use hics::HicsConfig;
+use md::MdConfig;
 use powd::PowdConfig;
 
 /// Client selection.
@@ -50,6 +51,8 @@ pub struct SelectionConfig {
     pub fraction: f64,
     /// What each client reports as its size n_k, from which selectors derive p_k = n_k / Σ n.
     pub client_size: ClientSize,
+    /// MD sampling settings (`md`).
+    pub md: MdConfig,
     /// Power-of-choice settings (`powd`, `cpowd`, `rpowd`).
     pub powd: PowdConfig,
     /// Active FL settings (`afl`).
@@ -73,6 +76,7 @@ impl Default for SelectionConfig {
             clients_per_round: 0,
             fraction: 0.2,
             client_size: ClientSize::Train,
+            md: MdConfig::default(),
             powd: PowdConfig::default(),
             afl: AflConfig::default(),
             fedcor: FedCorConfig::default(),
@@ -434,7 +438,7 @@ pub fn aggregation_override(rule: AggregationRule, strategy: &str) -> Option<Str
 pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
     match cfg.strategy.as_str() {
         "uniform" => Ok(Box::new(uniform::Uniform)),
-        "md" => Ok(Box::new(md::MdSampling::default())),
+        "md" => Ok(Box::new(md::MdSampling::new(cfg.md.clone()))),
         "powd" => Ok(Box::new(powd::PowerOfChoice::new(
             cfg.powd.clone(),
             powd::LossSource::Holdout,
