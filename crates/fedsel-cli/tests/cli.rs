@@ -310,12 +310,12 @@ fn sweep_rounds_shortens_the_grid_and_the_output_is_locked() {
     let (sweep, out) = one_seed_sweep(dir.path(), 500);
     let o = sweep_into(&sweep, &out, &["--rounds", "2"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
+    // The one cell's directory; its lock file (`<cell>.lock`) sits beside it.
     let cell = std::fs::read_dir(out.join("cells"))
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .expect("a cell directory");
     let metrics = std::fs::read_to_string(cell.join("metrics.csv")).unwrap();
     assert_eq!(metrics.lines().count(), 3, "{metrics}");
     // Hold the lock as a running sweep would.
