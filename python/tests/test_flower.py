@@ -52,9 +52,11 @@ def flower_or_skip() -> Path:
     return bin_dir
 
 
-def run_app(tmp_path: Path, bin_dir: Path, app: Path, run_config: str, nodes: int, label: str) -> None:
+def run_app(tmp_path: Path, bin_dir: Path, app: Path, run_config: str, nodes: int, label: str) -> str:
     """Runs the Flower app `app` with `nodes` simulated nodes through `flwr run`, against a
-    SuperLink started (and stopped) here with its own FLWR_HOME under `tmp_path`."""
+    SuperLink started (and stopped) here with its own FLWR_HOME under `tmp_path`; returns the
+    streamed log's tail, for the caller's assertion messages (`flwr run` exits 0 even when
+    the ServerApp fails)."""
     home = tmp_path / "flwr-home"
     home.mkdir()
     # flwr 1.41 serves its Control, Fleet and runtime APIs on one HTTP address.
@@ -97,6 +99,7 @@ def run_app(tmp_path: Path, bin_dir: Path, app: Path, run_config: str, nodes: in
         )
         print(f"flwr run {label}: {time.time() - t0:.1f}s")
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        return p.stdout[-3000:] + p.stderr[-3000:]
     finally:
         link.terminate()
         link.wait(timeout=30)

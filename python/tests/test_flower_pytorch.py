@@ -27,10 +27,10 @@ def test_pytorch_example_runs_hics_on_the_simulation_engine(tmp_path):
         f'strategy="hics" num-server-rounds=2 per-round={NODES} '
         f'local-steps=3 test-examples=500 results="{results}"'
     )
-    run_app(tmp_path, bin_dir, APP, run_config, nodes=NODES, label="pytorch hics")
-    assert results.is_file()
+    log = run_app(tmp_path, bin_dir, APP, run_config, nodes=NODES, label="pytorch hics")
+    assert results.is_file(), log
     out = json.loads(results.read_text())
-    assert out["strategy"] == "hics" and out["rounds"] == 2
+    assert out["strategy"] == "hics" and out["done"] == out["rounds"] == 2, log
     ledger = out["ledger"]
     assert ledger["size_messages"] == NODES and ledger["size_replies"] == NODES
     assert ledger["train_messages"] == 2 * NODES and ledger["train_replies"] == 2 * NODES
