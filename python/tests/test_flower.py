@@ -98,8 +98,9 @@ def run_app(tmp_path: Path, bin_dir: Path, app: Path, run_config: str, nodes: in
             timeout=600,
         )
         print(f"flwr run {label}: {time.time() - t0:.1f}s")
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        return p.stdout[-3000:] + p.stderr[-3000:]
+        log = p.stdout[-3000:] + p.stderr[-3000:]
+        assert p.returncode == 0, log
+        return log
     finally:
         link.terminate()
         link.wait(timeout=30)
