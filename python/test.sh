@@ -13,7 +13,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install --quiet --upgrade pip
-"$venv/bin/pip" install --quiet "maturin>=1.5,<2" pytest numpy "flwr[simulation]>=1.20"
+"$venv/bin/pip" install --quiet "maturin>=1.5,<2" pytest hypothesis numpy "flwr[simulation]>=1.20"
 # `maturin develop --release` builds the abi3 wheel's extension in place of a wheel
 # round trip; `pip install ./python` (the README's command) builds the same crate.
 # The tests compare against the CLI built from this workspace.

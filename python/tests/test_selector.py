@@ -192,7 +192,7 @@ def test_answers_of_the_wrong_length_are_refused():
 
 
 def test_an_unknown_client_or_option_is_an_error():
-    with pytest.raises(fedsel.FedselError, match="client 12 is out of range"):
+    with pytest.raises(fedsel.FedselError, match=r"`available\[1\]` is client 12, which is out of range"):
         make("uniform").select(0, [0, 12], M, Toy())
     with pytest.raises(fedsel.FedselError, match="dd"):
         make("powd", dd=3)

@@ -6,15 +6,18 @@
 //! availability guard the engine puts in front of every query, so it behaves here as it
 //! does in a fedsel run.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 
+use pyo3::conversion::FromPyObjectOwned;
+use pyo3::exceptions::PyRuntimeWarning;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use fedsel::config::Config;
-use fedsel::engine::AvailableOnly;
 use fedsel::error::Error;
 use fedsel::rng::{Purpose, stream};
+use fedsel::select::guard::{self, AvailableOnly};
 use fedsel::select::{
     self, ClientQuery, Feedback, GradientScope, Needs, RoundContext, Selector, Setup, UpdateKind,
 };
@@ -36,6 +39,73 @@ fn options_table(strategy: &str) -> Option<&'static str> {
     }
 }
 
+/// An argument converted to what the core takes, or a `FedselError` naming it: Python's own
+/// conversion errors (an `OverflowError` for a negative count) say neither which argument
+/// nor which entry was wrong.
+fn arg<'py, T: FromPyObjectOwned<'py>>(name: &str, value: &Bound<'py, PyAny>) -> PyResult<T> {
+    value.extract::<T>().map_err(|e| {
+        let e: PyErr = e.into();
+        py_err(format!("`{name}`: {e}"))
+    })
+}
+
+/// A count (a size, a budget, a round) as `usize`, or an error naming it and its value.
+fn count(name: &str, value: i64) -> PyResult<usize> {
+    usize::try_from(value).map_err(|_| py_err(format!("`{name}` is {value}: it must be ≥ 0")))
+}
+
+/// Client ids as the core's indices, each checked against the federation's size.
+fn client_ids(name: &str, ids: &[i64], clients: usize) -> PyResult<Vec<usize>> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, &k)| match usize::try_from(k) {
+            Ok(k) if k < clients => Ok(k),
+            _ => Err(py_err(format!(
+                "`{name}[{i}]` is client {k}, which is out of range: the selector knows {clients} clients (0..{})",
+                clients.saturating_sub(1)
+            ))),
+        })
+        .collect()
+}
+
+/// Runs `f`, turning a panic into a `FedselError` that says it is a bug: no Rust panic may
+/// cross into Python as a `PanicException`, which `except Exception` does not catch.
+fn no_panic<R>(strategy: &str, during: &str, f: impl FnOnce() -> PyResult<R>) -> PyResult<R> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|m| (*m).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(py_err(format!(
+            "internal error in strategy `{strategy}` during {during}: {message}. This is a bug in fedsel; please report it with the call that caused it"
+        )))
+    })
+}
+
+/// One row per client of an oracle argument, all of one length.
+fn oracle_rows<'py, T: FromPyObjectOwned<'py>>(
+    name: &str,
+    value: &Bound<'py, PyAny>,
+    clients: usize,
+) -> PyResult<Vec<Vec<T>>> {
+    let rows: Vec<Vec<T>> = arg(name, value)?;
+    if rows.len() != clients {
+        return Err(py_err(format!(
+            "`{name}` has {} rows for {clients} clients",
+            rows.len()
+        )));
+    }
+    if let Some(k) = rows.iter().position(|r| r.len() != rows[0].len()) {
+        return Err(py_err(format!(
+            "`{name}[{k}]` has {} values, `{name}[0]` {}",
+            rows[k].len(),
+            rows[0].len()
+        )));
+    }
+    Ok(rows)
+}
+
 /// What the selector learned and what the caller must report back; behind a mutex because
 /// Python may share the object between threads, while a selector is `Send` only.
 struct State {
@@ -46,6 +116,12 @@ struct State {
     last_round: Option<usize>,
     /// The last selection's aggregation weights, when the strategy gives its own (F3AST).
     weights: Option<Vec<f64>>,
+    /// The last selection, which `observe` may report on in part, never beyond.
+    last_selection: Vec<usize>,
+    /// The update length of every report so far, fixed by the first one.
+    update_len: Option<usize>,
+    /// Entries left out of what the selector learned, for a non-finite report.
+    rejected: usize,
 }
 
 /// A fedsel selection strategy, used without the simulator.
@@ -61,12 +137,49 @@ pub struct PySelector {
     state: Mutex<State>,
     name: &'static str,
     clients: usize,
+    rounds: usize,
+    classes: usize,
     seed: u64,
     needs: Needs,
     aggregation: &'static str,
 }
 
 impl PySelector {
+    /// The length every update of this call has, checked against the output layer's shape
+    /// and the earlier reports' length.
+    fn update_length(
+        &self,
+        kind: UpdateKind,
+        updates: &[Vec<f32>],
+        earlier: Option<usize>,
+    ) -> PyResult<usize> {
+        let want = earlier
+            .or_else(|| updates.first().map(Vec::len))
+            .unwrap_or(0);
+        if let Some((i, u)) = updates.iter().enumerate().find(|(_, u)| u.len() != want) {
+            return Err(py_err(format!(
+                "`updates[{i}]` has {} values where {want} are expected{}",
+                u.len(),
+                if earlier.is_some() {
+                    " (the length of the earlier reports)"
+                } else {
+                    " (the length of `updates[0]`)"
+                }
+            )));
+        }
+        let c = self.classes;
+        if kind == UpdateKind::OutputLayer && (want < 2 * c || !want.is_multiple_of(c)) {
+            return Err(py_err(format!(
+                "`updates` have {want} values: an output layer of {c} classes has a bias of {c} then a weight of {c} × d values (d ≥ 1), so a multiple of {c} of at least {}",
+                2 * c
+            )));
+        }
+        if want == 0 {
+            return Err(py_err("`updates` are empty"));
+        }
+        Ok(want)
+    }
+
     fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, State>> {
         self.state.try_lock().map_err(|_| {
             py_err("the selector is in use (a query method called back into it, or another thread)")
@@ -77,29 +190,71 @@ impl PySelector {
 #[pymethods]
 impl PySelector {
     #[new]
-    #[pyo3(signature = (strategy, *, sizes, per_round, rounds, seed=0, classes=0, oracle_features=None, oracle_label_histograms=None, **options))]
+    #[pyo3(signature = (strategy, *, sizes, per_round, rounds, seed=None, classes=None, oracle_features=None, oracle_label_histograms=None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         strategy: &str,
-        sizes: Vec<usize>,
-        per_round: usize,
-        rounds: usize,
-        seed: u64,
-        classes: usize,
-        oracle_features: Option<Vec<Vec<f64>>>,
-        oracle_label_histograms: Option<Vec<Vec<usize>>>,
+        sizes: &Bound<'_, PyAny>,
+        per_round: &Bound<'_, PyAny>,
+        rounds: &Bound<'_, PyAny>,
+        seed: Option<&Bound<'_, PyAny>>,
+        classes: Option<&Bound<'_, PyAny>>,
+        oracle_features: Option<&Bound<'_, PyAny>>,
+        oracle_label_histograms: Option<&Bound<'_, PyAny>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let sizes = arg::<Vec<i64>>("sizes", sizes)?
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| count(&format!("sizes[{i}]"), n))
+            .collect::<PyResult<Vec<usize>>>()?;
+        let n = sizes.len();
+        if n == 0 {
+            return Err(py_err("`sizes` names no client"));
+        }
+        let total: f64 = sizes.iter().sum::<usize>() as f64;
+        if total == 0.0 {
+            return Err(py_err(
+                "`sizes` are all 0: the selectors weigh clients by n_k / Σ n",
+            ));
+        }
+        let per_round = count("per_round", arg("per_round", per_round)?)?;
+        if !(1..=n).contains(&per_round) {
+            return Err(py_err(format!(
+                "`per_round` is {per_round}: it must be between 1 and the {n} clients"
+            )));
+        }
+        let rounds = count("rounds", arg("rounds", rounds)?)?;
+        if rounds == 0 {
+            return Err(py_err("`rounds` is 0: a selector plays at least one round"));
+        }
+        let seed: u64 = seed.map_or(Ok(0), |s| {
+            arg("seed", s)
+                .map_err(|_| py_err(format!("`seed` is {s}: it must be an integer in 0..2^64")))
+        })?;
+        let classes = match classes {
+            Some(c) => count("classes", arg("classes", c)?)?,
+            None => 0,
+        };
         let mut selection = toml::Table::new();
         selection.insert("strategy".into(), strategy.into());
         selection.insert("clients_per_round".into(), (per_round as i64).into());
-        if let Some(opts) = options.filter(|o| !o.is_empty()) {
-            let table = options_table(strategy)
-                .ok_or_else(|| py_err(format!("strategy `{strategy}` takes no options")))?;
-            selection.insert(
-                table.into(),
-                convert::table(opts, &format!("selection.{table}"))?.into(),
-            );
+        let mut opts = match options.filter(|o| !o.is_empty()) {
+            Some(o) => {
+                let table = options_table(strategy)
+                    .ok_or_else(|| py_err(format!("strategy `{strategy}` takes no options")))?;
+                Some((table, convert::table(o, &format!("selection.{table}"))?))
+            }
+            None => None,
+        };
+        // A real server has no label histograms: HiCS-FL's entropy diagnostics, which
+        // compare its estimate with them, are off here unless asked for.
+        if strategy == "hics" {
+            let (_, t) = opts.get_or_insert_with(|| ("hics", toml::Table::new()));
+            t.entry("entropy_report").or_insert(false.into());
+        }
+        if let Some((table, t)) = opts {
+            selection.insert(table.into(), t.into());
         }
         let mut root = toml::Table::new();
         root.insert("rounds".into(), (rounds as i64).into());
@@ -107,49 +262,89 @@ impl PySelector {
         let config = Config::from_table(root, "Selector options", &[]).map_err(py_err)?;
         let mut inner = select::build(&config.selection).map_err(py_err)?;
         let needs = inner.needs();
-        let n = sizes.len();
-        if n == 0 {
-            return Err(py_err("`sizes` names no client"));
-        }
         if needs.updates == UpdateKind::OutputLayer && classes == 0 {
             return Err(py_err(format!(
                 "strategy `{strategy}` reads output-layer updates: give `classes`, the output layer's width"
             )));
         }
-        if needs.oracle_features && oracle_features.as_ref().map(Vec::len) != Some(n) {
-            return Err(py_err(format!(
-                "strategy `{strategy}` as configured needs `oracle_features`, one per client"
-            )));
-        }
-        if needs.oracle_label_histograms
-            && oracle_label_histograms.as_ref().map(Vec::len) != Some(n)
+        let oracle_features = match oracle_features.filter(|_| needs.oracle_features) {
+            Some(f) => {
+                let rows = oracle_rows::<f64>("oracle_features", f, n)?;
+                if let Some((k, v)) = rows
+                    .iter()
+                    .enumerate()
+                    .find_map(|(k, r)| r.iter().find(|v| !v.is_finite()).map(|v| (k, v)))
+                {
+                    return Err(py_err(format!(
+                        "`oracle_features[{k}]` holds {v}: features must be finite"
+                    )));
+                }
+                Some(rows)
+            }
+            None if needs.oracle_features => {
+                return Err(py_err(format!(
+                    "strategy `{strategy}` as configured needs `oracle_features`, one per client (oracle knowledge a real server does not have)"
+                )));
+            }
+            None => None,
+        };
+        let oracle_label_histograms = match oracle_label_histograms
+            .filter(|_| needs.oracle_label_histograms)
         {
-            return Err(py_err(format!(
-                "strategy `{strategy}` as configured needs `oracle_label_histograms`, one per client"
-            )));
-        }
-        let total: f64 = sizes.iter().sum::<usize>() as f64;
-        inner.setup(&Setup {
+            Some(h) => Some(
+                oracle_rows::<i64>("oracle_label_histograms", h, n)?
+                    .iter()
+                    .enumerate()
+                    .map(|(k, row)| {
+                        row.iter()
+                            .enumerate()
+                            .map(|(c, &v)| count(&format!("oracle_label_histograms[{k}][{c}]"), v))
+                            .collect::<PyResult<Vec<usize>>>()
+                    })
+                    .collect::<PyResult<Vec<_>>>()?,
+            ),
+            None if needs.oracle_label_histograms => {
+                let hint = if strategy == "hics" {
+                    ": `entropy_report=True` compares HiCS-FL's estimate with the true label entropies, which a real server cannot see; without it (the default) HiCS-FL selects as a real server does"
+                } else {
+                    " (oracle knowledge a real server does not have)"
+                };
+                return Err(py_err(format!(
+                    "strategy `{strategy}` as configured needs `oracle_label_histograms`, one per client{hint}"
+                )));
+            }
+            None => None,
+        };
+        let setup = Setup {
             weights: sizes.iter().map(|&s| s as f64 / total).collect(),
             sizes,
             per_round: config.selection.per_round(n),
             rounds,
             num_params: 0,
             classes,
-            oracle_label_histograms: oracle_label_histograms
-                .filter(|_| needs.oracle_label_histograms),
-            oracle_features: oracle_features.filter(|_| needs.oracle_features),
-        });
+            oracle_label_histograms,
+            oracle_features,
+        };
+        let name = inner.name();
+        no_panic(name, "setup", || {
+            inner.setup(&setup);
+            Ok(())
+        })?;
         Ok(Self {
-            name: inner.name(),
-            aggregation: select::own_aggregation(inner.name()).name(),
+            name,
+            aggregation: select::own_aggregation(name).name(),
             state: Mutex::new(State {
                 inner,
                 initialised: false,
                 last_round: None,
                 weights: None,
+                last_selection: Vec::new(),
+                update_len: None,
+                rejected: 0,
             }),
             clients: n,
+            rounds,
+            classes,
             seed,
             needs,
         })
@@ -193,26 +388,36 @@ impl PySelector {
     /// `probe(clients, evaluate)`, `advance(clients, evaluate)`, `updates(clients)`,
     /// `gradients(clients, scope)`, `noise_responses(updates, batch)`, `gram(clients)`.
     /// Asking about a client outside `available` is an error, as it is in a fedsel run;
-    /// only the first call's initial phase (FedGS) may reach every client. The draws are
-    /// the run's own (seed, round), so a caller that answers as the simulator does gets the
-    /// simulator's choices.
+    /// only the first call's initial phase (FedGS) may reach every client. An answer with
+    /// a non-finite value, or the wrong count or length, is an error naming the client and
+    /// the value (the selector cannot choose without it). The draws are the run's own
+    /// (seed, round), so a caller that answers as the simulator does gets the simulator's
+    /// choices.
     #[pyo3(signature = (round, available, budget, query))]
     fn select(
         &self,
         py: Python<'_>,
-        round: usize,
-        mut available: Vec<usize>,
-        budget: usize,
+        round: &Bound<'_, PyAny>,
+        available: &Bound<'_, PyAny>,
+        budget: &Bound<'_, PyAny>,
         query: Py<PyAny>,
     ) -> PyResult<Vec<usize>> {
-        available.sort_unstable();
-        available.dedup();
-        if let Some(&k) = available.iter().find(|&&k| k >= self.clients) {
+        let round = count("round", arg("round", round)?)?;
+        if round >= self.rounds {
             return Err(py_err(format!(
-                "available client {k} is out of range: the selector knows {} clients",
-                self.clients
+                "`round` is {round}, past the last round of this selector's `rounds={}` (rounds are 0..{})",
+                self.rounds,
+                self.rounds - 1
             )));
         }
+        let mut available = client_ids(
+            "available",
+            &arg::<Vec<i64>>("available", available)?,
+            self.clients,
+        )?;
+        available.sort_unstable();
+        available.dedup();
+        let budget = count("budget", arg("budget", budget)?)?;
         let mut state = self.lock()?;
         let name = self.name;
         let mut q = PyQuery {
@@ -223,31 +428,13 @@ impl PySelector {
         let seed = self.seed;
         let clients = self.clients;
         let st: &mut State = &mut state;
-        let result = py.detach(|| -> Result<select::Selection, Error> {
-            if !st.initialised {
-                let all: Vec<usize> = (0..clients).collect();
-                st.inner.initial_phase(&mut AvailableOnly {
-                    inner: &mut q,
-                    available: &all,
-                    selector: name,
-                    round,
-                })?;
-                st.initialised = true;
-            }
-            let ctx = RoundContext {
-                round,
-                available: &available,
-                budget,
-            };
-            let mut guarded = AvailableOnly {
-                inner: &mut q,
-                available: &available,
-                selector: name,
-                round,
-            };
-            let mut rng = stream(seed, Purpose::Selection, round as u64, 0);
-            st.inner.select(&ctx, &mut guarded, &mut rng)
-        });
+        let result = py.detach(|| {
+            no_panic(name, &format!("the selection of round {round}"), || {
+                Ok(select_round(
+                    st, &mut q, name, clients, seed, round, &available, budget,
+                ))
+            })
+        })?;
         let selection = match (result, q.error) {
             (Err(_), Some(e)) => return Err(e),
             (Err(e), None) => return Err(py_err(e)),
@@ -266,24 +453,56 @@ impl PySelector {
         }
         state.last_round = Some(round);
         state.weights = selection.weights;
+        state.last_selection.clone_from(&selection.clients);
         Ok(selection.clients)
     }
 
-    /// Reports the last selection's outcome: `selected` as `select` returned it, each
-    /// entry's mean training loss, and its update (`updates` says which part) when the
-    /// strategy learns from updates.
+    /// Reports the last selection's outcome: `selected`, the entries of the last selection
+    /// that trained (all of them, or those whose reply came back), each one's mean training
+    /// loss, and its update (`updates` says which part) when the strategy learns from
+    /// updates.
+    ///
+    /// An entry whose training loss or update is not finite is left out of what the
+    /// selector learns this round, with a `RuntimeWarning` naming it: a real server cannot
+    /// trust every client, and the simulator drops such a model from its aggregate too.
+    /// Returns the clients so left out (counted in `rejected`). A malformed call (an entry
+    /// that was not selected, an update of another length) is a `FedselError`.
     #[pyo3(signature = (selected, *, updates=None, train_losses=None))]
     fn observe(
         &self,
-        selected: Vec<usize>,
-        updates: Option<Vec<Vec<f32>>>,
-        train_losses: Option<Vec<f64>>,
-    ) -> PyResult<()> {
+        py: Python<'_>,
+        selected: &Bound<'_, PyAny>,
+        updates: Option<&Bound<'_, PyAny>>,
+        train_losses: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<usize>> {
+        let selected = client_ids(
+            "selected",
+            &arg::<Vec<i64>>("selected", selected)?,
+            self.clients,
+        )?;
+        let updates: Option<Vec<Vec<f32>>> = updates.map(|u| arg("updates", u)).transpose()?;
+        let train_losses: Vec<f64> = match train_losses {
+            Some(l) => arg("train_losses", l)?,
+            None => vec![0.0; selected.len()],
+        };
         let mut state = self.lock()?;
         let round = state
             .last_round
             .ok_or_else(|| py_err("observe before any select: there is no round to report on"))?;
-        let train_losses = train_losses.unwrap_or_else(|| vec![0.0; selected.len()]);
+        let mut left = state.last_selection.clone();
+        for (i, k) in selected.iter().enumerate() {
+            match left.iter().position(|x| x == k) {
+                Some(p) => {
+                    left.swap_remove(p);
+                }
+                None => {
+                    return Err(py_err(format!(
+                        "`selected[{i}]` is client {k}, which the selection of round {round} ({:?}) does not hold (once more)",
+                        state.last_selection
+                    )));
+                }
+            }
+        }
         if train_losses.len() != selected.len() {
             return Err(py_err(format!(
                 "{} train_losses for {} selected clients",
@@ -291,8 +510,8 @@ impl PySelector {
                 selected.len()
             )));
         }
-        match (&updates, self.needs.updates) {
-            (None, UpdateKind::None) => {}
+        let update_len = match (&updates, self.needs.updates) {
+            (None, UpdateKind::None) => None,
             (None, kind) => {
                 return Err(py_err(format!(
                     "strategy `{}` learns from the selected clients' updates ({}): pass `updates`",
@@ -311,35 +530,101 @@ impl PySelector {
                     selected.len()
                 )));
             }
-            (Some(_), _) => {}
+            (Some(_), UpdateKind::None) => None,
+            (Some(u), kind) => Some(self.update_length(kind, u, state.update_len)?),
+        };
+        let name = self.name;
+        let st: &mut State = &mut state;
+        let rejected = no_panic(name, &format!("the report of round {round}"), || {
+            Ok(guard::observe_usable(
+                st.inner.as_mut(),
+                &Feedback {
+                    round,
+                    selected: &selected,
+                    train_losses: &train_losses,
+                    updates: updates
+                        .as_deref()
+                        .filter(|_| self.needs.updates != UpdateKind::None),
+                },
+                update_len,
+            ))
+        })?;
+        if update_len.is_some() && rejected.len() < selected.len() {
+            state.update_len = update_len;
         }
-        state.inner.observe(&Feedback {
-            round,
-            selected: &selected,
-            train_losses: &train_losses,
-            updates: updates
-                .as_deref()
-                .filter(|_| self.needs.updates != UpdateKind::None),
-        });
-        Ok(())
+        state.rejected += rejected.len();
+        for r in &rejected {
+            PyErr::warn(
+                py,
+                &py.get_type::<PyRuntimeWarning>(),
+                &std::ffi::CString::new(format!(
+                    "fedsel: round {round}: client {} (entry {}) left out of what `{name}` learns: {}",
+                    r.client, r.entry, r.reason
+                ))
+                .expect("no NUL in the message"),
+                1,
+            )?;
+        }
+        Ok(rejected.iter().map(|r| r.client).collect())
     }
 
-    /// Everything the selector learned, as JSON-able data, for a checkpoint.
+    /// How many reported entries `observe` has left out so far for a non-finite value.
+    #[getter]
+    fn rejected(&self) -> PyResult<usize> {
+        Ok(self.lock()?.rejected)
+    }
+
+    /// Everything the selector learned, as JSON-able data, for a checkpoint: the strategy,
+    /// the federation's size and the strategy's own state.
     fn state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let text = serde_json::to_string(&self.lock()?.inner.save()).map_err(py_err)?;
+        let s = self.lock()?;
+        let value = serde_json::json!({
+            "strategy": self.name,
+            "clients": self.clients,
+            "classes": self.classes,
+            "update_len": s.update_len,
+            "selector": s.inner.save(),
+        });
+        let text = serde_json::to_string(&value).map_err(py_err)?;
         py.import("json")?.call_method1("loads", (text,))
     }
 
-    /// Restores what `state()` returned (into a selector built with the same arguments).
-    /// The initial phase is not run again: what it learned is in the state.
+    /// Restores what `state()` returned, into a selector of the same strategy over as many
+    /// clients (and classes); anything else is refused, naming what differs. The initial
+    /// phase is not run again: what it learned is in the state.
     fn load_state(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
         let text: String = py
             .import("json")?
-            .call_method1("dumps", (state,))?
+            .call_method1("dumps", (state,))
+            .map_err(|e| py_err(format!("`state` is not JSON-able data: {e}")))?
             .extract()?;
         let value: serde_json::Value = serde_json::from_str(&text).map_err(py_err)?;
+        let field = |key: &str| {
+            value.get(key).ok_or_else(|| {
+                py_err(format!(
+                    "`state` has no `{key}`: it is not what `Selector.state()` returns"
+                ))
+            })
+        };
+        let expect = |key: &str, want: serde_json::Value| -> PyResult<()> {
+            let got = field(key)?;
+            if *got != want {
+                return Err(py_err(format!(
+                    "`state` is for {key} {got}, this selector's is {want}"
+                )));
+            }
+            Ok(())
+        };
+        expect("strategy", self.name.into())?;
+        expect("clients", self.clients.into())?;
+        expect("classes", self.classes.into())?;
+        let update_len: Option<usize> = serde_json::from_value(field("update_len")?.clone())
+            .map_err(|e| py_err(format!("`state['update_len']`: {e}")))?;
+        let inner = field("selector")?;
         let mut s = self.lock()?;
-        s.inner.load(&value).map_err(py_err)?;
+        let name = self.name;
+        no_panic(name, "load_state", || s.inner.load(inner).map_err(py_err))?;
+        s.update_len = update_len;
         s.initialised = true;
         Ok(())
     }
@@ -350,6 +635,44 @@ impl PySelector {
             self.name, self.clients, self.seed
         )
     }
+}
+
+/// One round's selection: the initial phase first, on the first call, then the round's
+/// own, every request through the availability and answer checks.
+#[allow(clippy::too_many_arguments)]
+fn select_round(
+    st: &mut State,
+    q: &mut PyQuery<'_>,
+    name: &'static str,
+    clients: usize,
+    seed: u64,
+    round: usize,
+    available: &[usize],
+    budget: usize,
+) -> Result<select::Selection, Error> {
+    if !st.initialised {
+        let all: Vec<usize> = (0..clients).collect();
+        st.inner.initial_phase(&mut AvailableOnly {
+            inner: q,
+            available: &all,
+            selector: name,
+            round,
+        })?;
+        st.initialised = true;
+    }
+    let ctx = RoundContext {
+        round,
+        available,
+        budget,
+    };
+    let mut guarded = AvailableOnly {
+        inner: q,
+        available,
+        selector: name,
+        round,
+    };
+    let mut rng = stream(seed, Purpose::Selection, round as u64, 0);
+    st.inner.select(&ctx, &mut guarded, &mut rng)
 }
 
 /// The selector's requests, answered by methods of a Python object.
@@ -396,79 +719,52 @@ impl PyQuery<'_> {
             }
         })
     }
-
-    /// One answer per client asked about, or an error naming the method.
-    fn per_client<T>(
-        &mut self,
-        method: &'static str,
-        got: Vec<T>,
-        want: usize,
-    ) -> Result<Vec<T>, Error> {
-        if got.len() == want {
-            return Ok(got);
-        }
-        let e = FedselError::new_err(format!(
-            "query method `{method}` returned {} values for {want} clients",
-            got.len()
-        ));
-        self.error = Some(e);
-        Err(Error::Selection {
-            selector: self.strategy.into(),
-            round: 0,
-            reason: format!("the query method `{method}` answered for the wrong clients"),
-        })
-    }
 }
 
 impl ClientQuery for PyQuery<'_> {
     fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
-        let got = self.call(
+        self.call(
             "losses",
             "held-out losses",
             |py| PyTuple::new(py, [clients.to_vec()]),
             |v| v.extract::<Vec<f64>>(),
-        )?;
-        self.per_client("losses", got, clients.len())
+        )
     }
 
     fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
-        let got = self.call(
+        self.call(
             "minibatch_losses",
             "mini-batch losses",
             |py| PyTuple::new(py, [clients.to_vec()]),
             |v| v.extract::<Vec<f64>>(),
-        )?;
-        self.per_client("minibatch_losses", got, clients.len())
+        )
     }
 
     fn probe(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
-        let got = self.call(
+        self.call(
             "probe",
             "a probe training",
             |py| PyTuple::new(py, [clients.to_vec(), evaluate.to_vec()]),
             |v| v.extract::<Vec<f64>>(),
-        )?;
-        self.per_client("probe", got, evaluate.len())
+        )
     }
 
     fn advance(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
-        let got = self.call(
+        self.call(
             "advance",
             "an extra training step",
             |py| PyTuple::new(py, [clients.to_vec(), evaluate.to_vec()]),
             |v| v.extract::<Vec<f64>>(),
-        )?;
-        self.per_client("advance", got, evaluate.len())
+        )
     }
 
     fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, Error> {
-        let got = self.call(
+        self.call(
             "updates",
             "local updates",
             |py| PyTuple::new(py, [clients.to_vec()]),
             |v| v.extract::<Vec<Vec<f32>>>(),
-        )?;
-        self.per_client("updates", got, clients.len())
+        )
     }
 
     fn noise_responses(
@@ -476,7 +772,7 @@ impl ClientQuery for PyQuery<'_> {
         updates: &[Vec<f32>],
         batch: usize,
     ) -> Result<Vec<Vec<f64>>, Error> {
-        let got = self.call(
+        self.call(
             "noise_responses",
             "noise responses",
             |py| {
@@ -484,18 +780,16 @@ impl ClientQuery for PyQuery<'_> {
                 PyTuple::new(py, [u.into_any(), batch.into_pyobject(py)?.into_any()])
             },
             |v| v.extract::<Vec<Vec<f64>>>(),
-        )?;
-        self.per_client("noise_responses", got, updates.len())
+        )
     }
 
     fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>, Error> {
-        let got = self.call(
+        self.call(
             "gram",
             "secure Gram entries",
             |py| PyTuple::new(py, [clients.to_vec()]),
             |v| v.extract::<Vec<Vec<f64>>>(),
-        )?;
-        self.per_client("gram", got, clients.len())
+        )
     }
 
     fn gradients(
@@ -507,7 +801,7 @@ impl ClientQuery for PyQuery<'_> {
             GradientScope::Full => "full",
             GradientScope::Minibatch => "minibatch",
         };
-        let got = self.call(
+        self.call(
             "gradients",
             "client gradients",
             |py| {
@@ -515,8 +809,7 @@ impl ClientQuery for PyQuery<'_> {
                 PyTuple::new(py, [c.into_any(), scope.into_pyobject(py)?.into_any()])
             },
             |v| v.extract::<Vec<Vec<f32>>>(),
-        )?;
-        self.per_client("gradients", got, clients.len())
+        )
     }
 }
 

@@ -26,6 +26,7 @@ use crate::ledger::Ledger;
 use crate::model::{self, Architecture, ParamLayout};
 use crate::partition::{self, ClientData};
 use crate::rng::{Purpose, stream};
+use crate::select::guard::{self, AvailableOnly};
 use crate::select::{self, ClientQuery, Feedback, GradientScope, RoundContext, Setup, UpdateKind};
 use crate::summary::RunSummary;
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
@@ -558,79 +559,6 @@ impl ClientQuery for Query<'_> {
     }
 }
 
-/// What a selector's queries go through: a real server can reach only the clients that are
-/// available, so any request that names another client is an error, never a silent answer.
-/// Stale values for unavailable clients are the selector's own business.
-pub struct AvailableOnly<'q> {
-    /// The query that answers.
-    pub inner: &'q mut dyn ClientQuery,
-    /// Clients reachable now, ascending.
-    pub available: &'q [usize],
-    /// The asking selector's name, for the error.
-    pub selector: &'static str,
-    /// Round index, for the error.
-    pub round: usize,
-}
-
-impl AvailableOnly<'_> {
-    fn check(&self, clients: &[usize]) -> Result<()> {
-        match clients
-            .iter()
-            .find(|k| self.available.binary_search(k).is_err())
-        {
-            Some(k) => Err(Error::Selection {
-                selector: self.selector.into(),
-                round: self.round,
-                reason: format!("asked client {k} for a report, but it is not available"),
-            }),
-            None => Ok(()),
-        }
-    }
-}
-
-impl ClientQuery for AvailableOnly<'_> {
-    fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
-        self.check(clients)?;
-        self.inner.holdout_losses(clients)
-    }
-
-    fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
-        self.check(clients)?;
-        self.inner.minibatch_losses(clients)
-    }
-
-    fn probe(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>> {
-        self.check(clients)?;
-        self.check(evaluate)?;
-        self.inner.probe(clients, evaluate)
-    }
-
-    fn advance(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>> {
-        self.check(clients)?;
-        self.check(evaluate)?;
-        self.inner.advance(clients, evaluate)
-    }
-
-    fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>> {
-        self.check(clients)?;
-        self.inner.local_updates(clients)
-    }
-
-    fn noise_responses(&mut self, updates: &[Vec<f32>], batch: usize) -> Result<Vec<Vec<f64>>> {
-        self.inner.noise_responses(updates, batch)
-    }
-
-    fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>> {
-        self.check(clients)?;
-        self.inner.secure_gram(clients)
-    }
-
-    fn gradients(&mut self, clients: &[usize], scope: GradientScope) -> Result<Vec<Vec<f32>>> {
-        self.check(clients)?;
-        self.inner.gradients(clients, scope)
-    }
-}
-
 /// A test loss this many times ln C (C classes) flags the run as diverged.
 pub const DIVERGENCE_FACTOR: f64 = 10.0;
 
@@ -1071,13 +999,30 @@ impl<'a> Run<'a> {
     }
 
     /// Reports the round to the selector and keeps each trained client's optimizer state.
+    /// An entry with a non-finite loss or update is not reported ([`guard::observe_usable`]),
+    /// as [`Run::aggregate`] gives its model weight 0.
     fn feedback(&mut self, t: usize, selected: &[usize], trained: Trained) {
-        self.selector.observe(&Feedback {
+        let update_len = match self.needs.updates {
+            UpdateKind::None => None,
+            UpdateKind::Full => Some(self.global.len()),
+            UpdateKind::OutputLayer => {
+                Some(self.exp.layout.output_bias().len() + self.exp.layout.output_weight().len())
+            }
+        };
+        let feedback = Feedback {
             round: t,
             selected,
             train_losses: &trained.losses,
             updates: trained.deltas.as_deref(),
-        });
+        };
+        for r in guard::observe_usable(self.selector.as_mut(), &feedback, update_len) {
+            tracing::warn!(
+                "round {t}: client {} (selection entry {}) not reported to the selector: {}",
+                r.client,
+                r.entry,
+                r.reason
+            );
+        }
         for (k, u) in trained.distinct.iter().zip(trained.updates) {
             self.states[*k] = u.state;
         }

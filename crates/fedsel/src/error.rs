@@ -180,6 +180,25 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A client's answer to a selector's request that no selector can use: a value that is
+    /// not finite, or an answer of the wrong shape. In a simulation it means the model
+    /// diverged; from Python, the query object returned it; a Flower strategy drops such a
+    /// node before its answer reaches the selector.
+    #[error(
+        "selector `{selector}` in round {round}: client {client}'s {what} is unusable: {reason}"
+    )]
+    Report {
+        /// Selector name.
+        selector: String,
+        /// Round index.
+        round: usize,
+        /// The client whose answer it is.
+        client: usize,
+        /// What was asked for (`held-out loss`, `update`, ...).
+        what: String,
+        /// What is wrong with it, with the value.
+        reason: String,
+    },
     /// The caller asked the run to stop (Ctrl-C in the Python bindings); the rounds before
     /// `round` are written and readable.
     #[error("interrupted after round {round}; the rounds so far are written")]

@@ -304,7 +304,16 @@ impl Selector for ClusteredSampling {
     }
 
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
-        self.state = super::load_state(self.name(), state)?;
+        let loaded: State = super::load_state(self.name(), state)?;
+        let n = self.sizes.len();
+        let name = self.name();
+        super::check_loaded(name, "updates", loaded.updates.len(), n)?;
+        super::check_loaded(name, "norms", loaded.norms.len(), n)?;
+        super::check_loaded(name, "distance rows", loaded.distance.len(), n)?;
+        for row in &loaded.distance {
+            super::check_loaded(name, "distances in a row", row.len(), n)?;
+        }
+        self.state = loaded;
         Ok(())
     }
 }

@@ -258,7 +258,10 @@ impl Selector for DivFl {
     }
 
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
-        self.state = super::load_state("divfl", state)?;
+        let loaded: State = super::load_state("divfl", state)?;
+        let n = self.state.gradients.len();
+        super::check_loaded("divfl", "gradients", loaded.gradients.len(), n)?;
+        self.state = loaded;
         Ok(())
     }
 }

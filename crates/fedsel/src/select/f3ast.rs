@@ -165,7 +165,15 @@ impl Selector for F3ast {
     }
 
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
-        self.state = super::load_state("f3ast", state)?;
+        let loaded: State = super::load_state("f3ast", state)?;
+        super::check_loaded("f3ast", "rates r_k", loaded.r.len(), self.p.len())?;
+        super::check_loaded(
+            "f3ast",
+            "selection counts",
+            loaded.selected.len(),
+            self.p.len(),
+        )?;
+        self.state = loaded;
         Ok(())
     }
 

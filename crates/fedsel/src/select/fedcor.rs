@@ -573,20 +573,42 @@ impl Selector for FedCor {
         let d: usize = serde_json::from_value(s["d"].clone()).map_err(bad)?;
         let x: Vec<f64> = serde_json::from_value(s["x"].clone()).map_err(bad)?;
         let n = self.p.len();
+        let name = self.name();
+        if !x.is_empty() {
+            super::check_loaded(name, "embedding values", x.len(), d * n)?;
+        }
         self.x = if x.is_empty() {
             DMatrix::zeros(0, 0)
         } else {
             DMatrix::from_column_slice(d, n, &x)
         };
         self.alpha = serde_json::from_value(s["alpha"].clone()).map_err(bad)?;
+        super::check_loaded(name, "weights α_k", self.alpha.len(), n)?;
         self.samples = serde_json::from_value(s["samples"].clone()).map_err(bad)?;
+        for sample in &self.samples {
+            super::check_loaded(
+                name,
+                "Δl values of a sample",
+                sample.dl.len(),
+                sample.clients.len(),
+            )?;
+            if let Some(&k) = sample.clients.iter().find(|&&k| k >= n) {
+                super::check_loaded(name, "clients (one a sample names)", k + 1, n)?;
+            }
+        }
         self.last_losses = serde_json::from_value(s["last_losses"].clone()).map_err(bad)?;
         self.fits = serde_json::from_value(s["fits"].clone()).map_err(bad)?;
         let prev: Option<Vec<f64>> =
             serde_json::from_value(s["prev_sigma"].clone()).map_err(bad)?;
+        if let Some(p) = &prev {
+            super::check_loaded(name, "covariance entries", p.len(), n * n)?;
+        }
         self.prev_sigma = prev.map(|p| DMatrix::from_column_slice(n, n, &p));
         self.select_ms = serde_json::from_value(s["select_ms"].clone()).map_err(bad)?;
         let xw: Option<Vec<f64>> = serde_json::from_value(s["x_warmup"].clone()).map_err(bad)?;
+        if let Some(x) = &xw {
+            super::check_loaded(name, "warm-up embedding values", x.len(), d * n)?;
+        }
         self.x_warmup = xw.map(|x| DMatrix::from_column_slice(d, n, &x));
         Ok(())
     }

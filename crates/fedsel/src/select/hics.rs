@@ -588,7 +588,12 @@ impl Selector for Hics {
     }
 
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
-        self.state = super::load_state("hics", state)?;
+        let loaded: State = super::load_state("hics", state)?;
+        super::check_loaded("hics", "latest updates", loaded.latest.len(), self.n)?;
+        if let Some(&k) = loaded.unseen.iter().find(|&&k| k >= self.n) {
+            super::check_loaded("hics", "clients (an unseen one)", k + 1, self.n)?;
+        }
+        self.state = loaded;
         Ok(())
     }
 

@@ -18,6 +18,7 @@ pub mod divfl;
 pub mod f3ast;
 pub mod fedcor;
 pub mod fedgs;
+pub mod guard;
 pub mod hics;
 pub mod md;
 pub mod powd;
@@ -293,6 +294,24 @@ pub(crate) fn load_state<T: serde::de::DeserializeOwned>(
         selector: selector.into(),
         round: 0,
         reason: format!("checkpoint state unreadable: {e}"),
+    })
+}
+
+/// Refuses a loaded state whose `what` holds `got` entries where `want` belong: a state
+/// saved for another federation, or edited, must not index past a client list.
+pub(crate) fn check_loaded(
+    selector: &str,
+    what: &str,
+    got: usize,
+    want: usize,
+) -> Result<(), Error> {
+    if got == want {
+        return Ok(());
+    }
+    Err(Error::Selection {
+        selector: selector.into(),
+        round: 0,
+        reason: format!("the loaded state holds {got} {what} where {want} belong"),
     })
 }
 

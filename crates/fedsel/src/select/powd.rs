@@ -159,6 +159,7 @@ impl Selector for PowerOfChoice {
                 round: 0,
                 reason: format!("checkpoint state: {e}"),
             })?;
+        super::check_loaded(self.name(), "stale losses", stale.len(), self.stale.len())?;
         self.stale = stale
             .into_iter()
             .map(|l| l.unwrap_or(f64::INFINITY))

@@ -73,9 +73,12 @@ pub fn linkage(points: &[Vec<f64>]) -> Vec<Merge> {
     let mut nn: Vec<usize> = (0..n).map(|i| nearest(i, &d, &active)).collect();
     let mut merges = Vec::with_capacity(n.saturating_sub(1));
     for step in 0..n.saturating_sub(1) {
+        // The first candidate is taken whatever its distance, so that a merge is found even
+        // when every distance left is infinite or NaN (no such input reaches Ward through
+        // the guard, but the merge count must not depend on it).
         let mut best = (usize::MAX, usize::MAX, f64::INFINITY);
         for i in 0..n {
-            if active[i] && nn[i] < n && d[i][nn[i]] < best.2 {
+            if active[i] && nn[i] < n && (best.0 == usize::MAX || d[i][nn[i]] < best.2) {
                 best = (i, nn[i], d[i][nn[i]]);
             }
         }
@@ -274,6 +277,26 @@ mod tests {
                     "seed {seed}"
                 );
             }
+        }
+    }
+
+    /// Points whose distances are all NaN or infinite still merge n − 1 times into one
+    /// tree that every cut can read (it panicked on an index out of bounds before).
+    #[test]
+    fn non_finite_points_still_make_a_whole_tree() {
+        for bad in [f64::NAN, f64::INFINITY] {
+            let pts = vec![
+                vec![bad, 1.0],
+                vec![bad, 2.0],
+                vec![0.0, bad],
+                vec![1.0, 1.0],
+            ];
+            let m = linkage(&pts);
+            assert_eq!(m.len(), 3);
+            assert_eq!(m[2].size, 4);
+            let mut all: Vec<usize> = cut_into(&m, 4, 2).concat();
+            all.sort_unstable();
+            assert_eq!(all, [0, 1, 2, 3]);
         }
     }
 

@@ -389,7 +389,15 @@ impl Selector for FedGs {
     }
 
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
-        self.state = super::load_state("fedgs", state)?;
+        let loaded: State = super::load_state("fedgs", state)?;
+        super::check_loaded("fedgs", "selection counts", loaded.counts.len(), self.n)?;
+        if let Some(d) = &loaded.distances {
+            super::check_loaded("fedgs", "distance rows", d.len(), self.n)?;
+            for row in d {
+                super::check_loaded("fedgs", "distances in a row", row.len(), self.n)?;
+            }
+        }
+        self.state = loaded;
         Ok(())
     }
 
