@@ -31,6 +31,12 @@ def _arrays(msg: Message) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in msg.content["arrays"].items()}
 
 
+def _fault(context: Context) -> str:
+    """The fault this node plays (run config `faulty-node` and `fault`), "" for none."""
+    c = context.run_config
+    return str(c["fault"]) if int(c["faulty-node"]) == int(context.node_config["partition-id"]) else ""
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     x, y, _, _ = _local(context)
@@ -42,6 +48,13 @@ def train(msg: Message, context: Context) -> Message:
     rng = np.random.default_rng([int(c["seed"]), int(config.get("server-round", 0)), int(context.node_config["partition-id"]), kind])
     local, loss = task.train(_arrays(msg), x, y, int(c["local-steps"]), int(c["batch-size"]), float(c["lr"]), rng)
     metrics = MetricRecord({"train_loss": loss, "num-examples": len(y)})
+    fault = _fault(context)
+    if fault == "nan":
+        local = {k: np.full_like(v, np.nan) for k, v in local.items()}
+        metrics["train_loss"] = float("nan")
+    if fault == "malformed":
+        local["weight"] = np.ascontiguousarray(local["weight"].T)
+        return Message(content=RecordDict({"arrays": task.to_record(local)}), reply_to=msg)
     return Message(content=RecordDict({"arrays": task.to_record(local), "metrics": metrics}), reply_to=msg)
 
 
@@ -50,4 +63,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     x, y, hx, hy = _local(context)
     loss, acc = task.loss_acc(_arrays(msg), hx, hy)
     metrics = MetricRecord({"eval_loss": loss, "eval_acc": acc, "num-examples": len(y)})
+    fault = _fault(context)
+    if fault == "nan":
+        metrics["eval_loss"] = float("nan")
+    if fault == "malformed":
+        del metrics["eval_loss"]
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
