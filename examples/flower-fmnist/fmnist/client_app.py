@@ -3,7 +3,8 @@
 Train messages answer with the local model, `train_loss` and `num-examples` (the node's
 training examples). Evaluate messages answer with the held-out `eval_loss` and
 `eval_acc`, and, as their `num-examples`, the node's training-set size: the fedsel
-strategy reads the node's size from there.
+strategy reads the node's size from there. The run config's `faulty-node` makes one node
+send the `fault`'s replies instead, to test that the server drops them.
 """
 
 import numpy as np
