@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from test_flower import APP, flower_or_skip, run_app  # noqa: E402
 from test_flower_strategy import NODES, ScriptedGrid, task_identity  # noqa: E402, F401 (autouse fixture)
 
+from fedsel import FedselError  # noqa: E402
 from fedsel.flower import FedselStrategy  # noqa: E402
 
 # HiCS-FL (seed 3) trains this node in round 3, the last of its warm-up.
@@ -69,15 +70,17 @@ REASONS = {
 
 
 class Faulty(ScriptedGrid):
-    """ScriptedGrid whose `bad` nodes, from round `from_round` on, send `fault`'s replies."""
+    """ScriptedGrid whose `bad` nodes, from round `from_round` on, send `fault`'s replies
+    (to the requests of kind `only`, if given)."""
 
-    def __init__(self, fault, bad=(BAD,), from_round=2):
+    def __init__(self, fault, bad=(BAD,), from_round=2, only=None):
         super().__init__()
-        self.fault, self.bad, self.from_round = fault, set(bad), from_round
+        self.fault, self.bad, self.from_round, self.only = fault, set(bad), from_round, only
 
     def reply(self, message):
         reply = super().reply(message)
-        if message.metadata.dst_node_id not in self.bad or self.round < self.from_round:
+        kind = message.content.config_records["config"].get("fedsel", "train")
+        if message.metadata.dst_node_id not in self.bad or self.round < self.from_round or self.only not in (None, kind):
             return reply
         train = message.metadata.message_type == "train"
         return Message(corrupt(self.fault, reply.content, train), reply_to=message)
@@ -140,6 +143,30 @@ def test_a_rejected_reply_is_dropped_as_a_failed_one_and_named(name, options, fa
     # round 4 (no update of BAD ever reached it); Pow-d asks every node for its loss in
     # every round; FedCor does so in its GP-training rounds (2 and 3), then chooses BAD.
     assert kinds == {"hics": [None, "train", "train", None], "powd": ["loss"] * 4, "fedcor": ["loss", "loss", "train", "train"]}[name]
+
+
+def test_a_rejected_probe_training_makes_the_node_unavailable_for_the_round():
+    """FedCor trains probe models on some nodes: a probe reply that is NaN cuts the
+    selection short, and the round chooses what it would have had Flower not listed the
+    node, from the selector's state before the round; BAD answers everything else."""
+    options = {"warmup": 1, "interval": 1, "probes": 2}
+    s = strategy("fedcor", options)
+    chosen, models = play(s, Faulty("nan", only="probe_train"), 5)
+    rounds = {r for r, h in enumerate(s.history, 1) if h["rejected"]}
+    assert rounds and all(s.history[r - 1]["rejected"] == {BAD: "probe_train reply: array `0` has 12 non-finite values"} for r in rounds)
+    assert all(s.history[r - 1]["unanswered"] == [BAD] for r in rounds)
+    assert chosen == play(strategy("fedcor", options), ScriptedGrid(dead=BAD, dies_at=6, unlisted=rounds), 5)[0]
+    assert all(np.isfinite(a).all() for m in models for a in m)
+
+
+def test_fedgs_without_a_usable_update_of_every_node_is_an_error_naming_the_node():
+    """FedGS_cos builds its graph from one local update of every node before round 1, so a
+    node whose update is rejected leaves it nothing to choose with, as a node that dies
+    then does: a FedselError naming the node, not a panic on a NaN graph."""
+    s = strategy("fedgs", {"graph": "update"})
+    with pytest.raises(FedselError, match=rf"round 1: update_train: nodes \[{BAD}\] gave no usable reply \(strategy fedgs\), and strategy fedgs cannot choose without them"):
+        play(s, Faulty("inf_weight", from_round=1, only="update_train"), 1)
+    assert s.history == [] and "array `0` has 2 non-finite values" in s._rejected[BAD]
 
 
 def test_a_rejection_is_logged_once_naming_the_node_and_the_fault(caplog):
