@@ -15,6 +15,14 @@ the same thing:
 * a round goes on with the replies it got: a train reply that is missing or an error is
   booked under ``failed_replies`` and left out of the aggregate, and the round's record in
   :attr:`FedselStrategy.history` names the nodes that failed;
+* a reply is checked before anything reads it, since one faulty or hostile node must not
+  bring the server down nor poison the model or the selector: arrays under the strategy's
+  key with the global model's names and shapes, a float dtype where the model's is one,
+  every value finite (and every update the selector reads within float32's range); a
+  metric record; the metrics read (``num-examples`` a whole number >= 1, ``eval_loss``,
+  ``train_loss`` and the other metrics of a train reply) finite numbers. A reply that
+  fails is dropped as a failed one would be, booked under ``rejected_replies``, logged as
+  a warning and named, with what was wrong, in the round's ``rejected`` record;
 * held-out losses (Pow-d, FedCor, AFL) are evaluate messages to the nodes the selector
   names, answered with an ``eval_loss`` metric;
 * a node that does not answer one of the selector's requests (it died, or timed out) is
@@ -27,7 +35,9 @@ the same thing:
   the output layer only (its bias, then its weight; :func:`output_layer` says which
   arrays those are);
 * aggregation is the strategy's: the plain mean, data-size weights (FedGS, DivFL) or the
-  selector's own weights (F3AST's p_k / r_k, not renormalised).
+  selector's own weights (F3AST's p_k / r_k, not renormalised); an aggregate with a
+  non-finite value (finite replies can still overflow the model's dtype) is not taken: the
+  model stays as it was for that round.
 
 Requests that need something Flower's messages do not carry (mini-batch losses, client
 gradients, secure scalar products, noise responses) are not answered: a strategy that
@@ -38,11 +48,13 @@ Every message sent is booked in :attr:`FedselStrategy.ledger`.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections import Counter
-from collections.abc import Iterable
-from logging import INFO
-from typing import Any
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -55,6 +67,14 @@ from . import FedselError, Selector
 
 __all__ = ["FedselStrategy", "output_layer"]
 
+T = TypeVar("T")
+
+# Flower carries a metric as a float64 at worst, which counts whole numbers exactly up to
+# here; a larger `num-examples` is no node's dataset.
+_MAX_EXAMPLES = 2**53
+# The selector takes updates as float32: a value beyond this would reach it as inf.
+_F32_MAX = float(np.finfo(np.float32).max)
+
 
 def _arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
@@ -64,12 +84,92 @@ def _record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
-def _metrics(message: Message) -> MetricRecord:
-    """The reply's (first) metric record; a reply without one breaks the protocol."""
+class _Rejected(Exception):
+    """What makes a reply unusable: it breaks the protocol or carries a non-finite value."""
+
+
+def _metric_record(message: Message) -> MetricRecord:
+    """The reply's (first) metric record."""
     records = list(message.content.metric_records.values())
     if not records:
-        raise FedselError(f"node {message.metadata.src_node_id} replied without metrics")
+        raise _Rejected("no metric record")
     return records[0]
+
+
+def _number(name: str, value: Any) -> float:
+    """`value`, the metric `name`, as a float: it must be one finite real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _Rejected(f"`{name}` is {type(value).__name__} {value!r:.60}, not a number")
+    if not math.isfinite(value):
+        raise _Rejected(f"`{name}` is {value}")
+    return float(value)
+
+
+def _finite(metrics: MetricRecord, name: str) -> float:
+    """The metric `name`, which the reply must carry as one finite number."""
+    if name not in metrics:
+        raise _Rejected(f"no `{name}` metric (has {sorted(metrics)})")
+    return _number(name, metrics[name])
+
+
+def _examples(metrics: MetricRecord, name: str) -> int:
+    """The node's number of examples, under `name`: a whole number, at least 1."""
+    value = _finite(metrics, name)
+    if value != int(value) or not 1 <= value <= _MAX_EXAMPLES:
+        raise _Rejected(f"`{name}` is {metrics[name]!r}, not a whole number from 1 to 2**53")
+    return int(value)
+
+
+def _all_finite(metrics: MetricRecord) -> None:
+    """Every metric, which Flower averages into the round's train metrics, is a finite
+    number or a list of them."""
+    for name, value in metrics.items():
+        for v in value if isinstance(value, list) else [value]:
+            _number(name, v)
+
+
+def _local_model(message: Message, key: str, reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model a node sent back under `key`: the arrays of `reference` (the global
+    model), by name and shape, of a float dtype where the reference's is one (its very
+    dtype otherwise), every value finite."""
+    records = message.content.array_records
+    if key not in records:
+        raise _Rejected(f"no array record `{key}` (has {list(records)})")
+    arrays: dict[str, np.ndarray] = {}
+    for name, array in records[key].items():
+        try:
+            value = array.numpy()
+        except (TypeError, ValueError, OSError, EOFError) as e:
+            raise _Rejected(f"array `{name}` cannot be read: {e}") from None
+        if not isinstance(value, np.ndarray):
+            raise _Rejected(f"array `{name}` is a {type(value).__name__}, not one array")
+        arrays[name] = value
+    missing = [k for k in reference if k not in arrays]
+    unknown = [k for k in arrays if k not in reference]
+    if missing or unknown:
+        raise _Rejected(f"arrays {missing} missing and {unknown} unknown to the model")
+    for name, ref in reference.items():
+        x = arrays[name]
+        if x.shape != ref.shape:
+            raise _Rejected(f"array `{name}` has shape {x.shape}, not the model's {ref.shape}")
+        if np.issubdtype(ref.dtype, np.floating):
+            if not np.issubdtype(x.dtype, np.floating):
+                raise _Rejected(f"array `{name}` has dtype {x.dtype}, not a float one")
+            bad = x.size - int(np.count_nonzero(np.isfinite(x)))
+            if bad:
+                raise _Rejected(f"array `{name}` has {bad} non-finite values")
+        elif x.dtype != ref.dtype:
+            raise _Rejected(f"array `{name}` has dtype {x.dtype}, not the model's {ref.dtype}")
+    return arrays
+
+
+def _representable(update: np.ndarray) -> np.ndarray:
+    """`update` (finite models can still differ by more than float32 holds), if the
+    selector can take it."""
+    over = update.size - int(np.count_nonzero(np.abs(update) <= _F32_MAX))
+    if over:
+        raise _Rejected(f"its update has {over} values beyond float32's range")
+    return update
 
 
 def output_layer(arrays: dict[str, np.ndarray]) -> tuple[str, str]:
@@ -147,12 +247,14 @@ class FedselStrategy(FedAvg):
         self.ledger: Counter[str] = Counter()
         #: Per round: when it was configured, the available nodes, those of them that
         #: did not answer the selector's requests (left out of the choice), the selection,
-        #: the selected nodes whose train reply failed and that round's ledger.
+        #: the nodes whose reply was rejected (with what was wrong), the selected nodes
+        #: whose train reply failed and that round's ledger.
         self.history: list[dict[str, Any]] = []
         self._global: dict[str, np.ndarray] = {}
         self._entries: list[int] = []
         self._weights: list[float] | None = None
         self._round_ledger: Counter[str] = Counter()
+        self._rejected: dict[int, str] = {}
 
     def summary(self) -> None:
         log(INFO, "\t├── fedsel strategy: %s, %d nodes per round", self.strategy, self.per_round)
@@ -160,26 +262,43 @@ class FedselStrategy(FedAvg):
 
     # -- messages ------------------------------------------------------------------
 
-    def _exchange(self, kind: str, arrays: dict[str, np.ndarray], nodes: list[int], grid: Grid, config: dict[str, Any]) -> dict[int, Message]:
-        """Sends `arrays` to `nodes` as `kind` messages and returns the good replies by
-        node; every message and reply is booked under `kind`."""
+    def _reject(self, node: int, kind: str, reason: _Rejected) -> None:
+        """Logs a rejected reply and names it in the round's record."""
+        log(WARNING, "node %d: %s reply rejected: %s", node, kind, reason)
+        self._rejected[node] = f"{kind} reply: {reason}"
+
+    def _exchange(self, kind: str, arrays: dict[str, np.ndarray], nodes: list[int], grid: Grid, config: dict[str, Any], read: Callable[[Message], T]) -> dict[int, T]:
+        """Sends `arrays` to `nodes` as `kind` messages and returns, by node, what `read`
+        takes from each good reply; a reply it rejects is left out. Every message and reply
+        is booked under `kind`."""
         content = RecordDict({self.arrayrecord_key: _record(arrays), self.configrecord_key: ConfigRecord(config)})
         message_type = MessageType.TRAIN if kind in ("train", "probe_train", "update_train") else MessageType.EVALUATE
         messages = [Message(content=content, message_type=message_type, dst_node_id=n) for n in nodes]
         replies = list(grid.send_and_receive(messages, timeout=self.timeout))
-        good = {m.metadata.src_node_id: m for m in replies if not m.has_error()}
+        got: dict[int, T] = {}
+        rejected = 0
+        for m in replies:
+            if m.has_error():
+                continue
+            try:
+                got[m.metadata.src_node_id] = read(m)
+            except _Rejected as e:
+                self._reject(m.metadata.src_node_id, kind, e)
+                rejected += 1
         for book in (self.ledger, self._round_ledger):
             book[f"{kind}_messages"] += len(messages)
             book["model_broadcasts"] += len(messages)
-            book[f"{kind}_replies"] += len(good)
-            book["failed_replies"] += len(messages) - len(good)
-        return good
+            book[f"{kind}_replies"] += len(got)
+            book["rejected_replies"] += rejected
+            book["failed_replies"] += len(messages) - len(got) - rejected
+        return got
 
-    def _ask(self, kind: str, arrays: dict[str, np.ndarray], clients: list[int], grid: Grid, config: dict[str, Any]) -> list[Message]:
-        """Replies of every named client, in order. A selector's request must be answered
-        in full, so a silent node raises :class:`_Unanswered`, naming it."""
+    def _ask(self, kind: str, arrays: dict[str, np.ndarray], clients: list[int], grid: Grid, config: dict[str, Any], read: Callable[[Message], T]) -> list[T]:
+        """What `read` takes from the reply of every named client, in order. A selector's
+        request must be answered in full, so a node that is silent, or whose reply is
+        rejected, raises :class:`_Unanswered`, naming it."""
         nodes = [self.nodes[k] for k in clients]
-        got = self._exchange(kind, arrays, sorted(set(nodes)), grid, config)
+        got = self._exchange(kind, arrays, sorted(set(nodes)), grid, config, read)
         missing = sorted({n for n in nodes if n not in got})
         if missing:
             raise _Unanswered(kind, missing, self.strategy)
@@ -235,12 +354,12 @@ class FedselStrategy(FedAvg):
         """Meets the federation: the connected nodes that report their size (a node that
         dies before it answers is not part of it)."""
         connected = sorted(self._connected(grid))
-        got = self._exchange("size", arrays, connected, grid, {"fedsel": "size"})
+        got = self._exchange("size", arrays, connected, grid, {"fedsel": "size"}, lambda m: _examples(_metric_record(m), "num-examples"))
         self.nodes = [n for n in connected if n in got]
         if not self.nodes:
             raise FedselError(f"none of the {len(connected)} connected nodes answered the size request")
         self.index = {n: i for i, n in enumerate(self.nodes)}
-        self.sizes = [int(_metrics(got[n])["num-examples"]) for n in self.nodes]
+        self.sizes = [got[n] for n in self.nodes]
         self.selector = self._new_selector(arrays)
 
     def _new_selector(self, arrays: dict[str, np.ndarray]) -> Selector:
@@ -292,6 +411,8 @@ class FedselStrategy(FedAvg):
         requests with messages, then configures their training."""
         old = _arrays(arrays)
         self._round_ledger = Counter()
+        # The round's record holds this very dict, which aggregate_train adds to.
+        self._rejected = {}
         if self.selector is None:
             self._start(old, grid)
         connected = self._connected(grid)
@@ -312,6 +433,7 @@ class FedselStrategy(FedAvg):
             "available": [self.nodes[k] for k in available],
             "unanswered": unanswered,
             "selected": [self.nodes[k] for k in self._entries],
+            "rejected": self._rejected,
         })
         return self._construct_messages(record, nodes, MessageType.TRAIN)
 
@@ -322,26 +444,73 @@ class FedselStrategy(FedAvg):
         self.ledger["model_broadcasts"] += len(messages)
         return messages
 
+    def _read_train(self, message: Message) -> tuple[dict[str, np.ndarray], float, np.ndarray | None]:
+        """A train reply's local model, its train loss (0 where it reports none) and the
+        update the selector reads (None where it reads none)."""
+        local = _local_model(message, self.arrayrecord_key, self._global)
+        metrics = _metric_record(message)
+        _examples(metrics, self.weighted_by_key)
+        _all_finite(metrics)
+        loss = _finite(metrics, "train_loss") if "train_loss" in metrics else 0.0
+        if self.selector.updates == "none":
+            return local, loss, None
+        with np.errstate(over="ignore"):
+            return local, loss, _representable(self._update(local, self._global))
+
+    def _train_metrics(self, replies: list[Message]) -> MetricRecord | None:
+        """The average of the replies' train metrics (``train_metrics_aggr_fn``), or none
+        where their metric records disagree (more than one in a reply, other names, lists of
+        other lengths), which Flower's average cannot take: each reply was checked alone,
+        and no one node is to blame for a mismatch, so the model still takes every reply."""
+        records = [list(m.content.metric_records.values()) for m in replies]
+        layouts = [{k: len(v) if isinstance(v, list) else None for k, v in r[0].items()} for r in records]
+        if any(len(r) != 1 for r in records) or any(layout != layouts[0] for layout in layouts):
+            log(WARNING, "aggregate_train: train metrics not aggregated: the replies' metric records differ (%s)", layouts)
+            return None
+        return self.train_metrics_aggr_fn([m.content for m in replies], self.weighted_by_key)
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Aggregates by the strategy's rule and reports the round to the selector."""
-        valid, _ = self._check_and_log_replies(list(replies), is_train=True)
-        by_node = {m.metadata.src_node_id: m for m in valid}
+        """Aggregates the replies that pass the checks by the strategy's rule and reports
+        the round to the selector."""
+        replies = list(replies)
+        valid = [m for m in replies if not m.has_error()]
+        log(INFO, "aggregate_train: Received %s results and %s failures", len(valid), len(replies) - len(valid))
+        for m in replies:
+            if m.has_error():
+                log(INFO, "\t> Received error in reply from node %d: %s", m.metadata.src_node_id, m.error.reason)
+        selected = {self.nodes[k] for k in self._entries}
+        read: dict[int, tuple[dict[str, np.ndarray], float, np.ndarray | None]] = {}
+        for m in valid:
+            try:
+                read[m.metadata.src_node_id] = self._read_train(m)
+            except _Rejected as e:
+                self._reject(m.metadata.src_node_id, "train", e)
+        replied = {m.metadata.src_node_id for m in valid}
         for book in (self.ledger, self._round_ledger):
-            book["train_replies"] += len(by_node)
-            book["failed_replies"] += len({self.nodes[k] for k in self._entries}) - len(by_node)
+            book["train_replies"] += len(read)
+            book["rejected_replies"] += len(replied) - len(read)
+            book["failed_replies"] += len(selected - replied)
         self.history[-1]["ledger"] = dict(self._round_ledger)
-        self.history[-1]["failed"] = sorted({self.nodes[k] for k in self._entries} - set(by_node))
-        kept = [i for i, k in enumerate(self._entries) if self.nodes[k] in by_node]
+        self.history[-1]["failed"] = sorted(selected - replied)
+        kept = [i for i, k in enumerate(self._entries) if self.nodes[k] in read]
         if not kept:
             return None, None
         entries = [self._entries[i] for i in kept]
-        locals_ = [_arrays(by_node[self.nodes[k]].content.array_records[self.arrayrecord_key]) for k in entries]
+        locals_, losses, updates = zip(*(read[self.nodes[k]] for k in entries))
+        metrics = self._train_metrics([m for m in valid if m.metadata.src_node_id in read])
         weights = None if self._weights is None else [self._weights[i] for i in kept]
-        new = self._aggregate(self._global, entries, locals_, weights)
-        losses = [float(_metrics(by_node[self.nodes[k]]).get("train_loss", 0.0)) for k in entries]
-        updates = None if self.selector.updates == "none" else [self._update(x, self._global).tolist() for x in locals_]
-        self.selector.observe(entries, updates=updates, train_losses=losses)
-        metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
+        with np.errstate(over="ignore", invalid="ignore"):
+            new = self._aggregate(self._global, entries, list(locals_), weights)
+        bad = {k: int(v.size - np.count_nonzero(np.isfinite(v))) for k, v in new.items() if np.issubdtype(v.dtype, np.floating)}
+        if any(bad.values()):
+            reason = ", ".join(f"`{k}` {n}" for k, n in bad.items() if n)
+            log(WARNING, "round %d: the aggregate has non-finite values (%s); the model stays as it was", server_round, reason)
+            for book in (self.ledger, self._round_ledger):
+                book["rejected_aggregates"] += 1
+            self.history[-1]["ledger"] = dict(self._round_ledger)
+            self.history[-1]["aggregate_rejected"] = reason
+            return None, metrics
+        self.selector.observe(entries, updates=None if updates[0] is None else [u.tolist() for u in updates], train_losses=list(losses))
         return _record(new), metrics
 
 
@@ -349,7 +518,7 @@ class _Unanswered(FedselError):
     """Nodes that did not answer a selector's request: unavailable for the round."""
 
     def __init__(self, kind: str, nodes: list[int], strategy: str):
-        super().__init__(f"{kind}: nodes {nodes} did not reply (strategy {strategy})")
+        super().__init__(f"{kind}: nodes {nodes} gave no usable reply (strategy {strategy})")
         self.nodes = nodes
 
 
@@ -362,19 +531,25 @@ class _FlowerQuery:
         self.grid = grid
         self.config = {"server-round": server_round}
 
-    def _losses(self, kind: str, arrays: dict[str, np.ndarray], clients: list[int]) -> list[float]:
-        replies = self.s._ask(kind, arrays, list(clients), self.grid, {**self.config, "fedsel": kind})
-        return [float(_metrics(m)["eval_loss"]) for m in replies]
+    def _ask(self, kind: str, arrays: dict[str, np.ndarray], clients: list[int], read: Callable[[Message], T]) -> list[T]:
+        return self.s._ask(kind, arrays, list(clients), self.grid, {**self.config, "fedsel": kind}, read)
 
-    def _trained(self, kind: str, clients: list[int]) -> list[dict[str, np.ndarray]]:
-        replies = self.s._ask(kind, self.arrays, list(clients), self.grid, {**self.config, "fedsel": kind})
-        return [_arrays(m.content.array_records[self.s.arrayrecord_key]) for m in replies]
+    def _losses(self, kind: str, arrays: dict[str, np.ndarray], clients: list[int]) -> list[float]:
+        return self._ask(kind, arrays, clients, lambda m: _finite(_metric_record(m), "eval_loss"))
+
+    def _local_model(self, message: Message) -> dict[str, np.ndarray]:
+        return _local_model(message, self.s.arrayrecord_key, self.arrays)
+
+    def _update(self, message: Message) -> np.ndarray:
+        local = self._local_model(message)
+        with np.errstate(over="ignore"):
+            return _representable(np.concatenate([(local[k] - self.arrays[k]).ravel() for k in self.arrays]))
 
     def losses(self, clients: list[int]) -> list[float]:
         return self._losses("loss", self.arrays, clients)
 
     def probe(self, clients: list[int], evaluate: list[int]) -> list[float]:
-        locals_ = self._trained("probe_train", clients)
+        locals_ = self._ask("probe_train", self.arrays, clients, self._local_model)
         # A probe model is aggregated by the run's rule; F3AST's weights belong to its own
         # selection, so a probe uses the plain mean (FedCor's rule, the only prober).
         weights = [1.0 / len(clients)] * len(clients) if self.s.selector.aggregation == "selector" else None
@@ -382,5 +557,4 @@ class _FlowerQuery:
         return self._losses("probe_loss", probe, evaluate)
 
     def updates(self, clients: list[int]) -> list[list[float]]:
-        locals_ = self._trained("update_train", clients)
-        return [np.concatenate([(x[k] - self.arrays[k]).ravel() for k in self.arrays]).tolist() for x in locals_]
+        return [u.tolist() for u in self._ask("update_train", self.arrays, clients, self._update)]

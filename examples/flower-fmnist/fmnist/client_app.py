@@ -3,7 +3,8 @@
 Train messages answer with the local model, `train_loss` and `num-examples` (the node's
 training examples). Evaluate messages answer with the held-out `eval_loss` and
 `eval_acc`, and, as their `num-examples`, the node's training-set size: the fedsel
-strategy reads the node's size from there.
+strategy reads the node's size from there. The run config's `faulty-node` makes one node
+send the `fault`'s replies instead, to test that the server drops them.
 """
 
 import numpy as np
@@ -31,6 +32,12 @@ def _arrays(msg: Message) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in msg.content["arrays"].items()}
 
 
+def _fault(context: Context) -> str:
+    """The fault this node plays (run config `faulty-node` and `fault`), "" for none."""
+    c = context.run_config
+    return str(c["fault"]) if int(c["faulty-node"]) == int(context.node_config["partition-id"]) else ""
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     x, y, _, _ = _local(context)
@@ -42,6 +49,13 @@ def train(msg: Message, context: Context) -> Message:
     rng = np.random.default_rng([int(c["seed"]), int(config.get("server-round", 0)), int(context.node_config["partition-id"]), kind])
     local, loss = task.train(_arrays(msg), x, y, int(c["local-steps"]), int(c["batch-size"]), float(c["lr"]), rng)
     metrics = MetricRecord({"train_loss": loss, "num-examples": len(y)})
+    fault = _fault(context)
+    if fault == "nan":
+        local = {k: np.full_like(v, np.nan) for k, v in local.items()}
+        metrics["train_loss"] = float("nan")
+    if fault == "malformed":
+        local["weight"] = np.ascontiguousarray(local["weight"].T)
+        return Message(content=RecordDict({"arrays": task.to_record(local)}), reply_to=msg)
     return Message(content=RecordDict({"arrays": task.to_record(local), "metrics": metrics}), reply_to=msg)
 
 
@@ -50,4 +64,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     x, y, hx, hy = _local(context)
     loss, acc = task.loss_acc(_arrays(msg), hx, hy)
     metrics = MetricRecord({"eval_loss": loss, "eval_acc": acc, "num-examples": len(y)})
+    fault = _fault(context)
+    if fault == "nan":
+        metrics["eval_loss"] = float("nan")
+    if fault == "malformed":
+        del metrics["eval_loss"]
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

@@ -2,7 +2,7 @@
 
 The run config's `strategy` names the fedsel strategy. At the end the app prints the
 accuracy per round, the nodes chosen and the ledger of messages the strategy sent, and
-writes them as JSON to the run config's `results` path when one is given; that file is also
+writes them, with the test loss per round, as JSON to the run config's `results` path when one is given; that file is also
 written after every round, with `done` the last round finished.
 """
 
@@ -29,6 +29,7 @@ def main(grid: Grid, context: Context) -> None:
         tx, ty = tx[: int(c["test-examples"])], ty[: int(c["test-examples"])]
 
     accs: dict[int, float] = {}
+    losses: dict[int, float] = {}
 
     def write(out: dict) -> None:
         """Replaces the results file at once, so a reader never sees half of it."""
@@ -39,10 +40,10 @@ def main(grid: Grid, context: Context) -> None:
             os.replace(tmp, str(c["results"]))
 
     def test(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        loss, accs[server_round] = task.loss_acc({k: v.numpy() for k, v in arrays.items()}, tx, ty)
+        losses[server_round], accs[server_round] = task.loss_acc({k: v.numpy() for k, v in arrays.items()}, tx, ty)
         # The results so far, after every round: a run that dies keeps its finished rounds.
-        write({"strategy": strategy.strategy, "rounds": rounds, "done": server_round, "test_acc": accs, "ledger": dict(strategy.ledger), "history": strategy.history})
-        return MetricRecord({"test_loss": loss, "test_acc": accs[server_round]})
+        write({"strategy": strategy.strategy, "rounds": rounds, "done": server_round, "test_acc": accs, "test_loss": losses, "ledger": dict(strategy.ledger), "history": strategy.history})
+        return MetricRecord({"test_loss": losses[server_round], "test_acc": accs[server_round]})
 
     strategy = FedselStrategy(
         str(c["strategy"]),
@@ -67,6 +68,7 @@ def main(grid: Grid, context: Context) -> None:
         "done": rounds,
         "wall_s": wall,
         "test_acc": acc,
+        "test_loss": losses,
         "ledger": dict(strategy.ledger),
         "history": strategy.history,
     }
