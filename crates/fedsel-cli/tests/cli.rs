@@ -334,7 +334,8 @@ fn sweep_rounds_shortens_the_grid_and_the_output_is_locked() {
 }
 
 /// A LEAF-format Synthetic set of `users` users (LEAF's `train/` and `test/` JSON files),
-/// user k holding 6 + k training examples of 5 features; returns each user's train size.
+/// user k holding 6 + k training examples and 2 test examples of 5 features; returns each
+/// user's train size.
 fn write_leaf_synthetic(dir: &Path, users: usize) -> Vec<usize> {
     let sizes: Vec<usize> = (0..users).map(|k| 6 + k).collect();
     for (sub, size) in [("train", None), ("test", Some(2))] {
@@ -361,39 +362,96 @@ fn write_leaf_synthetic(dir: &Path, users: usize) -> Vec<usize> {
     sizes
 }
 
-#[test]
-fn a_leaf_directory_runs_with_one_client_per_user() {
-    let dir = tempfile::tempdir().unwrap();
-    let leaf = dir.path().join("leaf");
-    let sizes = write_leaf_synthetic(&leaf, 20);
-    let out = dir.path().join("run");
-    let path = format!("dataset.path=\"{}\"", leaf.display());
-    let args = |extra: &'static str, out: &Path| {
-        let mut a = vec!["run", "--set", "dataset.kind=\"leaf\"", "--set", &path];
-        a.extend([
-            "--set",
-            "rounds=2",
-            "--set",
-            extra,
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-        fedsel(&a, dir.path())
-    };
-    let o = args("selection.clients_per_round=4", &out);
-    assert!(o.status.success(), "{}", text(&o));
-    let clients = std::fs::read_to_string(out.join("clients.csv")).unwrap();
-    let held: Vec<usize> = clients
+/// Each client's (training, held-out) sizes from a run's `clients.csv`.
+fn client_sizes(run: &Path) -> Vec<(usize, usize)> {
+    std::fs::read_to_string(run.join("clients.csv"))
+        .unwrap()
         .lines()
         .skip(1)
         .map(|row| {
             let c: Vec<usize> = row.split(',').take(3).map(|v| v.parse().unwrap()).collect();
-            c[1] + c[2]
+            (c[1], c[2])
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_leaf_directory_runs_with_one_client_per_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let leaf = dir.path().join("synthetic").join("data");
+    let sizes = write_leaf_synthetic(&leaf, 20);
+    let path = format!("dataset.path=\"{}\"", leaf.display());
+    let run = |extra: &[&str], out: &Path| {
+        let mut a = vec!["run", "--set", "dataset.kind=\"leaf\"", "--set", &path];
+        a.extend(["--set", "rounds=2", "--out", out.to_str().unwrap()]);
+        for e in extra {
+            a.extend(["--set", e]);
+        }
+        fedsel(&a, dir.path())
+    };
+    // By default, as LEAF's baselines: every LEAF training example is trained on, and a
+    // client holds out its user's own test examples (2 each).
+    let out = dir.path().join("run");
+    let o = run(&["selection.clients_per_round=4"], &out);
+    assert!(o.status.success(), "{}", text(&o));
+    let all: usize = sizes.iter().sum();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "on leaf:synthetic/data [held out: each user's LEAF test data] (20 clients, {all} train / 40 test examples"
+        )),
+        "{stdout}"
+    );
+    let (train, held): (Vec<usize>, Vec<usize>) = client_sizes(&out).into_iter().unzip();
+    assert_eq!(
+        train, sizes,
+        "each client trains on its user's LEAF train data"
+    );
+    assert_eq!(train.iter().sum::<usize>(), all);
+    assert_eq!(held, vec![2; 20], "and holds out its user's LEAF test data");
+    // `split` keeps the earlier 80/20 split of each user's train part.
+    let out = dir.path().join("split");
+    let o = run(&["dataset.holdout=\"split\""], &out);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("[held out: a split of each user's LEAF train data]"));
+    let held: Vec<usize> = client_sizes(&out).iter().map(|(t, h)| t + h).collect();
     assert_eq!(held, sizes, "training + held-out = each user's train part");
+    assert!(client_sizes(&out).iter().all(|&(t, h)| t > 0 && h > 0));
+    // Another partition of LEAF data needs `split`, and the error says so.
+    let o = run(&["partition.scheme.kind=\"iid\""], &dir.path().join("iid"));
+    assert!(!o.status.success());
+    assert!(text(&o).contains("dataset.holdout"), "{}", text(&o));
     // The data fixes the input shape: a model that does not fit it is named.
-    let o = args("model.kind=\"cnn_fmnist\"", &dir.path().join("cnn"));
+    let o = run(&["model.kind=\"cnn_fmnist\""], &dir.path().join("cnn"));
     assert!(!o.status.success());
     assert!(text(&o).contains("model.kind"), "{}", text(&o));
+}
+
+/// The worked example of `configs/leaf/` runs on a LEAF Synthetic directory.
+#[test]
+fn the_shipped_leaf_example_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let leaf = dir.path().join("synthetic").join("data");
+    let sizes = write_leaf_synthetic(&leaf, 20);
+    let config =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/leaf/synthetic_fedavg.toml");
+    let out = dir.path().join("run");
+    let o = fedsel(
+        &[
+            "run",
+            config.to_str().unwrap(),
+            "--set",
+            &format!("dataset.path=\"{}\"", leaf.display()),
+            "--set",
+            "rounds=3",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let train: Vec<usize> = client_sizes(&out).iter().map(|c| c.0).collect();
+    assert_eq!(train, sizes);
+    let metrics = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+    assert_eq!(metrics.lines().count(), 4, "{metrics}");
 }

@@ -28,6 +28,7 @@ pub use crate::availability::fedgs::{
     LdfConfig, LnConfig, MdfConfig, SlnConfig, SlnPhase, YcConfig, YmfConfig,
 };
 pub use crate::availability::trace::TraceConfig;
+pub use crate::data::leaf::LeafHoldout;
 pub use crate::select::afl::AflConfig;
 pub use crate::select::divfl::DivflConfig;
 pub use crate::select::f3ast::F3astConfig;
@@ -169,6 +170,10 @@ pub enum DatasetConfig {
     Leaf {
         /// The directory holding `train/` and `test/` (relative to the config file).
         path: PathBuf,
+        /// Where each client's held-out part comes from; always written out, so a run
+        /// resolved before the key existed (a split) does not resume as `leaf_test`.
+        #[serde(default)]
+        holdout: LeafHoldout,
         /// Reshapes each feature vector (FEMNIST: `[1, 28, 28]` for the CNNs).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         shape: Option<Vec<usize>>,
@@ -703,6 +708,19 @@ impl Config {
             _ => {}
         }
         let p = &self.partition;
+        if let DatasetConfig::Leaf {
+            holdout: LeafHoldout::LeafTest,
+            ..
+        } = self.dataset
+        {
+            check(
+                p.scheme == PartitionScheme::Natural,
+                "dataset.holdout",
+                "\"leaf_test\" (the default) holds out each LEAF user's own test data, so the \
+                 clients must be LEAF's users (partition.scheme = natural); with another \
+                 partition.scheme use dataset.holdout = \"split\"",
+            )?;
+        }
         check(p.clients > 0, "partition.clients", "must be at least 1")?;
         check_prob(
             p.holdout_fraction,
@@ -842,8 +860,26 @@ impl Config {
     ///   K_t keeps every candidate, so its selection is just the ∝ p_k draw: FedCor's
     ///   configs once did this with d = 10 and m = 10 (FedCor App. C.1 uses d = 2m).
     /// - A non-default `selection.powd.d` beside `selection.powd.d_per_m`, which wins.
+    /// - A non-default `partition.holdout_fraction` on LEAF data whose held-out parts are
+    ///   the users' test data, which ignores it.
     pub fn warnings(&self, clients: usize) -> Vec<ConfigWarning> {
         let mut out = Vec::new();
+        let fraction = self.partition.holdout_fraction;
+        if let DatasetConfig::Leaf {
+            holdout: LeafHoldout::LeafTest,
+            ..
+        } = self.dataset
+            && fraction != PartitionConfig::default().holdout_fraction
+        {
+            out.push(ConfigWarning {
+                key: "partition.holdout_fraction".into(),
+                message: format!(
+                    "{fraction} is ignored: dataset.holdout = \"leaf_test\" holds out each \
+                     user's LEAF test data; dataset.holdout = \"split\" splits each user's \
+                     training data by it instead"
+                ),
+            });
+        }
         let sel = &self.selection;
         if matches!(sel.strategy.as_str(), "powd" | "cpowd" | "rpowd") {
             let p = &sel.powd;

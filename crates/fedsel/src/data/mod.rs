@@ -123,7 +123,8 @@ pub struct FederatedData {
     /// data is synthetic. FedGS's oracle 3DG uses it on Synthetic (FedGS §4.1).
     pub user_models: Option<Vec<Vec<f64>>>,
     /// Each user's own held-out examples (indices into `train`), where the data fixes
-    /// them (the FedGS authors' task: a validation part by position); the natural
+    /// them (the FedGS authors' task: a validation part by position; a LEAF user's test
+    /// examples, appended to `train` after every user's training examples); the natural
     /// partition then uses them instead of a seeded split.
     pub user_holdout: Option<Vec<Vec<usize>>>,
 }
@@ -180,6 +181,7 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
         ),
         DatasetConfig::Leaf {
             path,
+            holdout,
             shape,
             classes,
         } => leaf::load(
@@ -187,6 +189,7 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
             &leaf::LeafSpec {
                 shape: shape.clone(),
                 classes: *classes,
+                holdout: *holdout,
             },
         ),
         DatasetConfig::Flgo {

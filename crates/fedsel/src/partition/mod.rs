@@ -28,7 +28,9 @@ pub struct ClientData {
     pub holdout: Vec<usize>,
 }
 
-/// Builds the clients of a run: partition, then a seeded train/held-out split per client.
+/// Builds the clients of a run: partition, then a seeded train/held-out split per client;
+/// under the natural partition, data that fixes its users' held-out parts (easyFL's
+/// `dvalid`, a LEAF user's test data) gives them instead, and `holdout_fraction` is unused.
 pub fn build(
     cfg: &PartitionConfig,
     data: &FederatedData,
