@@ -109,8 +109,12 @@ class Selector:
         *,
         updates: Sequence[Sequence[float]] | None = None,
         train_losses: Sequence[float] | None = None,
-    ) -> None:
-        """Reports the last selection's outcome."""
+    ) -> list[int]:
+        """Reports the last selection's outcome; returns the clients left out of what the
+        strategy learns for a non-finite loss or update (each also a RuntimeWarning)."""
+    @property
+    def rejected(self) -> int:
+        """How many reported entries `observe` has left out so far."""
     def state(self) -> Any:
         """Everything learned, as JSON-able data."""
     def load_state(self, state: Any) -> None:
