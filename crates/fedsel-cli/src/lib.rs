@@ -1,6 +1,10 @@
-//! The `fedsel` command line.
+//! The `fedsel` command line. It is a library so that the `fedsel` binary and the Python
+//! package's `fedsel` script run the same code ([`main_with_args`]): one CLI, two doors.
 
-use std::io::IsTerminal;
+mod signals;
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -77,6 +81,10 @@ enum Command {
         /// the same --out as the other parts; the report is written once every cell is done.
         #[arg(long, value_name = "I/N")]
         shard: Option<fedsel_workbench::sweep::Shard>,
+        /// Run every cell even when the first two fail with the same config or data error
+        /// (which otherwise stops the sweep: the other cells would fail alike).
+        #[arg(long)]
+        keep_going: bool,
     },
     /// Write report.md and the table CSVs for a sweep directory.
     Report {
@@ -127,6 +135,8 @@ struct Progress {
     bar: Option<ProgressBar>,
     rounds: usize,
     best: f64,
+    /// SIGINT and SIGTERM, caught while the run lasts.
+    stop: signals::Stop,
 }
 
 impl Observer for Progress {
@@ -159,7 +169,10 @@ impl Observer for Progress {
                 }
             }
         }
-        Ok(())
+        match self.stop.caught() {
+            Some(_) => Err(fedsel::error::Error::Interrupted { round: r.round }),
+            None => Ok(()),
+        }
     }
 
     fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
@@ -203,8 +216,27 @@ fn finished_rounds(dir: &Path) -> Option<u64> {
     (v["status"] == "finished").then(|| v["rounds"].as_u64().unwrap_or(0))
 }
 
+/// A run that a signal stopped; its exit status is 128 + the signal's number, as a shell
+/// reports a process the signal killed.
+#[derive(Debug)]
+struct Interrupted {
+    signal: i32,
+    message: String,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 fn run(args: RunArgs) -> Result<()> {
     let t0 = Instant::now();
+    // Installed before the data loads, so a signal during a long preparation stops the run
+    // at its first round rather than killing it without a summary.
+    let stop = signals::Stop::install().context("installing the SIGINT and SIGTERM handlers")?;
     let (config, out, checkpoint) = match &args.resume {
         Some(dir) => {
             anyhow::ensure!(
@@ -278,7 +310,13 @@ fn run(args: RunArgs) -> Result<()> {
             );
             RunWriter::resume(&out, cp.next_round)?
         }
-        None => RunWriter::create(&out, &exp.config)?,
+        None => RunWriter::create(&out, &exp.config).map_err(|e| match e {
+            fedsel::error::Error::RunExists { .. } => anyhow::anyhow!(
+                "{e}; pass --overwrite to replace it, or --resume {} to continue it",
+                out.display()
+            ),
+            e => e.into(),
+        })?,
     };
     let bar = std::io::stdout().is_terminal().then(|| {
         let b = ProgressBar::new(config.rounds as u64);
@@ -293,6 +331,7 @@ fn run(args: RunArgs) -> Result<()> {
         bar,
         rounds: config.rounds,
         best: 0.0,
+        stop,
     };
     let result = match checkpoint {
         Some(cp) => engine::resume(&exp, &mut progress, cp),
@@ -307,6 +346,30 @@ fn run(args: RunArgs) -> Result<()> {
             let done = std::fs::read_to_string(out.join("metrics.csv"))
                 .map_or(0, |m| m.lines().count().saturating_sub(1));
             progress.writer.fail(&e, done)?;
+            if let (fedsel::error::Error::Interrupted { .. }, Some(signal)) =
+                (&e, progress.stop.caught())
+            {
+                let next = if fedsel::checkpoint::load(&out).is_ok() {
+                    format!(
+                        "`fedsel run --resume {}` continues it from its last checkpoint",
+                        out.display()
+                    )
+                } else {
+                    format!(
+                        "it has no checkpoint yet (one every {} rounds) to resume from",
+                        config.checkpoint_every
+                    )
+                };
+                return Err(Interrupted {
+                    signal,
+                    message: format!(
+                        "{}: {e} to {}; {next}",
+                        signals::name(signal),
+                        out.display()
+                    ),
+                }
+                .into());
+            }
             if done == 0 {
                 return Err(e).context(format!(
                     "run failed before its first round finished; {} keeps only the error (a rerun replaces it)",
@@ -412,6 +475,7 @@ impl fedsel_workbench::sweep::SweepProgress for SweepBar {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn sweep(
     path: PathBuf,
     set: &[String],
@@ -420,6 +484,7 @@ fn sweep(
     jobs: Option<usize>,
     data_dir: Option<PathBuf>,
     dry_run: bool,
+    keep_going: bool,
 ) -> Result<()> {
     let sweep = fedsel_workbench::sweep::Sweep::load(&path, set)
         .with_context(|| format!("sweep {}", path.display()))?;
@@ -472,6 +537,7 @@ fn sweep(
         shard,
         jobs,
         threads,
+        keep_going,
         &SweepBar(bar.clone()),
     )?;
     if let Some(b) = bar {
@@ -486,8 +552,17 @@ fn sweep(
         outcome.failed.len(),
         t0.elapsed().as_secs_f64()
     );
-    for (label, err) in &outcome.failed {
-        println!("  {label}: {err}");
+    match &outcome.stopped {
+        // The error is the same for every failed cell: said once, below.
+        Some(_) => {
+            let labels: Vec<&str> = outcome.failed.iter().map(|(l, _)| l.as_str()).collect();
+            println!("  failed: {}", labels.join(", "));
+        }
+        None => {
+            for (label, err) in &outcome.failed {
+                println!("  {label}: {err}");
+            }
+        }
     }
     // A part of a sharded grid reports only once the whole grid is done (the last part to
     // finish writes it); an unsharded sweep reports what finished, naming what did not.
@@ -501,6 +576,12 @@ fn sweep(
             outcome.total,
             out.display(),
             outcome.unfinished.join(", ")
+        );
+    }
+    if let Some(err) = &outcome.stopped {
+        anyhow::bail!(
+            "the sweep stopped: the first two cells it ran failed with the same error, so {} cells were not started (--keep-going runs them): {err}",
+            outcome.not_run
         );
     }
     anyhow::ensure!(
@@ -551,6 +632,23 @@ fn datasets(data_dir: Option<PathBuf>) {
             if found { "found" } else { "missing" }
         );
     }
+    // Not under the data directory: a config names their directory (relative to the
+    // config file), so there is nothing here to look for.
+    for (name, what) in [
+        (
+            "leaf",
+            "[dataset] kind = \"leaf\", path = \"DIR\" (LEAF's data directory, with train/*.json and test/*.json)",
+        ),
+        (
+            "flgo",
+            "[dataset] kind = \"flgo\", path = \"TASK_DIR\" (an FLGo or easyFL task, with data.json; index tasks add source = \"fmnist\" | \"cifar10\" | \"cifar100\", read from the data directory)",
+        ),
+    ] {
+        println!("{name:<12} {:<9} {what}", "by path");
+    }
+    println!(
+        "  (leaf and flgo: docs/experiments.md, \"Federated datasets as researchers have them\")"
+    );
 }
 
 /// Each strategy's selection time per round at each client count (issue 23's workload:
@@ -763,15 +861,51 @@ fn bench(
     Ok(())
 }
 
-fn main() -> Result<()> {
-    tracing_subscriber::fmt()
+/// Runs the command line on `args`, the program's name first (as
+/// [`std::env::args_os`] gives them), and returns the process's exit status: 0 on
+/// success, 1 for an error (printed to stderr), 2 for bad arguments, 128 + the signal's
+/// number for a run that SIGINT or SIGTERM stopped. It never exits the process itself
+/// (a second signal during a run does), so an embedding program such as the Python
+/// package's `fedsel` script gets the status back.
+pub fn main_with_args<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    // An embedding program's subscriber, installed first, stays.
+    let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .init();
-    match Cli::parse().command {
+        .try_init();
+    let status = match Cli::try_parse_from(args) {
+        Err(e) => {
+            let _ = e.print();
+            u8::try_from(e.exit_code()).unwrap_or(2)
+        }
+        Ok(cli) => match dispatch(cli) {
+            Ok(()) => 0,
+            Err(e) => match e.downcast_ref::<Interrupted>() {
+                Some(i) => {
+                    eprintln!("{i}");
+                    u8::try_from(128 + i.signal).unwrap_or(1)
+                }
+                None => {
+                    eprintln!("Error: {e:?}");
+                    1
+                }
+            },
+        },
+    };
+    // Nothing flushes Rust's stdout at exit when Python is the program.
+    let _ = std::io::stdout().flush();
+    status
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
         None => run(RunArgs::default()),
         Some(Command::Run(args)) => run(args),
         Some(Command::Sweep {
@@ -783,10 +917,11 @@ fn main() -> Result<()> {
             mut set,
             rounds,
             shard,
+            keep_going,
         }) => {
             set.extend(rounds.map(|r| format!("rounds={r}")));
             let shard = shard.unwrap_or(fedsel_workbench::sweep::Shard::ALL);
-            sweep(path, &set, out, shard, jobs, data_dir, dry_run)
+            sweep(path, &set, out, shard, jobs, data_dir, dry_run, keep_going)
         }
         Some(Command::Report { dir, smooth }) => {
             print!("{}", fedsel_workbench::report::write(&dir, smooth)?);

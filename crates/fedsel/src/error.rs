@@ -142,11 +142,9 @@ pub enum Error {
         /// message already shows it, and anyhow would print a source a second time.
         error: std::io::Error,
     },
-    /// A run would write into a directory that already holds files of another run.
-    #[error(
-        "{}: already holds a run; pass --overwrite to replace it, or --resume to continue it",
-        dir.display()
-    )]
+    /// A run would write into a directory that already holds files of another run. The
+    /// message names no option: the CLI and the Python package each add their own.
+    #[error("{}: already holds a run", dir.display())]
     RunExists {
         /// The output directory.
         dir: PathBuf,
