@@ -59,3 +59,16 @@ def test_pip_install_puts_fedsel_on_the_path(tmp_path):
     assert (summary["status"], summary["rounds"]) == ("finished", 2)
     assert f"fedsel {fedsel.__version__}" in p.stdout
     print(f"fresh venv with fedsel installed in {installed:.0f} s")
+
+
+def test_the_modules_warnings_carry_no_colour_off_a_terminal(tmp_path):
+    # A sweep cell logs its config's warnings through the core's log, to stderr: a pipe here.
+    path = tmp_path / "s.toml"
+    path.write_text(
+        'name = "t"\n[config]\nrounds = 1\nserver = { aggregation = "data_size" }\n[axes]\nseed = [1]\n'
+    )
+    code = f"import fedsel; fedsel.sweep({str(path)!r}, {str(tmp_path / 'out')!r}, jobs=1)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "overrides uniform's own rule" in p.stderr, p.stderr
+    assert "\x1b" not in p.stderr, repr(p.stderr)
