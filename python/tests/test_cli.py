@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,30 @@ def test_the_cli_runs_in_process_and_returns_its_status(tmp_path, capfd):
     # Bad arguments: clap's status 2, still without exiting Python.
     assert _fedsel.cli(["fedsel", "run", "--no-such-flag"]) == 2
     assert "--no-such-flag" in capfd.readouterr().err
+
+
+def test_the_script_stops_a_run_on_sigterm_as_the_binary_does(tmp_path):
+    # The script that installing the package (here `maturin develop`) put beside Python.
+    script = Path(sys.executable).parent / "fedsel"
+    assert script.is_file(), f"no fedsel script at {script}"
+    out = tmp_path / "r"
+    child = subprocess.Popen(
+        [script, "run", "--set", "rounds=100000", "--set", "eval.every=1000", "--out", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.csv").exists() or os.path.getsize(out / "metrics.csv") < 2000:
+        assert time.monotonic() < deadline, "the run wrote no rounds"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 143, err
+    assert "SIGTERM: interrupted after round" in err and "Traceback" not in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert "interrupted" in summary["error"], summary
+    assert summary["rounds_completed"] == len(fedsel.read_metrics(out / "metrics.csv")["round"])
 
 
 def test_pip_install_puts_fedsel_on_the_path(tmp_path):
