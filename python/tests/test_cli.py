@@ -47,7 +47,7 @@ def test_the_script_stops_a_run_on_sigterm_as_the_binary_does(tmp_path):
     assert child.returncode == 143, err
     assert "SIGTERM: interrupted after round" in err and "Traceback" not in err, err
     summary = json.loads((out / "summary.json").read_text())
-    assert "interrupted" in summary["error"], summary
+    assert summary["status"] == "interrupted" and "interrupted" in summary["error"], summary
     assert summary["rounds_completed"] == len(fedsel.read_metrics(out / "metrics.csv")["round"])
 
 

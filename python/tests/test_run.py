@@ -157,7 +157,7 @@ def test_ctrl_c_stops_between_rounds_and_leaves_readable_outputs(tmp_path):
     assert child.returncode != 0, err
     assert "KeyboardInterrupt" in err, err
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "failed", summary
+    assert summary["status"] == "interrupted", summary
     assert "interrupted" in summary["error"], summary
     metrics = fedsel.read_metrics(out / "metrics.csv")
     done = len(metrics["round"])

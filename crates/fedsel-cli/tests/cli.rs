@@ -450,7 +450,7 @@ fn sigint_and_sigterm_stop_a_run_after_its_round_with_a_summary() {
         let summary: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
                 .unwrap();
-        assert_eq!(summary["status"], "failed", "{summary}");
+        assert_eq!(summary["status"], "interrupted", "{summary}");
         assert!(
             summary["error"].as_str().unwrap().contains("interrupted"),
             "{summary}"

@@ -178,7 +178,7 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// The caller asked the run to stop (Ctrl-C in the Python bindings); the rounds before
+    /// The caller asked the run to stop (Ctrl-C, SIGTERM); the rounds before
     /// `round` are written and readable.
     #[error("interrupted after round {round}; the rounds so far are written")]
     Interrupted {
