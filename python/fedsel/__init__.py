@@ -133,6 +133,7 @@ def run(
     data_dir: str | os.PathLike | None = None,
     progress: bool | None = None,
     overwrite: bool = False,
+    resume: bool = False,
 ) -> RunResult:
     """Runs one experiment, as ``fedsel run`` does, and returns its result.
 
@@ -141,7 +142,13 @@ def run(
     ``{"train.lr": 0.1}``); ``None`` is the built-in default. ``overrides`` are the CLI's
     ``--set`` (a dict or ``"key=value"`` strings), applied after the config. ``out``
     defaults to the CLI's ``runs/<name>-s<seed>-<hash>``; a directory holding another run is
-    refused unless ``overwrite``.
+    refused unless ``overwrite`` (which clears it first) or ``resume``.
+
+    ``resume=True`` makes the call safe to repeat: with no run in ``out`` it starts one;
+    with an unfinished run of this config (interrupted, killed) it continues it from its
+    last checkpoint, as ``fedsel run --resume`` does; with a finished one it returns that
+    run without running anything (its ``warnings`` are then empty). A run of another
+    config in ``out`` is refused.
 
     The GIL is released while the rounds run. Ctrl-C stops the run after the round in
     progress, which is written, and raises ``KeyboardInterrupt``; ``summary.json`` then
@@ -155,6 +162,7 @@ def run(
         data_dir=None if data_dir is None else os.fspath(data_dir),
         progress=_display(progress),
         overwrite=overwrite,
+        resume=resume,
     )
     for w in found:
         warnings.warn(w, stacklevel=2)
@@ -172,6 +180,7 @@ def sweep(
     progress: bool | None = None,
     executor: Any = None,
     threads: int = 1,
+    keep_going: bool = False,
 ) -> dict[str, Any]:
     """Runs every unfinished cell of a sweep file and writes its report (``fedsel sweep``).
 
@@ -183,6 +192,11 @@ def sweep(
     are the same; the sweep file, ``out`` and the data must be at the same paths on every
     worker. Without ``executor`` the cells run here, ``jobs`` at a time.
 
+    A local sweep stops starting cells when the first two cells it runs both fail with
+    the same config or data error (a missing dataset fails every cell alike), as
+    ``fedsel sweep`` does; ``keep_going=True`` runs every cell regardless. An ``executor``
+    hands out every cell at once, so it always runs them all.
+
     Returns the counts (``total``, ``skipped``, ``ran``), the ``failed`` cells with their
     errors, and the ``report`` path. Raises :class:`FedselError` if any cell failed, after
     the report of the others is written, as the CLI exits non-zero.
@@ -190,14 +204,20 @@ def sweep(
     sets = _overrides(overrides) + ([f"rounds={rounds}"] if rounds is not None else [])
     data = None if data_dir is None else os.fspath(data_dir)
     if executor is None:
-        total, skipped, ran, failed = _fedsel.sweep(
+        total, skipped, ran, failed, stopped, not_run = _fedsel.sweep(
             os.fspath(path),
             os.fspath(out),
             jobs=jobs,
             data_dir=data,
             overrides=sets,
             progress=_display(progress) == "bar",
+            keep_going=keep_going,
         )
+        if stopped is not None:
+            raise FedselError(
+                "the sweep stopped: the first two cells it ran failed with the same error, "
+                f"so {not_run} cells were not started (keep_going=True runs them): {stopped}"
+            )
     else:
         total, skipped, ran, failed = _sweep_on(
             executor, os.fspath(path), os.fspath(out), sets, data, threads

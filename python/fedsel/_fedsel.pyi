@@ -18,6 +18,7 @@ def run(
     data_dir: str | os.PathLike[str] | None = None,
     progress: str = "off",
     overwrite: bool = False,
+    resume: bool = False,
 ) -> tuple[str, list[str]]: ...
 def sweep(
     path: str | os.PathLike[str],
@@ -27,8 +28,13 @@ def sweep(
     data_dir: str | os.PathLike[str] | None = None,
     overrides: list[str] = ...,
     progress: bool = False,
-) -> tuple[int, int, int, list[tuple[str, str]]]: ...
+    keep_going: bool = False,
+) -> tuple[int, int, int, list[tuple[str, str]], str | None, int]: ...
 def report(dir: str | os.PathLike[str], *, smooth: int | None = None) -> str: ...
+def cli(argv: list[str]) -> int:
+    """Runs the `fedsel` command line on `argv` (the program's name first) and returns its
+    exit status; the GIL is released while it runs. While `fedsel run` runs, SIGINT and
+    SIGTERM are the CLI's: the run stops after its round (status 130 or 143)."""
 def partition(
     *,
     path: str | os.PathLike[str] | None = None,

@@ -78,9 +78,46 @@ def test_error_message_is_the_clis(tmp_path, cli):
 
 def test_an_existing_run_is_refused_unless_overwrite(tmp_path):
     fedsel.run({"rounds": 2}, out=tmp_path / "r")
-    with pytest.raises(fedsel.FedselError, match="already holds a run"):
+    with pytest.raises(fedsel.FedselError, match="already holds a run") as caught:
         fedsel.run({"rounds": 2}, out=tmp_path / "r")
+    # Python's keywords, not the CLI's flags.
+    assert "pass overwrite=True to replace it, or resume=True" in str(caught.value)
+    assert "--" not in str(caught.value)
     assert fedsel.run({"rounds": 3}, out=tmp_path / "r", overwrite=True).summary["rounds"] == 3
+
+
+RESUMABLE = {"rounds": 20, "checkpoint_every": 5, "seed": 4}
+
+
+def test_resume_starts_continues_or_returns_a_run(tmp_path):
+    import shutil
+
+    full = fedsel.run(RESUMABLE, out=tmp_path / "full", resume=True)
+    assert full.summary["status"] == "finished" and full.summary["rounds"] == 20
+    # Finished: returned as it is, nothing run again.
+    before = (tmp_path / "full" / "metrics.csv").read_text()
+    again = fedsel.run(RESUMABLE, out=tmp_path / "full", resume=True)
+    assert (again.summary, again.warnings) == (full.summary, [])
+    assert (tmp_path / "full" / "metrics.csv").read_text() == before
+    # Killed after its last round but before its summary: it continues from the
+    # checkpoint after round 15, and ends as the uninterrupted run did.
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    (tmp_path / "cut" / "summary.json").unlink()
+    cut = fedsel.run(RESUMABLE, out=tmp_path / "cut", resume=True)
+    assert cut.summary["status"] == "finished"
+    assert cut.summary["final_acc"] == full.summary["final_acc"]
+    assert rows_without_timing(tmp_path / "cut" / "metrics.csv") == rows_without_timing(
+        tmp_path / "full" / "metrics.csv"
+    )
+
+
+def test_resume_refuses_another_config_or_overwrite(tmp_path):
+    fedsel.run(RESUMABLE, out=tmp_path / "r")
+    with pytest.raises(fedsel.FedselError, match="another config") as caught:
+        fedsel.run({**RESUMABLE, "seed": 5}, out=tmp_path / "r", resume=True)
+    assert "overwrite=True" in str(caught.value)
+    with pytest.raises(fedsel.FedselError, match="pass one of them"):
+        fedsel.run(RESUMABLE, out=tmp_path / "r", resume=True, overwrite=True)
 
 
 def test_to_pandas(tmp_path):
@@ -120,7 +157,7 @@ def test_ctrl_c_stops_between_rounds_and_leaves_readable_outputs(tmp_path):
     assert child.returncode != 0, err
     assert "KeyboardInterrupt" in err, err
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "failed", summary
+    assert summary["status"] == "interrupted", summary
     assert "interrupted" in summary["error"], summary
     metrics = fedsel.read_metrics(out / "metrics.csv")
     done = len(metrics["round"])
@@ -142,6 +179,21 @@ def test_sweep_and_report(tmp_path):
     assert text == (out / "report.md").read_text()
     with pytest.raises(fedsel.FedselError, match="Savitzky"):
         fedsel.report(out, smooth=4)
+
+
+def test_a_sweep_stops_when_its_first_cells_fail_alike_unless_keep_going(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(
+        'name = "t"\n[config]\nrounds = 2\ndataset = { kind = "fmnist" }\n[axes]\nseed = [1, 2, 3, 4]\n'
+    )
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    with pytest.raises(fedsel.FedselError, match="keep_going=True runs them") as caught:
+        fedsel.sweep(path, tmp_path / "a", jobs=1, data_dir=empty)
+    said = str(caught.value)
+    assert "so 2 cells were not started" in said and said.count("files not found") == 1, said
+    with pytest.raises(fedsel.FedselError, match="4 cells failed"):
+        fedsel.sweep(path, tmp_path / "b", jobs=1, data_dir=empty, keep_going=True)
 
 
 def _rows_without_timing(cell_dir):

@@ -57,7 +57,7 @@ fn a_run_never_overwrites_another_without_overwrite() {
     let again = fedsel(&["run", "--set", "rounds=3", "--out", out_s], dir.path());
     assert!(!again.status.success());
     assert!(
-        text(&again).contains("already holds a run"),
+        text(&again).contains("already holds a run; pass --overwrite to replace it, or --resume"),
         "{}",
         text(&again)
     );
@@ -454,4 +454,127 @@ fn the_shipped_leaf_example_runs() {
     assert_eq!(train, sizes);
     let metrics = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
     assert_eq!(metrics.lines().count(), 4, "{metrics}");
+}
+
+/// Sends `signal` (`INT`, `TERM`) to a long `fedsel run` once it has written some rounds,
+/// and returns its exit status, its output and its directory.
+fn signal_a_long_run(signal: &str, dir: &Path) -> (std::process::ExitStatus, String) {
+    let out = dir.join(signal);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fedsel"))
+        .args(["run", "--set", "rounds=100000", "--set", "eval.every=1000"])
+        .arg("--out")
+        .arg(&out)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::fs::metadata(out.join("metrics.csv")).map_or(0, |m| m.len()) < 2000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run wrote no rounds"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let sent = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the run went on for 60 s after SIG{signal}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    (o.status, text(&o))
+}
+
+#[test]
+fn sigint_and_sigterm_stop_a_run_after_its_round_with_a_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    for (signal, status) in [("TERM", 143), ("INT", 130)] {
+        let (exit, output) = signal_a_long_run(signal, dir.path());
+        assert_eq!(exit.code(), Some(status), "SIG{signal}: {output}");
+        assert!(
+            output.contains(&format!("SIG{signal}: interrupted after round")),
+            "{output}"
+        );
+        let out = dir.path().join(signal);
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(summary["status"], "interrupted", "{summary}");
+        assert!(
+            summary["error"].as_str().unwrap().contains("interrupted"),
+            "{summary}"
+        );
+        let metrics = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+        let rounds: Vec<usize> = metrics
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(!rounds.is_empty() && rounds.len() < 100_000);
+        assert_eq!(rounds, (0..rounds.len()).collect::<Vec<_>>());
+        assert_eq!(summary["rounds_completed"], rounds.len(), "{summary}");
+    }
+}
+
+#[test]
+fn datasets_lists_the_path_based_kinds_and_how_to_name_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = fedsel(
+        &["datasets", "--data-dir", dir.path().to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    for kind in ["leaf", "flgo"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{kind} ")))
+            .unwrap_or_else(|| panic!("no {kind} line in {out}"));
+        assert!(
+            line.contains("by path") && line.contains(&format!("kind = \"{kind}\", path =")),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn a_sweep_whose_first_cells_fail_alike_stops_and_says_so_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("s.toml");
+    std::fs::write(
+        &sweep,
+        "name = \"t\"\n[config]\nrounds = 2\ndataset = { kind = \"fmnist\" }\n[axes]\nseed = [1, 2, 3, 4]\n",
+    )
+    .unwrap();
+    let empty = dir.path().join("no-data");
+    std::fs::create_dir(&empty).unwrap();
+    let data = ["--jobs", "1", "--data-dir", empty.to_str().unwrap()];
+    let stopped = sweep_into(&sweep, &dir.path().join("a"), &data, dir.path());
+    let said = text(&stopped);
+    assert!(!stopped.status.success(), "{said}");
+    assert_eq!(said.matches("files not found").count(), 1, "{said}");
+    assert!(
+        said.contains("the first two cells it ran failed with the same error, so 2 cells were not started (--keep-going")
+            && said.contains("failed: s1, s2"),
+        "{said}"
+    );
+    let all = sweep_into(
+        &sweep,
+        &dir.path().join("b"),
+        &[&data[..], &["--keep-going"]].concat(),
+        dir.path(),
+    );
+    let said = text(&all);
+    assert!(!all.status.success(), "{said}");
+    assert_eq!(said.matches("files not found").count(), 4, "{said}");
+    assert!(said.contains("4 cells failed"), "{said}");
 }

@@ -7,7 +7,8 @@
 mod convert;
 mod selector;
 
-use std::path::PathBuf;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pyo3::create_exception;
@@ -144,10 +145,46 @@ enum Failure {
     Python(PyErr),
 }
 
+/// Where `resume=True` starts a run.
+enum Start {
+    /// From round 0: the output directory holds no run.
+    Fresh,
+    /// Nowhere: the run there is finished.
+    Finished,
+    /// From the checkpoint of the unfinished run there.
+    Checkpoint(Box<fedsel::checkpoint::Checkpoint>),
+}
+
+/// What `resume=True` does with the run in `out`, refusing one of another config.
+fn resume_point(out: &Path, config: &Config) -> PyResult<Start> {
+    let empty = std::fs::read_dir(out).map_or(true, |mut entries| entries.next().is_none());
+    if empty || fedsel::output::failed_before_round_one(out) {
+        return Ok(Start::Fresh);
+    }
+    let theirs = Config::load(Some(&out.join("config.resolved.toml")), &[]).map_err(py_err)?;
+    if theirs.hash() != config.hash() {
+        return Err(py_err(format!(
+            "{}: holds a run of another config than this one; pass overwrite=True to replace it, or another out",
+            out.display()
+        )));
+    }
+    let finished = std::fs::read_to_string(out.join("summary.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .is_some_and(|v| v["status"] == "finished");
+    if finished {
+        return Ok(Start::Finished);
+    }
+    let cp = fedsel::checkpoint::load(out)
+        .map_err(|e| py_err(format!("{e}; pass overwrite=True to start the run over")))?;
+    engine::check_resumable(config, &cp).map_err(py_err)?;
+    Ok(Start::Checkpoint(Box::new(cp)))
+}
+
 /// Runs one experiment as `fedsel run` does and returns its output directory and the
 /// config's warnings. The GIL is released while Rust runs.
 #[pyfunction]
-#[pyo3(signature = (*, path=None, text=None, table=None, overrides=Vec::new(), out=None, data_dir=None, progress="off", overwrite=false))]
+#[pyo3(signature = (*, path=None, text=None, table=None, overrides=Vec::new(), out=None, data_dir=None, progress="off", overwrite=false, resume=false))]
 #[allow(clippy::too_many_arguments)]
 fn run(
     py: Python<'_>,
@@ -159,8 +196,14 @@ fn run(
     data_dir: Option<PathBuf>,
     progress: &str,
     overwrite: bool,
+    resume: bool,
 ) -> PyResult<(PathBuf, Vec<String>)> {
     let display = Display::parse(progress)?;
+    if overwrite && resume {
+        return Err(py_err(
+            "overwrite=True replaces the run that resume=True would continue: pass one of them",
+        ));
+    }
     let config = load_config(path, text, table, &overrides)?;
     // The CLI's default directory: a short hash of the resolved config keeps runs that
     // differ only by overrides apart.
@@ -176,6 +219,14 @@ fn run(
         std::fs::remove_dir_all(&out)
             .map_err(|e| py_err(format!("clearing {} for overwrite: {e}", out.display())))?;
     }
+    let start = if resume {
+        resume_point(&out, &config)?
+    } else {
+        Start::Fresh
+    };
+    if let Start::Finished = start {
+        return Ok((out, Vec::new()));
+    }
     let dir = locate::data_dir(data_dir, config.data_dir.clone());
     let result = py.detach(|| -> Result<Vec<String>, Failure> {
         let exp = Experiment::prepare(config.clone(), &dir)
@@ -185,8 +236,16 @@ fn run(
             .iter()
             .map(ToString::to_string)
             .collect();
-        let writer =
-            RunWriter::create(&out, &exp.config).map_err(|e| Failure::Fedsel(e.to_string()))?;
+        let writer = match &start {
+            Start::Checkpoint(cp) => RunWriter::resume(&out, cp.next_round),
+            _ => RunWriter::create(&out, &exp.config),
+        }
+        .map_err(|e| match e {
+            Error::RunExists { .. } => Failure::Fedsel(format!(
+                "{e}; pass overwrite=True to replace it, or resume=True to continue it"
+            )),
+            e => Failure::Fedsel(e.to_string()),
+        })?;
         let bar = (display == Display::Bar).then(|| {
             let b = ProgressBar::new(config.rounds as u64);
             b.set_style(
@@ -204,7 +263,10 @@ fn run(
             rounds: config.rounds,
             interrupt: None,
         };
-        let result = engine::run(&exp, &mut observer);
+        let result = match start {
+            Start::Checkpoint(cp) => engine::resume(&exp, &mut observer, *cp),
+            _ => engine::run(&exp, &mut observer),
+        };
         if let Some(b) = &observer.bar {
             b.finish_and_clear();
         }
@@ -252,13 +314,22 @@ impl fedsel_workbench::sweep::SweepProgress for SweepBar {
     }
 }
 
-/// A sweep's outcome: cells, already finished, run now, failed as (label, error).
-type SweepCounts = (usize, usize, usize, Vec<(String, String)>);
+/// A sweep's outcome: cells, already finished, run now, failed as (label, error), the
+/// error that stopped it early and the cells it did not start then.
+type SweepCounts = (
+    usize,
+    usize,
+    usize,
+    Vec<(String, String)>,
+    Option<String>,
+    usize,
+);
 
 /// Runs every unfinished cell of a sweep file and writes its report, as `fedsel sweep`
 /// does, and returns its outcome.
 #[pyfunction]
-#[pyo3(signature = (path, out, *, jobs=None, data_dir=None, overrides=Vec::new(), progress=false))]
+#[pyo3(signature = (path, out, *, jobs=None, data_dir=None, overrides=Vec::new(), progress=false, keep_going=false))]
+#[allow(clippy::too_many_arguments)]
 fn sweep(
     py: Python<'_>,
     path: PathBuf,
@@ -267,6 +338,7 @@ fn sweep(
     data_dir: Option<PathBuf>,
     overrides: Vec<String>,
     progress: bool,
+    keep_going: bool,
 ) -> PyResult<SweepCounts> {
     let sweep = fedsel_workbench::sweep::Sweep::load(&path, &overrides)
         .map_err(|e| py_err(format!("sweep {}: {e}", path.display())))?;
@@ -284,13 +356,21 @@ fn sweep(
             fedsel_workbench::sweep::Shard::ALL,
             jobs,
             threads,
+            keep_going,
             &bar,
         )?;
         if let Some(b) = &bar.0 {
             b.finish_and_clear();
         }
         fedsel_workbench::report::write(&out, None)?;
-        Ok::<_, Error>((outcome.total, outcome.skipped, outcome.ran, outcome.failed))
+        Ok::<_, Error>((
+            outcome.total,
+            outcome.skipped,
+            outcome.ran,
+            outcome.failed,
+            outcome.stopped,
+            outcome.not_run,
+        ))
     })
     .map_err(py_err)
 }
@@ -390,15 +470,26 @@ fn partition(
     .map_err(py_err)
 }
 
+/// Runs the `fedsel` command line on `argv` (the program's name first) and returns its
+/// exit status: the package's `fedsel` script, so that `pip install` puts the same CLI on
+/// the PATH as `cargo install`. The GIL is released while it runs. During `fedsel run`
+/// SIGINT and SIGTERM are the CLI's (the run stops after its round, status 130 or 143).
+#[pyfunction]
+fn cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    py.detach(|| fedsel_cli::main_with_args(argv))
+}
+
 #[pymodule]
 fn _fedsel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Warnings only, unless RUST_LOG says otherwise; an embedding program that installed
-    // its own subscriber first keeps it.
+    // its own subscriber first keeps it. Colour codes only on a terminal: a log file or a
+    // notebook's captured stderr gets plain text.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
     m.add("FedselError", m.py().get_type::<FedselError>())?;
     m.add("VERSION", fedsel::VERSION)?;
@@ -408,6 +499,7 @@ fn _fedsel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sweep_cell, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;
     m.add_function(wrap_pyfunction!(partition, m)?)?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
     selector::register(m)?;
     Ok(())
 }

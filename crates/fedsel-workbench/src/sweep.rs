@@ -32,7 +32,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use serde::Deserialize;
 
@@ -591,6 +591,11 @@ pub struct SweepOutcome {
     /// Labels of the grid's cells, in any part, that are not finished once this run ends:
     /// the report covers the whole grid only when this is empty.
     pub unfinished: Vec<String>,
+    /// The config or data error that stopped the sweep (see [`run`]'s `keep_going`), as
+    /// the first cell to fail with it gave it; `None` when the sweep ran every cell.
+    pub stopped: Option<String>,
+    /// Cells of this part never started because the sweep stopped.
+    pub not_run: usize,
 }
 
 /// Receives sweep progress.
@@ -625,6 +630,13 @@ pub fn prepare(sweep: &Sweep, out: &Path) -> Result<Vec<Cell>> {
 
 /// Runs every unfinished cell of `shard`'s part of `sweep` under `out/cells/`, `jobs` at a
 /// time, each on `threads` rayon threads, loading data from `data_dir`.
+///
+/// Unless `keep_going`, a sweep stops starting cells when the first two cells it runs (in
+/// the order they end; cells found finished or busy do not count) both fail with the same
+/// config, data or partition error, compared with each cell's label and directory name
+/// taken out: a missing dataset or a bad key fails every cell alike, and running the
+/// rest would only repeat the error. Cells already running finish.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     sweep: &Sweep,
     out: &Path,
@@ -632,6 +644,7 @@ pub fn run(
     shard: Shard,
     jobs: usize,
     threads: usize,
+    keep_going: bool,
     progress: &dyn SweepProgress,
 ) -> Result<SweepOutcome> {
     let lock = SweepLock::acquire_shard(out, shard)?;
@@ -657,6 +670,10 @@ pub fn run(
     });
     let next = AtomicUsize::new(0);
     let settled = AtomicUsize::new(mine.len() - todo.len());
+    // The first two cells run, each as its error when it failed with one that would fail
+    // the other cells alike, with the cell's own names taken out.
+    let first = Mutex::new(Vec::<Option<String>>::with_capacity(2));
+    let halt = AtomicBool::new(false);
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1).min(todo.len().max(1)) {
             s.spawn(|| {
@@ -665,9 +682,23 @@ pub fn run(
                     .build()
                     .expect("a thread pool");
                 loop {
+                    if halt.load(Ordering::SeqCst) {
+                        break;
+                    }
                     let i = next.fetch_add(1, Ordering::SeqCst);
                     let Some(cell) = todo.get(i) else { break };
                     let result = pool.install(|| run_cell(cell, out, data_dir));
+                    if !keep_going && matches!(result, Ok(CellRun::Ran) | Err(_)) {
+                        let mut seen = first.lock().expect("no panics while holding the lock");
+                        if seen.len() < 2 {
+                            seen.push(result.as_ref().err().and_then(|e| shared_error(e, cell)));
+                            if let [Some(a), Some(b)] = seen.as_slice()
+                                && a == b
+                            {
+                                halt.store(true, Ordering::SeqCst);
+                            }
+                        }
+                    }
                     let done = settled.fetch_add(1, Ordering::SeqCst) + 1;
                     let mut o = outcome.lock().expect("no panics while holding the lock");
                     let ok = match result {
@@ -695,12 +726,31 @@ pub fn run(
     });
     drop(lock);
     let mut outcome = outcome.into_inner().expect("threads joined");
+    if halt.into_inner() {
+        outcome.stopped = outcome.failed.first().map(|(_, e)| e.clone());
+        outcome.not_run = todo.len() - next.into_inner().min(todo.len());
+    }
     outcome.unfinished = cells
         .iter()
         .filter(|c| !is_finished(&cells_dir.join(&c.dir_name)))
         .map(|c| c.label.clone())
         .collect();
     Ok(outcome)
+}
+
+/// `error`'s text without `cell`'s label and directory name, when it is of a kind that
+/// every cell of a sweep meets alike (a config, data or partition error); `None` otherwise.
+fn shared_error(error: &Error, cell: &Cell) -> Option<String> {
+    matches!(
+        error,
+        Error::Config(_) | Error::Data(_) | Error::Partition(_)
+    )
+    .then(|| {
+        error
+            .to_string()
+            .replace(&cell.dir_name, "<cell>")
+            .replace(&cell.label, "<cell>")
+    })
 }
 
 /// Runs one cell of a prepared sweep (see [`prepare`]) into `out/cells/`, under a lock of
@@ -1041,5 +1091,117 @@ mod tests {
             again.took_over.as_deref(),
             Some("pid 4242 since unix time 1")
         );
+    }
+
+    struct Silent;
+    impl SweepProgress for Silent {
+        fn cell_done(&self, _: &str, _: usize, _: usize, _: bool) {}
+    }
+
+    /// Runs the sweep file `text` with one job into a fresh directory, loading data from
+    /// an empty directory (so Fashion-MNIST and CIFAR-10 are missing).
+    fn run_in_empty(text: &str, keep_going: bool) -> SweepOutcome {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "s.toml", text);
+        let sweep = Sweep::load(&path, &[]).unwrap();
+        let empty = dir.path().join("no-data");
+        std::fs::create_dir(&empty).unwrap();
+        run(
+            &sweep,
+            &dir.path().join("out"),
+            &empty,
+            Shard::ALL,
+            1,
+            1,
+            keep_going,
+            &Silent,
+        )
+        .unwrap()
+    }
+
+    const MISSING_FMNIST: &str = "name = \"t\"\n[config]\nrounds = 2\ndataset = { kind = \"fmnist\" }\n[axes]\nseed = [1, 2, 3, 4]\n";
+
+    #[test]
+    fn the_first_two_cells_failing_alike_stop_the_sweep_unless_keep_going() {
+        let stopped = run_in_empty(MISSING_FMNIST, false);
+        assert_eq!((stopped.ran, stopped.not_run), (0, 2));
+        assert_eq!(
+            stopped
+                .failed
+                .iter()
+                .map(|(l, _)| l.as_str())
+                .collect::<Vec<_>>(),
+            ["s1", "s2"]
+        );
+        let why = stopped.stopped.as_deref().expect("the sweep stopped");
+        assert!(why.contains("fmnist") && why.contains("not found"), "{why}");
+        assert_eq!(why, stopped.failed[0].1);
+        assert_eq!(stopped.unfinished.len(), 4);
+        let all = run_in_empty(MISSING_FMNIST, true);
+        assert_eq!((all.failed.len(), all.not_run, all.stopped), (4, 0, None));
+    }
+
+    #[test]
+    fn different_errors_or_a_success_among_the_first_two_cells_run_on() {
+        let case = |label: &str, kind: &str| {
+            format!(
+                "[[axes.case]]\nlabel = \"{label}\"\nset = {{ \"dataset.kind\" = \"{kind}\" }}\n"
+            )
+        };
+        let head = "name = \"t\"\n[config]\nrounds = 2\n";
+        // Two different datasets missing: their errors differ.
+        let differ = run_in_empty(
+            &[
+                head,
+                &case("f", "fmnist"),
+                &case("c", "cifar10"),
+                &case("g", "fmnist"),
+            ]
+            .concat(),
+            false,
+        );
+        assert_eq!(
+            (differ.failed.len(), differ.not_run, differ.stopped),
+            (3, 0, None)
+        );
+        // The second cell runs: the third fails as the first did, but is not among the
+        // first two.
+        let success = run_in_empty(
+            &[
+                head,
+                &case("f", "fmnist"),
+                &case("s", "synthetic"),
+                &case("g", "fmnist"),
+            ]
+            .concat(),
+            false,
+        );
+        assert_eq!(
+            (success.ran, success.failed.len(), success.stopped),
+            (1, 2, None)
+        );
+    }
+
+    #[test]
+    fn errors_that_differ_only_by_the_cells_names_are_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            "s.toml",
+            "name = \"t\"\n[axes]\nseed = [1, 2]\n",
+        );
+        let cells = Sweep::load(&path, &[]).unwrap().cells().unwrap();
+        let own = |c: &Cell| {
+            Error::from(ConfigError::invalid(
+                "dataset.path",
+                format!("{}/{}: no such file", c.dir_name, c.label),
+            ))
+        };
+        let (a, b) = (&cells[0], &cells[1]);
+        assert_ne!(own(a).to_string(), own(b).to_string());
+        assert_eq!(shared_error(&own(a), a), shared_error(&own(b), b));
+        assert!(shared_error(&own(a), a).is_some());
+        let run_error = Error::Interrupted { round: 3 };
+        assert_eq!(shared_error(&run_error, a), None);
     }
 }

@@ -19,7 +19,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     let s = Sweep::load(&path, &[]).unwrap();
     let out = dir.path().join("out");
     let data = fedsel::data::locate::data_dir(None, None);
-    let first = sweep::run(&s, &out, &data, Shard::ALL, 2, 1, &Silent).unwrap();
+    let first = sweep::run(&s, &out, &data, Shard::ALL, 2, 1, false, &Silent).unwrap();
     assert_eq!((first.total, first.skipped, first.ran), (4, 0, 4));
     // Simulate a cell killed mid-run: its summary is missing, its metrics half-written.
     let cells = s.cells().unwrap();
@@ -41,7 +41,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     let mut lines: Vec<String> = m.lines().map(String::from).collect();
     lines[1] = format!("{},999.000", lines[1].rsplit_once(',').unwrap().0);
     std::fs::write(victim.join("metrics.csv"), lines.join("\n") + "\n").unwrap();
-    let second = sweep::run(&s, &out, &data, Shard::ALL, 2, 1, &Silent).unwrap();
+    let second = sweep::run(&s, &out, &data, Shard::ALL, 2, 1, false, &Silent).unwrap();
     assert_eq!((second.skipped, second.ran), (3, 1));
     assert!(
         std::fs::read_to_string(victim.join("metrics.csv"))
@@ -146,7 +146,17 @@ fn shards_share_one_directory_and_run_every_cell_once() {
     let cells = s.cells().unwrap();
     let out = dir.path().join("out");
     let data = fedsel::data::locate::data_dir(None, None);
-    let first = sweep::run(&s, &out, &data, "1/2".parse().unwrap(), 1, 1, &Silent).unwrap();
+    let first = sweep::run(
+        &s,
+        &out,
+        &data,
+        "1/2".parse().unwrap(),
+        1,
+        1,
+        false,
+        &Silent,
+    )
+    .unwrap();
     assert_eq!((first.total, first.shard_cells, first.ran), (6, 3, 3));
     let second_part: Vec<String> = "2/2"
         .parse::<Shard>()
@@ -161,10 +171,30 @@ fn shards_share_one_directory_and_run_every_cell_once() {
         partial.contains("3 not finished (left out)") && partial.contains(&second_part[0]),
         "{partial}"
     );
-    let second = sweep::run(&s, &out, &data, "2/2".parse().unwrap(), 1, 1, &Silent).unwrap();
+    let second = sweep::run(
+        &s,
+        &out,
+        &data,
+        "2/2".parse().unwrap(),
+        1,
+        1,
+        false,
+        &Silent,
+    )
+    .unwrap();
     assert_eq!((second.shard_cells, second.ran), (3, 3));
     assert!(second.unfinished.is_empty());
-    let again = sweep::run(&s, &out, &data, "1/2".parse().unwrap(), 1, 1, &Silent).unwrap();
+    let again = sweep::run(
+        &s,
+        &out,
+        &data,
+        "1/2".parse().unwrap(),
+        1,
+        1,
+        false,
+        &Silent,
+    )
+    .unwrap();
     assert_eq!((again.skipped, again.ran), (3, 0));
     let report = fedsel_workbench::report::write(&out, None).unwrap();
     assert!(report.contains("6 cells, 6 finished."), "{report}");
@@ -177,7 +207,7 @@ fn shards_share_one_directory_and_run_every_cell_once() {
     )
     .unwrap();
     held.lock().unwrap();
-    let busy = sweep::run(&s, &out, &data, Shard::ALL, 2, 1, &Silent).unwrap();
+    let busy = sweep::run(&s, &out, &data, Shard::ALL, 2, 1, false, &Silent).unwrap();
     assert_eq!((busy.busy, busy.ran, busy.skipped), (1, 0, 5));
     assert_eq!(busy.unfinished, vec![cells[0].label.clone()]);
 }

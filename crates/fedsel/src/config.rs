@@ -28,7 +28,6 @@ pub use crate::availability::fedgs::{
     LdfConfig, LnConfig, MdfConfig, SlnConfig, SlnPhase, YcConfig, YmfConfig,
 };
 pub use crate::availability::trace::TraceConfig;
-pub use crate::data::leaf::LeafHoldout;
 pub use crate::select::afl::AflConfig;
 pub use crate::select::divfl::DivflConfig;
 pub use crate::select::f3ast::F3astConfig;
@@ -197,6 +196,24 @@ pub enum DatasetConfig {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         classes: Option<usize>,
     },
+}
+
+/// Where a LEAF client's held-out part (its loss reports, Pow-d's and FedCor's inputs)
+/// comes from (`dataset.holdout`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeafHoldout {
+    /// The user's own LEAF test examples, so clients train on all of LEAF's training
+    /// examples, as LEAF's baselines do. They are appended to the training pool after the
+    /// training examples (the held-out indices point there) and stay in the server's test
+    /// set too; a user with no test examples has an empty held-out part. Needs the natural
+    /// partition.
+    #[default]
+    LeafTest,
+    /// A seeded split of each user's training examples by `partition.holdout_fraction`,
+    /// as for any dataset (fedsel's only behaviour before `dataset.holdout` existed): the
+    /// held-out share of LEAF's training examples is never trained on.
+    Split,
 }
 
 /// The datasets an FLGo index task can point into.

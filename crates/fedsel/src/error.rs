@@ -142,11 +142,9 @@ pub enum Error {
         /// message already shows it, and anyhow would print a source a second time.
         error: std::io::Error,
     },
-    /// A run would write into a directory that already holds files of another run.
-    #[error(
-        "{}: already holds a run; pass --overwrite to replace it, or --resume to continue it",
-        dir.display()
-    )]
+    /// A run would write into a directory that already holds files of another run. The
+    /// message names no option: the CLI and the Python package each add their own.
+    #[error("{}: already holds a run", dir.display())]
     RunExists {
         /// The output directory.
         dir: PathBuf,
@@ -199,7 +197,7 @@ pub enum Error {
         /// What is wrong with it, with the value.
         reason: String,
     },
-    /// The caller asked the run to stop (Ctrl-C in the Python bindings); the rounds before
+    /// The caller asked the run to stop (Ctrl-C, SIGTERM); the rounds before
     /// `round` are written and readable.
     #[error("interrupted after round {round}; the rounds so far are written")]
     Interrupted {

@@ -3,7 +3,8 @@
 //!
 //! Rows are flushed as each round ends, so a run that crashes or is killed
 //! leaves every finished round readable. `summary.json` is written at the end,
-//! or with `"status": "failed"` and the error when a run fails.
+//! or with `"status": "failed"` and the error when a run fails (`"interrupted"` when it
+//! was asked to stop: Ctrl-C, SIGTERM).
 
 use std::fs::File;
 use std::io::Write;
@@ -124,10 +125,14 @@ impl RunWriter {
         self.write_summary(&v)
     }
 
-    /// Writes `summary.json` for a failed run, with the error.
+    /// Writes `summary.json` for a failed or interrupted run, with the error.
     pub fn fail(&self, error: &Error, rounds_done: usize) -> Result<()> {
+        let status = match error {
+            Error::Interrupted { .. } => "interrupted",
+            _ => "failed",
+        };
         let v = serde_json::json!({
-            "status": "failed",
+            "status": status,
             "error": error.to_string(),
             "rounds_completed": rounds_done,
             "version": crate::VERSION,

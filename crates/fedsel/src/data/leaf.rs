@@ -16,11 +16,12 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::builder::{DatasetBuilder, RawInput, RawLabel};
 use super::{Dataset, FederatedData, read_file};
+use crate::config::LeafHoldout;
 use crate::error::DataError;
 
 /// How the examples are read.
@@ -34,24 +35,6 @@ pub struct LeafSpec {
     pub classes: Option<usize>,
     /// Where each client's held-out part comes from.
     pub holdout: LeafHoldout,
-}
-
-/// Where a LEAF client's held-out part (its loss reports, Pow-d's and FedCor's inputs)
-/// comes from (`dataset.holdout`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LeafHoldout {
-    /// The user's own LEAF test examples, so clients train on all of LEAF's training
-    /// examples, as LEAF's baselines do. They are appended to the training pool after the
-    /// training examples (the held-out indices point there) and stay in the server's test
-    /// set too; a user with no test examples has an empty held-out part. Needs the natural
-    /// partition.
-    #[default]
-    LeafTest,
-    /// A seeded split of each user's training examples by `partition.holdout_fraction`,
-    /// as for any dataset (fedsel's only behaviour before `dataset.holdout` existed): the
-    /// held-out share of LEAF's training examples is never trained on.
-    Split,
 }
 
 /// One LEAF data file, each user's data left unparsed until its turn.

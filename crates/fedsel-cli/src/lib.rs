@@ -1,0 +1,957 @@
+//! The `fedsel` command line. It is a library so that the `fedsel` binary and the Python
+//! package's `fedsel` script run the same code ([`main_with_args`]): one CLI, two doors.
+
+mod signals;
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use fedsel::config::Config;
+use fedsel::data::{cifar, fmnist, locate, shakespeare};
+use fedsel::engine::{self, Experiment, Observer, RoundRecord};
+use fedsel::output::RunWriter;
+
+const SCHEMA: &str = "\
+CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
+  name, seed, rounds, targets = [acc, ...], data_dir, device = \"flex\"|\"cuda\", verify_checksums, checkpoint_every
+  [dataset]       kind = synthetic (alpha, beta, users, dim, classes, test_fraction)
+                       | fmnist | cifar10 | cifar100
+                       | shakespeare (train_fraction, min_samples, max_clients, max_samples_per_client)
+                       | leaf (path, holdout = leaf_test|split, shape, classes) | flgo (path, source, shape, classes)
+  [partition]     clients, holdout_fraction
+  [partition.scheme] kind = natural | iid | shards (shards_per_client) | dirichlet_qp (alpha)
+                       | class_dirichlet (alphas = [..]) | labels (labels_per_client)
+                       | lognormal_dirichlet (sigma, alpha)
+  [model]         kind = logreg | mlp | cnn_fmnist | cnn_hics | cnn_hics_code | cnn_cifar | char_lstm, dropout
+  [train]         optimizer = sgd|adam, lr, momentum, weight_decay, beta1, beta2, eps,
+                  work = { steps = N } | { epochs = N }, batch_size, prox_mu, persistent_state,
+                  schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
+  [server]        aggregation = auto|mean|data_size|selector, optimizer = replace|sgd|adam, lr, beta1, beta2, tau
+  [selection]     strategy = uniform|md|powd|cpowd|rpowd|afl|fedcor|fedgp|fedgs|f3ast|hics|cs1|cs2|divfl,
+                  clients_per_round (0 = use fraction), fraction, client_size = train|local;
+                  per-strategy tables
+                  [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl] (see docs/configuration.md)
+  [availability]  kind = always | idl | mdf | ldf | ymf | yc | ln | sln | scarce | home_device | uneven | smartphones | trace
+  [budget]        kind = constant | periodic (values, hold) | random (min, max)
+  [eval]          every, batch_size, max_test_samples
+Override any key with --set key=value, e.g. --set train.lr=0.05 --set partition.scheme.kind=iid";
+
+#[derive(Parser)]
+#[command(name = "fedsel", version, about = "Federated learning with client selection", after_help = SCHEMA)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one experiment (the built-in default when no CONFIG is given).
+    #[command(after_help = SCHEMA)]
+    Run(RunArgs),
+    /// Run every cell of a sweep (skipping finished ones), then write its report.
+    Sweep {
+        /// Sweep file.
+        sweep: PathBuf,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Cells run at once [default: the number of cores]; each gets cores / jobs threads.
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Dataset directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// List the cells (and whether each is already finished) without running anything.
+        #[arg(long)]
+        dry_run: bool,
+        /// Override a key in every cell, before the axes: --set eval.every=5 (repeatable).
+        /// The cells' configs, and so their directories, change with it.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Rounds of every cell (same as --set rounds=N), e.g. to try a paper grid briefly.
+        #[arg(long)]
+        rounds: Option<usize>,
+        /// Run only part I of N of the grid (e.g. 3/8, one per job of a Slurm array), into
+        /// the same --out as the other parts; the report is written once every cell is done.
+        #[arg(long, value_name = "I/N")]
+        shard: Option<fedsel_workbench::sweep::Shard>,
+        /// Run every cell even when the first two fail with the same config or data error
+        /// (which otherwise stops the sweep: the other cells would fail alike).
+        #[arg(long)]
+        keep_going: bool,
+    },
+    /// Write report.md and the table CSVs for a sweep directory.
+    Report {
+        /// The sweep's output directory.
+        dir: PathBuf,
+        /// Smooth the figures' curves with a Savitzky–Golay filter of this (odd) window.
+        #[arg(long, value_name = "WINDOW")]
+        smooth: Option<usize>,
+    },
+    /// List the datasets and whether their files were found.
+    Datasets {
+        /// Dataset directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Measure per-step times of every model and ms per round of the FedCor FMNIST workload.
+    Bench {
+        /// Rounds of the FedCor workload to time.
+        #[arg(long, default_value_t = 50)]
+        rounds: usize,
+        /// Dataset directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Time only the models whose name contains this, and skip the selection and
+        /// round timings (for alternating with a PyTorch reference).
+        #[arg(long, value_name = "NAME")]
+        only: Option<String>,
+        /// Time the training steps only: no comparison with the autodiff paths, no
+        /// evaluation, selection or round timings (the quick half of a before/after pair).
+        #[arg(long, conflicts_with = "selection_only")]
+        steps_only: bool,
+        /// Time only the selectors: each strategy's selection time per round at each
+        /// `--clients` size.
+        #[arg(long)]
+        selection_only: bool,
+        /// Client counts of the selection timings.
+        #[arg(long, value_delimiter = ',', default_values_t = [100, 1000, 10_000])]
+        clients: Vec<usize>,
+        /// Strategies of the selection timings (default: all).
+        #[arg(long, value_delimiter = ',')]
+        strategies: Vec<String>,
+    },
+}
+
+/// Prints progress: a bar on a terminal, a plain line every tenth of the run otherwise.
+struct Progress {
+    writer: RunWriter,
+    bar: Option<ProgressBar>,
+    rounds: usize,
+    best: f64,
+    /// SIGINT and SIGTERM, caught while the run lasts.
+    stop: signals::Stop,
+}
+
+impl Observer for Progress {
+    fn on_round(&mut self, r: &RoundRecord) -> fedsel::error::Result<()> {
+        self.writer.on_round(r)?;
+        if let Some(a) = r.test_acc {
+            self.best = self.best.max(a);
+        }
+        let msg = format!(
+            "acc {} best {:.4} loss {}",
+            r.test_acc.map_or("-".into(), |a| format!("{a:.4}")),
+            self.best,
+            r.test_loss.map_or("-".into(), |l| format!("{l:.4}"))
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(r.round as u64 + 1);
+                bar.set_message(msg);
+            }
+            None => {
+                let every = (self.rounds / 10).max(1);
+                if (r.round + 1).is_multiple_of(every) || r.round + 1 == self.rounds {
+                    println!(
+                        "round {:>5} ({}/{} done) {msg} ({:.1}s)",
+                        r.round,
+                        r.round + 1,
+                        self.rounds,
+                        r.elapsed_s
+                    );
+                }
+            }
+        }
+        match self.stop.caught() {
+            Some(_) => Err(fedsel::error::Error::Interrupted { round: r.round }),
+            None => Ok(()),
+        }
+    }
+
+    fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
+        self.writer.on_checkpoint(cp)
+    }
+
+    fn on_reports(&mut self, files: &[(String, String)]) -> fedsel::error::Result<()> {
+        self.writer.on_reports(files)
+    }
+}
+
+/// What `fedsel run` was asked to do.
+#[derive(clap::Args, Default)]
+struct RunArgs {
+    /// TOML config file.
+    config: Option<PathBuf>,
+    /// Output directory [default: runs/<name>-s<seed>].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Override a config key: --set train.lr=0.1 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Seed (same as --set seed=N).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Dataset directory (beats the config's data_dir and FEDSEL_DATA).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Continue the run in DIR from its last checkpoint.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+    /// Replace the run already in the output directory (it is cleared first).
+    #[arg(long)]
+    overwrite: bool,
+}
+
+/// The rounds of the run in `dir` when its `summary.json` says it finished.
+fn finished_rounds(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    (v["status"] == "finished").then(|| v["rounds"].as_u64().unwrap_or(0))
+}
+
+/// A run that a signal stopped; its exit status is 128 + the signal's number, as a shell
+/// reports a process the signal killed.
+#[derive(Debug)]
+struct Interrupted {
+    signal: i32,
+    message: String,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+fn run(args: RunArgs) -> Result<()> {
+    let t0 = Instant::now();
+    // Installed before the data loads, so a signal during a long preparation stops the run
+    // at its first round rather than killing it without a summary.
+    let stop = signals::Stop::install().context("installing the SIGINT and SIGTERM handlers")?;
+    let (config, out, checkpoint) = match &args.resume {
+        Some(dir) => {
+            anyhow::ensure!(
+                args.config.is_none()
+                    && !args.overwrite
+                    && args.set.is_empty()
+                    && args.seed.is_none()
+                    && args.out.is_none(),
+                "--resume takes the config and output directory of the run it continues; drop CONFIG, --set, --seed, --out and --overwrite"
+            );
+            if let Some(rounds) = finished_rounds(dir) {
+                println!(
+                    "{}: the run is finished ({rounds} rounds); nothing to resume",
+                    dir.display()
+                );
+                return Ok(());
+            }
+            let config = Config::load(Some(&dir.join("config.resolved.toml")), &[])?;
+            let cp = fedsel::checkpoint::load(dir)?;
+            engine::check_resumable(&config, &cp)
+                .with_context(|| format!("resuming {}", dir.display()))?;
+            (config, dir.clone(), Some(cp))
+        }
+        None => {
+            let mut set = args.set;
+            if let Some(s) = args.seed {
+                set.push(format!("seed={s}"));
+            }
+            let config = Config::load(args.config.as_deref(), &set)?;
+            // The default directory carries a short hash of the resolved config, so runs
+            // that differ only by --set overrides do not share it.
+            let out = args.out.unwrap_or_else(|| {
+                PathBuf::from("runs").join(format!(
+                    "{}-s{}-{}",
+                    config.name,
+                    config.seed,
+                    &config.hash()[..8]
+                ))
+            });
+            if args.overwrite && out.exists() {
+                std::fs::remove_dir_all(&out)
+                    .with_context(|| format!("clearing {} for --overwrite", out.display()))?;
+            }
+            (config, out, None)
+        }
+    };
+    let dir = locate::data_dir(args.data_dir, config.data_dir.clone());
+    let exp = Experiment::prepare(config.clone(), &dir)
+        .with_context(|| format!("preparing `{}`", config.name))?;
+    for w in config.warnings(exp.clients.len()) {
+        tracing::warn!("{w}");
+    }
+    println!(
+        "fedsel {}: {} on {} ({} clients, {} train / {} test examples, {} parameters), {} rounds -> {}",
+        fedsel::VERSION,
+        config.selection.strategy,
+        exp.data.name,
+        exp.clients.len(),
+        exp.sizes().iter().sum::<usize>(),
+        exp.test_idx.len(),
+        exp.layout.total,
+        config.rounds,
+        out.display()
+    );
+    let writer = match &checkpoint {
+        Some(cp) => {
+            println!(
+                "resuming at round {} from {}",
+                cp.next_round,
+                fedsel::checkpoint::dir(&out).display()
+            );
+            RunWriter::resume(&out, cp.next_round)?
+        }
+        None => RunWriter::create(&out, &exp.config).map_err(|e| match e {
+            fedsel::error::Error::RunExists { .. } => anyhow::anyhow!(
+                "{e}; pass --overwrite to replace it, or --resume {} to continue it",
+                out.display()
+            ),
+            e => e.into(),
+        })?,
+    };
+    let bar = std::io::stdout().is_terminal().then(|| {
+        let b = ProgressBar::new(config.rounds as u64);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise}<{eta}] {msg}")
+                .expect("valid template"),
+        );
+        b
+    });
+    let mut progress = Progress {
+        writer,
+        bar,
+        rounds: config.rounds,
+        best: 0.0,
+        stop,
+    };
+    let result = match checkpoint {
+        Some(cp) => engine::resume(&exp, &mut progress, cp),
+        None => engine::run(&exp, &mut progress),
+    };
+    if let Some(b) = &progress.bar {
+        b.finish_and_clear();
+    }
+    let summary = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let done = std::fs::read_to_string(out.join("metrics.csv"))
+                .map_or(0, |m| m.lines().count().saturating_sub(1));
+            progress.writer.fail(&e, done)?;
+            if let (fedsel::error::Error::Interrupted { .. }, Some(signal)) =
+                (&e, progress.stop.caught())
+            {
+                let next = if fedsel::checkpoint::load(&out).is_ok() {
+                    format!(
+                        "`fedsel run --resume {}` continues it from its last checkpoint",
+                        out.display()
+                    )
+                } else {
+                    format!(
+                        "it has no checkpoint yet (one every {} rounds) to resume from",
+                        config.checkpoint_every
+                    )
+                };
+                return Err(Interrupted {
+                    signal,
+                    message: format!(
+                        "{}: {e} to {}; {next}",
+                        signals::name(signal),
+                        out.display()
+                    ),
+                }
+                .into());
+            }
+            if done == 0 {
+                return Err(e).context(format!(
+                    "run failed before its first round finished; {} keeps only the error (a rerun replaces it)",
+                    out.display()
+                ));
+            }
+            return Err(e).context(format!(
+                "run failed after {done} rounds; finished rounds are in {}",
+                out.display()
+            ));
+        }
+    };
+    progress.writer.finish(&summary)?;
+    let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.4}"));
+    println!(
+        "done in {:.1}s ({:.1}s of rounds over every session of the run): final acc {}, best acc {} (round {}), final loss {}, best loss {}",
+        t0.elapsed().as_secs_f64(),
+        summary.wall_s,
+        f(summary.final_acc),
+        f(summary.best_acc),
+        summary.best_acc_round,
+        f(summary.final_loss),
+        f(summary.best_loss)
+    );
+    if let Some(t) = summary.diverged_at {
+        println!(
+            "  DIVERGED: from round {t} the test loss is over {} times ln C, the loss of predicting every class alike (summary.json: diverged_at); lower the learning rate",
+            engine::DIVERGENCE_FACTOR
+        );
+    }
+    for (t, r) in &summary.rounds_to_target {
+        println!(
+            "  rounds to {:.0}%: {}",
+            t * 100.0,
+            r.map_or("not reached".into(), |r| r.to_string())
+        );
+    }
+    for (stem, s) in fedsel_workbench::inspect::embeddings(&out)? {
+        println!(
+            "  {stem}: silhouette of dominant-label groups on normalised embeddings {s:.3} ({stem}_pca.png)"
+        );
+    }
+    if let Some(c) = fedsel_workbench::inspect::entropy(&out)? {
+        let ((t0, r0), (t1, r1)) = (c.first, c.last);
+        println!(
+            "  estimated vs true label entropy, Spearman: {r0:.3} at round {t0} (after warm-up), {r1:.3} at round {t1} (entropy.png), mean {:.3} over rounds {t0}-{t1}",
+            c.mean
+        );
+        if let Some(g) = c.group {
+            let ((t0, a0), (t1, a1)) = (g.auc_first, g.auc_last);
+            println!(
+                "  high-entropy group ({} of {} clients, true entropy > {:.3}): AUC of the estimate {a0:.3} at round {t0}, {a1:.3} at round {t1}, mean {:.3}; mean share of selections {:.3} (of clients {:.3})",
+                g.size,
+                g.clients,
+                g.threshold,
+                g.auc_mean,
+                g.share_mean,
+                g.size as f64 / g.clients as f64
+            );
+        }
+    }
+    if let Some(w) = fedsel_workbench::report::f3ast_weight_mean(&out)? {
+        println!(
+            "  F3AST aggregation weights: Σ_S p_k/r_k averages {w:.4} per round (f3ast_weights.csv)"
+        );
+    }
+    if let Ok(t) = std::fs::read_to_string(out.join("selector_time.csv"))
+        && let Some((fit, sel)) = t.lines().nth(1).and_then(|l| l.split_once(','))
+    {
+        let ms = |v: &str| v.parse::<f64>().unwrap_or(f64::NAN);
+        let overhead = (ms(fit) + ms(sel)) / 1e3;
+        println!(
+            "  selector overhead: GP fits {fit} ms + selection {sel} ms = {:.1}% of the run",
+            100.0 * overhead / summary.wall_s
+        );
+    }
+    println!(
+        "  cost ledger: {} model broadcasts, {} uploads, {} client trainings, {} client loss reports (held-out evaluations a strategy asked for); the server evaluated the test set {} times; outputs in {}",
+        summary.cost.broadcasts,
+        summary.cost.uploads,
+        summary.cost.trainings + summary.cost.extra_trainings + summary.cost.probe_trainings,
+        summary.cost.evaluations,
+        config.rounds.div_ceil(config.eval.every),
+        out.display()
+    );
+    Ok(())
+}
+
+struct SweepBar(Option<ProgressBar>);
+
+impl fedsel_workbench::sweep::SweepProgress for SweepBar {
+    fn cell_done(&self, label: &str, done: usize, total: usize, ok: bool) {
+        match &self.0 {
+            Some(b) => {
+                b.set_position(done as u64);
+                b.set_message(label.to_string());
+            }
+            None => println!(
+                "[{done}/{total}] {label} {}",
+                if ok { "finished" } else { "FAILED" }
+            ),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sweep(
+    path: PathBuf,
+    set: &[String],
+    out: PathBuf,
+    shard: fedsel_workbench::sweep::Shard,
+    jobs: Option<usize>,
+    data_dir: Option<PathBuf>,
+    dry_run: bool,
+    keep_going: bool,
+) -> Result<()> {
+    let sweep = fedsel_workbench::sweep::Sweep::load(&path, set)
+        .with_context(|| format!("sweep {}", path.display()))?;
+    if dry_run {
+        let cells = sweep.cells()?;
+        let mine = shard.part(&cells);
+        for c in &mine {
+            let done = fedsel_workbench::sweep::is_finished(&out.join("cells").join(&c.dir_name));
+            let state = if done { "finished" } else { "to run" };
+            println!("{:<40} {state:<10} {}", c.label, c.dir_name);
+        }
+        println!(
+            "{} cells (part {shard} of a grid of {})",
+            mine.len(),
+            cells.len()
+        );
+        return Ok(());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = jobs.unwrap_or(cores).max(1);
+    let threads = (cores / jobs).max(1);
+    let dir = locate::data_dir(data_dir, None);
+    let cells = sweep.cells()?;
+    let (grid, total) = (cells.len(), shard.part(&cells).len());
+    println!(
+        "sweep `{}`: {total} cells{}, {jobs} at a time with {threads} thread(s) each -> {}",
+        sweep.name,
+        if total == grid {
+            String::new()
+        } else {
+            format!(" (part {shard} of a grid of {grid})")
+        },
+        out.display()
+    );
+    let bar = std::io::stdout().is_terminal().then(|| {
+        let b = ProgressBar::new(total as u64);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} cells [{elapsed_precise}<{eta}] {msg}",
+            )
+            .expect("valid template"),
+        );
+        b
+    });
+    let t0 = Instant::now();
+    let outcome = fedsel_workbench::sweep::run(
+        &sweep,
+        &out,
+        &dir,
+        shard,
+        jobs,
+        threads,
+        keep_going,
+        &SweepBar(bar.clone()),
+    )?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    println!(
+        "{} cells: {} already finished, {} run now, {} left to another process, {} failed ({:.1}s)",
+        outcome.shard_cells,
+        outcome.skipped,
+        outcome.ran,
+        outcome.busy,
+        outcome.failed.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    match &outcome.stopped {
+        // The error is the same for every failed cell: said once, below.
+        Some(_) => {
+            let labels: Vec<&str> = outcome.failed.iter().map(|(l, _)| l.as_str()).collect();
+            println!("  failed: {}", labels.join(", "));
+        }
+        None => {
+            for (label, err) in &outcome.failed {
+                println!("  {label}: {err}");
+            }
+        }
+    }
+    // A part of a sharded grid reports only once the whole grid is done (the last part to
+    // finish writes it); an unsharded sweep reports what finished, naming what did not.
+    if shard == fedsel_workbench::sweep::Shard::ALL || outcome.unfinished.is_empty() {
+        fedsel_workbench::report::write(&out, None)?;
+        println!("report: {}", out.join("report.md").display());
+    } else {
+        println!(
+            "{} of the grid's {} cells are not finished yet (other parts): `fedsel report {}` once they are; not finished: {}",
+            outcome.unfinished.len(),
+            outcome.total,
+            out.display(),
+            outcome.unfinished.join(", ")
+        );
+    }
+    if let Some(err) = &outcome.stopped {
+        anyhow::bail!(
+            "the sweep stopped: the first two cells it ran failed with the same error, so {} cells were not started (--keep-going runs them): {err}",
+            outcome.not_run
+        );
+    }
+    anyhow::ensure!(
+        outcome.failed.is_empty(),
+        "{} cells failed",
+        outcome.failed.len()
+    );
+    Ok(())
+}
+
+fn datasets(data_dir: Option<PathBuf>) {
+    let dir = locate::data_dir(data_dir, None);
+    println!(
+        "data directory: {} (flag > config data_dir > ${} > {})",
+        dir.display(),
+        locate::ENV_VAR,
+        locate::default_dir().display()
+    );
+    let rows: [(&str, bool, String); 5] = [
+        ("synthetic", true, "built in".into()),
+        (
+            "fmnist",
+            fmnist::available(&dir.join(fmnist::DIR)),
+            dir.join(fmnist::DIR).display().to_string(),
+        ),
+        (
+            "cifar10",
+            cifar::available10(&dir.join(cifar::DIR10)),
+            dir.join(cifar::DIR10).display().to_string(),
+        ),
+        (
+            "cifar100",
+            cifar::available100(&dir.join(cifar::DIR100)),
+            dir.join(cifar::DIR100).display().to_string(),
+        ),
+        (
+            "shakespeare",
+            shakespeare::available(&dir.join(shakespeare::DIR)),
+            dir.join(shakespeare::DIR)
+                .join(shakespeare::FILE)
+                .display()
+                .to_string(),
+        ),
+    ];
+    for (name, found, where_) in rows {
+        println!(
+            "{name:<12} {:<9} {where_}",
+            if found { "found" } else { "missing" }
+        );
+    }
+    // Not under the data directory: a config names their directory (relative to the
+    // config file), so there is nothing here to look for.
+    for (name, what) in [
+        (
+            "leaf",
+            "[dataset] kind = \"leaf\", path = \"DIR\" (LEAF's data directory, with train/*.json and test/*.json)",
+        ),
+        (
+            "flgo",
+            "[dataset] kind = \"flgo\", path = \"TASK_DIR\" (an FLGo or easyFL task, with data.json; index tasks add source = \"fmnist\" | \"cifar10\" | \"cifar100\", read from the data directory)",
+        ),
+    ] {
+        println!("{name:<12} {:<9} {what}", "by path");
+    }
+    println!(
+        "  (leaf and flgo: docs/experiments.md, \"Federated datasets as researchers have them\")"
+    );
+}
+
+/// Each strategy's selection time per round at each client count (issue 23's workload:
+/// FMNIST iid, logistic regression, 10 clients a round, 10 rounds after warm-up). Beyond
+/// 1,000 clients a size is skipped where cubic growth from the last size predicts more
+/// than five minutes.
+fn selection_bench(clients: &[usize], strategies: &[String]) -> Result<()> {
+    use fedsel::bench::{STRATEGIES, SelectionWorkload, selection_time};
+    let names: Vec<&str> = if strategies.is_empty() {
+        STRATEGIES.to_vec()
+    } else {
+        strategies.iter().map(String::as_str).collect()
+    };
+    if let Some(bad) = names.iter().find(|s| !STRATEGIES.contains(s)) {
+        anyhow::bail!(
+            "--strategies: `{bad}` is not one of {}",
+            STRATEGIES.join(", ")
+        );
+    }
+    println!(
+        "select: ms per round (select + observe), 10 rounds after warm-up, k = 10; setup = graph / initial phase"
+    );
+    for name in names {
+        let mut last: Option<(usize, f64)> = None;
+        for &n in clients {
+            let w = SelectionWorkload {
+                n,
+                k: 10.min(n),
+                rounds: 10,
+            };
+            if let Some((m, secs)) = last.filter(|_| n > 1000) {
+                // Cubic growth bounds every selector's (Ward, Floyd–Warshall, a GP fit).
+                let predicted = secs * (n as f64 / m as f64).powi(3);
+                if predicted > 300.0 {
+                    println!(
+                        "select {name:<8} N={n:>6}: skipped, about {predicted:.0} s predicted from N={m}"
+                    );
+                    continue;
+                }
+            }
+            let started = std::time::Instant::now();
+            let t = selection_time(name, w)?;
+            last = Some((n, started.elapsed().as_secs_f64()));
+            println!(
+                "select {name:<8} N={n:>6}: {:>10.3} ms mean, {:>10.3} ms max per round, setup {:.3} s",
+                t.mean_ms, t.max_ms, t.setup_s
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bench(
+    rounds: usize,
+    data_dir: Option<PathBuf>,
+    only: Option<&str>,
+    steps_only: bool,
+    clients: &[usize],
+    strategies: &[String],
+) -> Result<()> {
+    use fedsel::bench::{random_dataset, step_time};
+    use fedsel::model::{
+        cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
+        lstm::CharLstm, mlp::Mlp,
+    };
+    let device = burn::tensor::Device::flex();
+    let threads = rayon::current_num_threads();
+    println!(
+        "fedsel {} bench, flex backend, {threads} rayon threads",
+        fedsel::VERSION
+    );
+    let cases: Vec<(
+        &str,
+        Box<dyn fedsel::model::Architecture>,
+        fedsel::data::Dataset,
+        usize,
+    )> = vec![
+        (
+            "logreg 60->10",
+            Box::new(LogReg {
+                inputs: 60,
+                classes: 10,
+            }),
+            random_dataset(&[60], None, 640, 10),
+            10,
+        ),
+        (
+            "mlp 784-64-30-10",
+            Box::new(Mlp {
+                inputs: 784,
+                classes: 10,
+                dropout: 0.5,
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_fmnist",
+            Box::new(CnnFmnist {
+                classes: 10,
+                hidden: Some(512),
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_hics",
+            Box::new(CnnFmnist {
+                classes: 10,
+                hidden: None,
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_hics_code",
+            Box::new(CnnHicsCode { classes: 10 }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_cifar",
+            Box::new(CnnCifar { classes: 10 }),
+            random_dataset(&[3, 32, 32], None, 500, 10),
+            50,
+        ),
+        (
+            "char_lstm",
+            Box::new(CharLstm {
+                vocab: 80,
+                embed: 8,
+                hidden: 256,
+            }),
+            random_dataset(&[], Some(80), 100, 80),
+            10,
+        ),
+    ];
+    let cases: Vec<_> = cases
+        .into_iter()
+        .filter(|c| only.is_none_or(|o| c.0.contains(o)))
+        .collect();
+    for (name, arch, data, batch) in &cases {
+        let t = step_time(arch.as_ref(), data, *batch, 5, 5, &device);
+        println!(
+            "step  {name:<18} batch {batch:>3}: {:>8.3} ms",
+            t.as_secs_f64() * 1e3
+        );
+    }
+    if steps_only {
+        return Ok(());
+    }
+    for (name, arch, data, batch) in cases.iter().filter(|c| c.1.loss_gradient().is_some()) {
+        let reference = fedsel::model::AutodiffOnly(arch.as_ref());
+        let t =
+            fedsel::bench::step_times(&[arch.as_ref(), &reference], data, *batch, 5, 7, &device);
+        println!(
+            "step  {name} fused vs autodiff, interleaved: {:.3} ms vs {:.3} ms ({:.1}x)",
+            t[0].as_secs_f64() * 1e3,
+            t[1].as_secs_f64() * 1e3,
+            t[1].as_secs_f64() / t[0].as_secs_f64()
+        );
+        if arch.fused_logits().is_none() {
+            continue;
+        }
+        // The char-LSTM's test set is evaluated in the Shakespeare configs' batches of 500.
+        let (test, eval_batch) = match &data.inputs {
+            fedsel::data::Inputs::Dense { shape, .. } => {
+                (random_dataset(shape, None, 10_000, 10), 1000)
+            }
+            fedsel::data::Inputs::Tokens { len, .. } => {
+                (random_dataset(&[], Some(*len), 10_000, data.classes), 500)
+            }
+        };
+        let t =
+            fedsel::bench::eval_times(&[arch.as_ref(), &reference], &test, eval_batch, 3, &device);
+        println!(
+            "eval  {name} 10k examples, batch {eval_batch}, fused vs burn, interleaved: {:.1} ms vs {:.1} ms ({:.1}x)",
+            t[0].as_secs_f64() * 1e3,
+            t[1].as_secs_f64() * 1e3,
+            t[1].as_secs_f64() / t[0].as_secs_f64()
+        );
+    }
+    if only.is_some() {
+        return Ok(());
+    }
+    selection_bench(clients, strategies)?;
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
+    let dir = locate::data_dir(data_dir, None);
+    if !fmnist::available(&dir.join(fmnist::DIR)) {
+        println!(
+            "round fedcor fmnist 2spc: skipped, Fashion-MNIST not found under {}",
+            dir.display()
+        );
+        return Ok(());
+    }
+    let config = Config::load(Some(&path), &[format!("rounds={rounds}")])?;
+    let exp = Experiment::prepare(config, &dir)?;
+    struct Nothing;
+    impl Observer for Nothing {
+        fn on_round(&mut self, _: &RoundRecord) -> fedsel::error::Result<()> {
+            Ok(())
+        }
+    }
+    let s = engine::run(&exp, &mut Nothing)?;
+    println!(
+        "round fedcor fmnist 2spc (5 clients x 20 steps x 64 + 10k test eval): {:.1} ms/round over {rounds} rounds",
+        s.wall_s * 1e3 / rounds as f64
+    );
+    Ok(())
+}
+
+/// Runs the command line on `args`, the program's name first (as
+/// [`std::env::args_os`] gives them), and returns the process's exit status: 0 on
+/// success, 1 for an error (printed to stderr), 2 for bad arguments, 128 + the signal's
+/// number for a run that SIGINT or SIGTERM stopped. It never exits the process itself
+/// (a second signal during a run does), so an embedding program such as the Python
+/// package's `fedsel` script gets the status back.
+pub fn main_with_args<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    // An embedding program's subscriber, installed first, stays.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+    let status = match Cli::try_parse_from(args) {
+        Err(e) => {
+            let _ = e.print();
+            u8::try_from(e.exit_code()).unwrap_or(2)
+        }
+        Ok(cli) => match dispatch(cli) {
+            Ok(()) => 0,
+            Err(e) => match e.downcast_ref::<Interrupted>() {
+                Some(i) => {
+                    eprintln!("{i}");
+                    u8::try_from(128 + i.signal).unwrap_or(1)
+                }
+                None => {
+                    eprintln!("Error: {e:?}");
+                    1
+                }
+            },
+        },
+    };
+    // Nothing flushes Rust's stdout at exit when Python is the program.
+    let _ = std::io::stdout().flush();
+    status
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
+        None => run(RunArgs::default()),
+        Some(Command::Run(args)) => run(args),
+        Some(Command::Sweep {
+            sweep: path,
+            out,
+            jobs,
+            data_dir,
+            dry_run,
+            mut set,
+            rounds,
+            shard,
+            keep_going,
+        }) => {
+            set.extend(rounds.map(|r| format!("rounds={r}")));
+            let shard = shard.unwrap_or(fedsel_workbench::sweep::Shard::ALL);
+            sweep(path, &set, out, shard, jobs, data_dir, dry_run, keep_going)
+        }
+        Some(Command::Report { dir, smooth }) => {
+            print!("{}", fedsel_workbench::report::write(&dir, smooth)?);
+            Ok(())
+        }
+        Some(Command::Datasets { data_dir }) => {
+            datasets(data_dir);
+            Ok(())
+        }
+        Some(Command::Bench {
+            selection_only: true,
+            clients,
+            strategies,
+            ..
+        }) => selection_bench(&clients, &strategies),
+        Some(Command::Bench {
+            rounds,
+            data_dir,
+            only,
+            steps_only,
+            clients,
+            strategies,
+            ..
+        }) => bench(
+            rounds,
+            data_dir,
+            only.as_deref(),
+            steps_only,
+            &clients,
+            &strategies,
+        ),
+    }
+}
