@@ -83,6 +83,8 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         "CI ",
         "(baseline)",
         "30% vs uniform",
+        "Per-client accuracy",
+        "client_acc_worst10 vs uniform",
     ] {
         assert!(report.contains(needle), "{needle} missing from:\n{report}");
     }
@@ -93,6 +95,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         "best_final.csv",
         "speedup.csv",
         "selection_stats.csv",
+        "client_accuracy.csv",
     ] {
         let text = std::fs::read_to_string(out.join(csv)).unwrap();
         let mut lines = text.lines();
@@ -140,6 +143,38 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         "{report}"
     );
     assert!(report.contains("| all | uniform | 2 |"), "{report}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.md")).unwrap(),
+        report
+    );
+    // Cells written before metrics.csv had the per-client columns still report, without
+    // that table; `--format latex` on the sweep writes report.tex beside report.md.
+    for cell in &cells {
+        let path = out.join("cells").join(&cell.dir_name).join("metrics.csv");
+        let old: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').take(time + 1).collect::<Vec<_>>().join(","))
+            .collect();
+        std::fs::write(&path, old.join("\n") + "\n").unwrap();
+    }
+    std::fs::remove_file(out.join("client_accuracy.csv")).unwrap();
+    let report = fedsel_workbench::report::write(&out, None).unwrap();
+    assert!(report.contains("| all | md | 1 |"), "{report}");
+    assert!(!report.contains("## Per-client"), "{report}");
+    assert!(!out.join("client_accuracy.csv").exists());
+    let (file, tex) = fedsel_workbench::report::report(
+        std::slice::from_ref(&out),
+        None,
+        None,
+        fedsel_workbench::report::Format::Latex,
+    )
+    .unwrap();
+    assert_eq!(file, out.join("report.tex"));
+    assert!(
+        tex.contains("\\begin{tabular}") && tex.contains("md & 1"),
+        "{tex}"
+    );
     assert_eq!(
         std::fs::read_to_string(out.join("report.md")).unwrap(),
         report
