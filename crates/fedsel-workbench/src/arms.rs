@@ -259,7 +259,9 @@ mod tests {
             err.contains("not a finished run") && err.contains("failed"),
             "{err}"
         );
-        let err = check_out(&a, std::slice::from_ref(&a)).unwrap_err().to_string();
+        let err = check_out(&a, std::slice::from_ref(&a))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--out"), "{err}");
         check_out(&tmp.path().join("cmp"), &[a]).unwrap();
     }

@@ -871,13 +871,22 @@ impl Table {
 }
 
 /// What a report is written as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     /// `report.md`, with figures.
-    #[default]
     Markdown,
     /// `report.tex`: the tables as LaTeX `table` floats for a paper, without figures.
     Latex,
+}
+
+impl Format {
+    /// The report's file name in this format.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Format::Markdown => "report.md",
+            Format::Latex => "report.tex",
+        }
+    }
 }
 
 impl std::str::FromStr for Format {
@@ -885,8 +894,8 @@ impl std::str::FromStr for Format {
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
-            "markdown" | "md" => Ok(Format::Markdown),
-            "latex" | "tex" => Ok(Format::Latex),
+            "markdown" => Ok(Format::Markdown),
+            "latex" => Ok(Format::Latex),
             other => Err(format!(
                 "`{other}` is not a report format: use markdown or latex"
             )),
@@ -966,11 +975,7 @@ pub fn report(
         error: source,
     })?;
     let text = render(&gathered, &out, smooth, format)?;
-    let file = out.join(match format {
-        Format::Markdown => "report.md",
-        Format::Latex => "report.tex",
-    });
-    Ok((file, text))
+    Ok((out.join(format.file_name()), text))
 }
 
 /// Reads the finished cells of the sweep in `dir`, naming the cells left out.
@@ -1488,11 +1493,8 @@ fn render(g: &Gathered, out: &Path, smooth: Option<usize>, format: Format) -> Re
     for t in &tables {
         t.write_csv(out)?;
     }
-    let (name, text) = match format {
-        Format::Latex => (
-            "report.tex",
-            tables.iter().map(Table::latex).collect::<String>(),
-        ),
+    let text = match format {
+        Format::Latex => tables.iter().map(Table::latex).collect::<String>(),
         Format::Markdown => {
             let mut md = g.intro.clone();
             let _ = writeln!(
@@ -1514,10 +1516,10 @@ fn render(g: &Gathered, out: &Path, smooth: Option<usize>, format: Format) -> Re
                 }
                 Err(why) => md.push_str(&format!("Figures skipped: {why}.\n")),
             }
-            ("report.md", md)
+            md
         }
     };
-    let path = out.join(name);
+    let path = out.join(format.file_name());
     std::fs::write(&path, &text).map_err(|source| Error::Output {
         path,
         error: source,
