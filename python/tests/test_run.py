@@ -146,8 +146,7 @@ def test_sweep_and_report(tmp_path):
 
 def _rows_without_timing(cell_dir):
     """A run's metrics rows without the wall-clock column, which differs between runs."""
-    lines = (cell_dir / "metrics.csv").read_text().splitlines()
-    return [line.rsplit(",", 1)[0] for line in lines]
+    return rows_without_timing(cell_dir / "metrics.csv")
 
 
 def _cells(out):
