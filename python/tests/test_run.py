@@ -198,8 +198,7 @@ def test_a_sweep_stops_when_its_first_cells_fail_alike_unless_keep_going(tmp_pat
 
 def _rows_without_timing(cell_dir):
     """A run's metrics rows without the wall-clock column, which differs between runs."""
-    lines = (cell_dir / "metrics.csv").read_text().splitlines()
-    return [line.rsplit(",", 1)[0] for line in lines]
+    return rows_without_timing(cell_dir / "metrics.csv")
 
 
 def _cells(out):

@@ -39,7 +39,7 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
                   [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl] (see docs/configuration.md)
   [availability]  kind = always | idl | mdf | ldf | ymf | yc | ln | sln | scarce | home_device | uneven | smartphones | trace
   [budget]        kind = constant | periodic (values, hold) | random (min, max)
-  [eval]          every, batch_size, max_test_samples
+  [eval]          every, batch_size, max_test_samples, per_client
 Override any key with --set key=value, e.g. --set train.lr=0.05 --set partition.scheme.kind=iid";
 
 #[derive(Parser)]
@@ -86,10 +86,19 @@ enum Command {
         #[arg(long)]
         keep_going: bool,
     },
-    /// Write report.md and the table CSVs for a sweep directory.
+    /// Write report.md (or report.tex) and the table CSVs for a sweep directory, or one
+    /// comparison of any run directories (runs differing only by seed form one arm).
     Report {
-        /// The sweep's output directory.
-        dir: PathBuf,
+        /// One sweep's output directory, or run directories.
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        /// Where to write [default: a sweep's own directory; for runs, ./report].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// markdown (report.md, with figures) or latex (report.tex, the tables as LaTeX
+        /// table floats).
+        #[arg(long, default_value = "markdown")]
+        format: fedsel_workbench::report::Format,
         /// Smooth the figures' curves with a Savitzky–Golay filter of this (odd) window.
         #[arg(long, value_name = "WINDOW")]
         smooth: Option<usize>,
@@ -923,8 +932,16 @@ fn dispatch(cli: Cli) -> Result<()> {
             let shard = shard.unwrap_or(fedsel_workbench::sweep::Shard::ALL);
             sweep(path, &set, out, shard, jobs, data_dir, dry_run, keep_going)
         }
-        Some(Command::Report { dir, smooth }) => {
-            print!("{}", fedsel_workbench::report::write(&dir, smooth)?);
+        Some(Command::Report {
+            dirs,
+            out,
+            format,
+            smooth,
+        }) => {
+            let (file, text) =
+                fedsel_workbench::report::report(&dirs, out.as_deref(), smooth, format)?;
+            print!("{text}");
+            eprintln!("report: {}", file.display());
             Ok(())
         }
         Some(Command::Datasets { data_dir }) => {

@@ -578,3 +578,199 @@ fn a_sweep_whose_first_cells_fail_alike_stops_and_says_so_once() {
     assert_eq!(said.matches("files not found").count(), 4, "{said}");
     assert!(said.contains("4 cells failed"), "{said}");
 }
+
+/// A parser's check that `tex` is LaTeX tables that compile: balanced braces, math and
+/// environments; no special character left unescaped (`% # _ ^ ~` outside math); each
+/// `tabular` row with as many cells as its column spec. Returns the number of tables.
+fn check_latex_tables(tex: &str) -> Result<usize, String> {
+    let chars: Vec<char> = tex.chars().collect();
+    let (mut i, mut math, mut depth) = (0, false, 0usize);
+    let mut envs: Vec<String> = Vec::new();
+    // Per open tabular: its columns, the brace depth it sits at, and the current row's `&`s.
+    let mut tabulars: Vec<(usize, usize, usize)> = Vec::new();
+    let mut tables = 0;
+    // The `{...}` argument starting at `from`, and the index after it.
+    let arg = |from: usize| -> Result<(String, usize), String> {
+        if chars.get(from) != Some(&'{') {
+            return Err(format!("an argument expected at {from}"));
+        }
+        let end = (from..chars.len())
+            .find(|&j| chars[j] == '}')
+            .ok_or("an unclosed argument")?;
+        Ok((chars[from + 1..end].iter().collect(), end + 1))
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '\\' => {
+                let name: String = chars[i + 1..]
+                    .iter()
+                    .take_while(|c| c.is_ascii_alphabetic())
+                    .collect();
+                if name.is_empty() {
+                    let next = *chars.get(i + 1).ok_or("a lone backslash at the end")?;
+                    if next == '\\' {
+                        let (cols, _, amps) =
+                            tabulars.last_mut().ok_or("\\\\ outside a tabular")?;
+                        if *amps + 1 != *cols {
+                            return Err(format!(
+                                "a row of {} cells in a tabular of {cols}",
+                                *amps + 1
+                            ));
+                        }
+                        *amps = 0;
+                    } else if !"{}_%&#$".contains(next) {
+                        return Err(format!("`\\{next}` is no escape"));
+                    }
+                    i += 2;
+                    continue;
+                }
+                i += 1 + name.len();
+                match name.as_str() {
+                    "begin" => {
+                        let (env, next) = arg(i)?;
+                        i = next;
+                        if env == "tabular" {
+                            let (spec, next) = arg(i)?;
+                            i = next;
+                            let cols = spec.chars().filter(|c| "lcr".contains(*c)).count();
+                            tabulars.push((cols, depth, 0));
+                        }
+                        tables += usize::from(env == "table");
+                        envs.push(env);
+                    }
+                    "end" => {
+                        let (env, next) = arg(i)?;
+                        i = next;
+                        if envs.pop().as_deref() != Some(env.as_str()) {
+                            return Err(format!("\\end{{{env}}} closes another environment"));
+                        }
+                        if env == "tabular" {
+                            tabulars.pop();
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            '{' => depth += 1,
+            '}' => {
+                depth = depth
+                    .checked_sub(1)
+                    .ok_or(format!("an unopened }} at {i}"))?
+            }
+            '$' => math = !math,
+            '&' if !math => {
+                let (_, at, amps) = tabulars.last_mut().ok_or("& outside a tabular")?;
+                if *at != depth {
+                    return Err("& inside braces".into());
+                }
+                *amps += 1;
+            }
+            '%' | '#' => return Err(format!("an unescaped {c} at {i}")),
+            '_' | '^' | '~' if !math => return Err(format!("an unescaped {c} at {i}")),
+            '\n' if math => return Err(format!("math left open at the end of a line, at {i}")),
+            _ => {}
+        }
+        i += 1;
+    }
+    if depth != 0 || math || !envs.is_empty() {
+        return Err(format!(
+            "unbalanced: depth {depth}, math {math}, open {envs:?}"
+        ));
+    }
+    Ok(tables)
+}
+
+/// The checker itself rejects what pdflatex would: an unescaped underscore, a short row,
+/// an unclosed environment.
+#[test]
+fn the_latex_check_catches_broken_tables() {
+    let good = "\\begin{table}\n\\caption{a\\_b $\\pm$}\n\\begin{tabular}{ll}\na & b \\\\\n\\end{tabular}\n\\end{table}\n";
+    assert_eq!(check_latex_tables(good), Ok(1));
+    for bad in [
+        good.replace("a\\_b", "a_b"),
+        good.replace("a & b", "a b"),
+        good.replace("\\end{table}\n", ""),
+        good.replace("$\\pm$", "$\\pm"),
+        good.replace("a & b", "50% & b"),
+    ] {
+        assert!(check_latex_tables(&bad).is_err(), "{bad}");
+    }
+}
+
+/// Two plain runs of different strategies make one comparison naming both, with the
+/// per-client accuracy table; `--format latex` writes tables that parse (and compile, where
+/// pdflatex is installed); the output may not be one of the runs.
+#[test]
+fn report_compares_plain_runs_in_markdown_and_latex() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for (out, strategy) in [(&a, "uniform"), (&b, "powd")] {
+        let o = fedsel(
+            &[
+                "run",
+                "--set",
+                "rounds=3",
+                "--set",
+                &format!("selection.strategy=\"{strategy}\""),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            dir.path(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let (a_s, b_s) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let o = fedsel(&["report", a_s, b_s], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
+    assert!(
+        md.contains("2 runs in 2 arms") && md.contains("Baseline arm: uniform"),
+        "{md}"
+    );
+    for row in [
+        "| all | uniform | 1 |",
+        "| all | powd | 1 |",
+        "client_acc_worst10 vs uniform",
+    ] {
+        assert!(md.contains(row), "{row} missing from:\n{md}");
+    }
+    let csv = std::fs::read_to_string(dir.path().join("report/client_accuracy.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    let cmp = dir.path().join("cmp");
+    let o = fedsel(
+        &[
+            "report",
+            a_s,
+            b_s,
+            "--out",
+            cmp.to_str().unwrap(),
+            "--format",
+            "latex",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let tex = std::fs::read_to_string(cmp.join("report.tex")).unwrap();
+    assert!(!cmp.join("report.md").exists());
+    assert_eq!(check_latex_tables(&tex), Ok(5), "{tex}");
+    assert!(tex.contains("final\\_acc") && tex.contains("powd"), "{tex}");
+    let pdflatex = Command::new("pdflatex").arg("--version").output();
+    if pdflatex.is_ok_and(|o| o.status.success()) {
+        let doc =
+            format!("\\documentclass{{article}}\n\\begin{{document}}\n{tex}\\end{{document}}\n");
+        std::fs::write(cmp.join("doc.tex"), doc).unwrap();
+        let o = Command::new("pdflatex")
+            .args(["-interaction=nonstopmode", "-halt-on-error", "doc.tex"])
+            .current_dir(&cmp)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    // Into one of the runs: refused, and the run is left as it was.
+    let o = fedsel(&["report", a_s, b_s, "--out", a_s], dir.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--out"), "{}", text(&o));
+    assert!(!a.join("report.md").exists());
+}

@@ -2,6 +2,7 @@
 //! grids of configs on the core library's engine; reports and plots turn the output
 //! directories of runs and sweeps into tables and figures.
 
+pub mod arms;
 pub mod fuzzing;
 pub mod inspect;
 pub mod plot;

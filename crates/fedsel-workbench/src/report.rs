@@ -1,6 +1,7 @@
-//! `fedsel report DIR`: paper-style tables from a sweep's finished cells.
+//! `fedsel report DIR...`: paper-style tables from a sweep's finished cells, or from any
+//! set of run directories grouped into arms ([`crate::arms`]).
 //!
-//! Writes `report.md` and one CSV per table:
+//! Writes `report.md` (or, `--format latex`, `report.tex`) and one CSV per table:
 //! - `rounds_to_target.csv`: rounds to each target accuracy over seeds (FedCor Table 1);
 //! - `best_final.csv`: best and final test accuracy and loss, with the relative
 //!   change of final accuracy and loss against the baseline strategy (FedGS
@@ -9,7 +10,10 @@
 //!   plus extra communication and computation per round from the cost ledger
 //!   (HiCS-FL Table 1);
 //! - `selection_stats.csv`: per-client selection counts and their variance
-//!   (FedGS fairness, Fig. 4).
+//!   (FedGS fairness, Fig. 4);
+//! - `client_accuracy.csv`: the spread of the clients' own accuracies at the last
+//!   evaluation, p10 / p50 / p90 and the worst 10 % (LEAF, FedScale; how AFL and q-FFL are
+//!   judged), for runs whose `metrics.csv` has it.
 //!
 //! Every metric aggregated over seeds in the first three tables shows mean ± std, median,
 //! a seeded bootstrap 95 % CI of the mean and, for rounds to a target, the seeds that
@@ -65,6 +69,18 @@ type Pick = fn(&Summary) -> f64;
 /// Strategy (with its first-appearance rank) → its runs over seeds.
 type ByStrategy = BTreeMap<(usize, String), Vec<Run>>;
 
+/// The clients' accuracy spread of one evaluation: p10, p50, p90 and the worst 10 %, in
+/// the order of [`fedsel::output::CLIENT_ACC_COLUMNS`].
+type ClientSpread = [f64; 4];
+
+/// What the report reads from a run's `metrics.csv`.
+struct Metrics {
+    /// (round, test accuracy, test loss) of every evaluated round.
+    curve: Vec<(f64, f64, f64)>,
+    /// The spread at the last evaluation that measured it.
+    clients: Option<ClientSpread>,
+}
+
 /// One finished cell with what the tables need.
 struct Run {
     summary: Summary,
@@ -72,6 +88,9 @@ struct Run {
     counts: Vec<usize>,
     /// (round, test accuracy, test loss) of every evaluated round.
     curve: Vec<(f64, f64, f64)>,
+    /// The clients' accuracy spread at the last evaluation that measured it (p10, p50, p90,
+    /// worst 10 %); `None` for a run written before `metrics.csv` had it.
+    clients: Option<ClientSpread>,
     /// The cell directory (for its availability record).
     dir: std::path::PathBuf,
 }
@@ -83,21 +102,39 @@ fn bad(path: &Path, e: impl std::fmt::Display) -> Error {
     }
 }
 
-/// The evaluated rounds of a run's `metrics.csv`.
-fn curve(path: &Path) -> Result<Vec<(f64, f64, f64)>> {
+/// The evaluated rounds of a run's `metrics.csv`, and the last per-client accuracy spread
+/// in it. Columns are found by name: later releases append columns.
+fn read_metrics(path: &Path) -> Result<Metrics> {
     let mut r = csv::Reader::from_path(path).map_err(|e| bad(path, e))?;
+    let header = r.headers().map_err(|e| bad(path, e))?.clone();
+    let col = |name: &str| header.iter().position(|h| h == name);
+    let (round, acc, loss) = match (col("round"), col("test_acc"), col("test_loss")) {
+        (Some(t), Some(a), Some(l)) => (t, a, l),
+        _ => return Err(bad(path, "no round, test_acc and test_loss columns")),
+    };
+    let spread: Option<Vec<usize>> = fedsel::output::CLIENT_ACC_COLUMNS
+        .iter()
+        .map(|c| col(c))
+        .collect();
     let mut out = Vec::new();
+    let mut last = None;
     for row in r.records() {
         let row = row.map_err(|e| bad(path, e))?;
-        if let (Ok(t), Ok(a), Ok(l)) = (
-            row[0].parse::<f64>(),
-            row[1].parse::<f64>(),
-            row[2].parse::<f64>(),
-        ) {
+        let num = |i: usize| row.get(i).and_then(|v| v.parse::<f64>().ok());
+        if let (Some(t), Some(a), Some(l)) = (num(round), num(acc), num(loss)) {
             out.push((t + 1.0, a, l));
         }
+        if let Some(s) = spread
+            .as_ref()
+            .and_then(|cols| cols.iter().map(|&i| num(i)).collect::<Option<Vec<f64>>>())
+        {
+            last = Some([s[0], s[1], s[2], s[3]]);
+        }
     }
-    Ok(out)
+    Ok(Metrics {
+        curve: out,
+        clients: last,
+    })
 }
 
 /// The available clients of the first `max_rounds` rounds of a run.
@@ -431,19 +468,19 @@ fn per_method(
     title: &str,
     file: &'static str,
     columns: Vec<Col>,
-    groups: &BTreeMap<(usize, String), ByStrategy>,
+    g: &Gathered,
     row: impl Fn(&[Run]) -> Result<Option<Vec<V>>>,
 ) -> Result<Table> {
     let mut table = Table {
         title: title.into(),
         file,
-        columns: [Col::plain("setting"), Col::plain("strategy")]
+        columns: [Col::plain("setting"), Col::plain(g.arm)]
             .into_iter()
             .chain(columns)
             .collect(),
         rows: Vec::new(),
     };
-    for ((_, setting), strategies) in groups {
+    for ((_, setting), strategies) in &g.groups {
         for ((_, strategy), runs) in strategies {
             if let Some(cells) = row(runs)? {
                 table.rows.push(
@@ -548,6 +585,36 @@ impl V {
         }
     }
 
+    /// The entry for a printed table: statistics over seeds without median and CI, paired
+    /// comparisons without the seed counts.
+    fn short(&self) -> String {
+        match self {
+            V::Stat {
+                stats: s,
+                digits: d,
+                censorable,
+            } => {
+                let reached = format!("{}/{}", s.reached, s.n);
+                let head = match (s.reached, s.censored_at, s.mean_std) {
+                    (0, Some(r), _) => format!("> {r:.0}"),
+                    (_, _, Some((m, sd))) => format!("{m:.d$} ± {sd:.d$}"),
+                    _ => format!("≥ {:.d$}", s.mean_lb),
+                };
+                match censorable {
+                    true => format!("{head} ({reached})"),
+                    false => head,
+                }
+            }
+            V::Paired(p, d) if p.n > 0 => {
+                let diff = p
+                    .median_diff
+                    .map_or("Δ N/A".into(), |x| format!("Δ {x:+.d$}"));
+                format!("{diff}, {}", p_text(p.p))
+            }
+            other => other.markdown(),
+        }
+    }
+
     /// The CSV fields of this entry, one for each of its column's [`Col::fields`].
     fn csv(&self, col: &Col) -> Vec<String> {
         let num = |x: f64, d: usize| format!("{x:.d$}");
@@ -587,6 +654,39 @@ impl V {
         out.resize(col.fields().len(), String::new());
         out
     }
+}
+
+/// `s` as LaTeX text: the ten special characters escaped, and the few non-ASCII signs the
+/// report prints written as commands, so that the table compiles without any package or
+/// input encoding. Other non-ASCII passes through.
+fn latex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\textbackslash{}"),
+            '{' | '}' | '_' | '%' | '&' | '#' | '$' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '~' => out.push_str("\\textasciitilde{}"),
+            '^' => out.push_str("\\textasciicircum{}"),
+            '<' => out.push_str("\\textless{}"),
+            '>' => out.push_str("\\textgreater{}"),
+            '|' => out.push_str("\\textbar{}"),
+            '±' => out.push_str("$\\pm$"),
+            '≥' => out.push_str("$\\geq$"),
+            '≤' => out.push_str("$\\leq$"),
+            'Δ' => out.push_str("$\\Delta$"),
+            '↑' => out.push_str("$\\uparrow$"),
+            '↓' => out.push_str("$\\downarrow$"),
+            '−' => out.push_str("$-$"),
+            '–' => out.push_str("--"),
+            '—' => out.push_str("---"),
+            'ⁿ' => out.push_str("$^n$"),
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 fn pm(xs: &[f64], digits: usize) -> V {
@@ -698,6 +798,30 @@ impl Table {
         s
     }
 
+    /// The table as a LaTeX float: `table` around a `tabular` with `\hline` rules (no
+    /// package needed), every cell escaped; statistics over seeds show their head (mean ±
+    /// std, or the bound) and comparisons Δ and p, the rest staying in the CSV.
+    fn latex(&self) -> String {
+        let row = |cells: Vec<String>| format!("{} \\\\\n", cells.join(" & "));
+        let mut s = format!(
+            "\\begin{{table}}[htbp]\n\\centering\n\\caption{{{}}}\n\\label{{tab:{}}}\n\\begin{{tabular}}{{{}}}\n\\hline\n",
+            latex_escape(&self.title),
+            self.file.trim_end_matches(".csv").replace('_', "-"),
+            "l".repeat(self.columns.len())
+        );
+        s.push_str(&row(self
+            .columns
+            .iter()
+            .map(|c| latex_escape(&c.title))
+            .collect()));
+        s.push_str("\\hline\n");
+        for r in &self.rows {
+            s.push_str(&row(r.iter().map(|v| latex_escape(&v.short())).collect()));
+        }
+        s.push_str("\\hline\n\\end{tabular}\n\\end{table}\n\n");
+        s
+    }
+
     /// The CSV: every field is one number (or text, or empty for N/A). The fields of earlier
     /// releases come first, in their old order, and the new ones (median, CI, paired
     /// comparison) after them, so a reader going by name or by position still finds the old
@@ -746,10 +870,58 @@ impl Table {
     }
 }
 
-/// Writes `report.md` and the table CSVs for the sweep in `dir`; returns the report text.
-///
-/// `smooth` applies Savitzky–Golay smoothing of that window to the curves in the figures.
-pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
+/// What a report is written as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `report.md`, with figures.
+    Markdown,
+    /// `report.tex`: the tables as LaTeX `table` floats for a paper, without figures.
+    Latex,
+}
+
+impl Format {
+    /// The report's file name in this format.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Format::Markdown => "report.md",
+            Format::Latex => "report.tex",
+        }
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "markdown" => Ok(Format::Markdown),
+            "latex" => Ok(Format::Latex),
+            other => Err(format!(
+                "`{other}` is not a report format: use markdown or latex"
+            )),
+        }
+    }
+}
+
+/// The runs a report is drawn from, grouped, and how to introduce them.
+struct Gathered {
+    /// The report's heading and what it says of the runs read and left out (markdown).
+    intro: String,
+    /// Setting → arm → runs over seeds, in first-appearance order.
+    groups: BTreeMap<(usize, String), ByStrategy>,
+    /// The arm every other one is compared with.
+    baseline: Option<String>,
+    /// The first run's targets.
+    targets: Vec<f64>,
+    /// Whether every run has those targets (else the columns are numbered).
+    shared_targets: bool,
+    /// The most targets of any run.
+    n_targets: usize,
+    /// The title of the column naming each arm: a sweep's arms are its strategies.
+    arm: &'static str,
+}
+
+fn check_smooth(smooth: Option<usize>) -> Result<()> {
     if let Some(w) = smooth
         && (w < 3 || w.is_multiple_of(2))
     {
@@ -759,6 +931,55 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         )
         .into());
     }
+    Ok(())
+}
+
+/// Writes `report.md` and the table CSVs for the sweep in `dir`; returns the report text.
+///
+/// `smooth` applies Savitzky–Golay smoothing of that window to the curves in the figures.
+pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
+    check_smooth(smooth)?;
+    render(&gather_sweep(dir)?, dir, smooth, Format::Markdown)
+}
+
+/// `fedsel report DIR...`: the report of one sweep directory, or the comparison of any
+/// set of run directories (see [`crate::arms`]). A sweep's report goes into the sweep's
+/// directory unless `out` names another; a comparison's into `out`, by default `report` in
+/// the working directory, which may not be a run's or a sweep's own directory. Returns the
+/// file written and its text.
+pub fn report(
+    dirs: &[std::path::PathBuf],
+    out: Option<&Path>,
+    smooth: Option<usize>,
+    format: Format,
+) -> Result<(std::path::PathBuf, String)> {
+    check_smooth(smooth)?;
+    let (gathered, out) = match dirs {
+        [] => {
+            return Err(
+                ConfigError::invalid("DIR", "name a sweep directory or run directories").into(),
+            );
+        }
+        [dir] if dir.join("sweep.json").is_file() => {
+            let out = out.unwrap_or(dir.as_path()).to_path_buf();
+            (gather_sweep(dir)?, out)
+        }
+        _ => {
+            let out = out.map_or_else(|| std::path::PathBuf::from("report"), Path::to_path_buf);
+            crate::arms::check_out(&out, dirs)?;
+            (gather_runs(dirs)?, out)
+        }
+    };
+    std::fs::create_dir_all(&out).map_err(|source| Error::Output {
+        path: out.clone(),
+        error: source,
+    })?;
+    let text = render(&gathered, &out, smooth, format)?;
+    Ok((out.join(format.file_name()), text))
+}
+
+/// Reads the finished cells of the sweep in `dir`, naming the cells left out.
+fn gather_sweep(dir: &Path) -> Result<Gathered> {
     if !dir.join("sweep.json").is_file() {
         return Err(Error::Output {
             path: dir.to_path_buf(),
@@ -800,13 +1021,13 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         let read = || -> Result<_> {
             let summary: Summary = read_json(&cdir.join("summary.json"))?;
             let counts = counts(&cdir.join("selections.csv"), 0)?;
-            let curve = curve(&cdir.join("metrics.csv"))?;
+            let Metrics { curve, clients } = read_metrics(&cdir.join("metrics.csv"))?;
             if curve.is_empty() {
                 return Err(bad(&cdir.join("metrics.csv"), "no evaluated round"));
             }
-            Ok((summary, counts, curve))
+            Ok((summary, counts, curve, clients))
         };
-        let (summary, counts, curve) = match read() {
+        let (summary, counts, curve, clients) = match read() {
             Ok(x) => x,
             Err(e) => {
                 unreadable.push((cell.dir.clone(), e.to_string()));
@@ -836,6 +1057,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
                 summary,
                 counts,
                 curve,
+                clients,
                 dir: cdir.clone(),
             });
     }
@@ -843,7 +1065,100 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         .baseline
         .clone()
         .or_else(|| strategy_order.first().cloned());
+    let mut md = format!(
+        "# Report: {}\n\nfedsel {}; {} cells, {} finished{}.\nBaseline strategy: {}.\n\n",
+        index.name,
+        fedsel::VERSION,
+        index.cells.len(),
+        index.cells.len() - missing.len(),
+        if missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", **{} not finished (left out): {}**",
+                missing.len(),
+                missing.join(", ")
+            )
+        },
+        baseline.as_deref().unwrap_or("-")
+    );
+    if !unreadable.is_empty() {
+        let _ = writeln!(
+            md,
+            "**{} finished cells could not be read and are left out:**\n",
+            unreadable.len()
+        );
+        for (cell, why) in &unreadable {
+            let _ = writeln!(md, "- `{cell}`: {why}");
+        }
+        md.push('\n');
+    }
+    Ok(Gathered {
+        intro: md,
+        groups,
+        baseline,
+        targets,
+        shared_targets,
+        n_targets,
+        arm: "strategy",
+    })
+}
 
+/// Reads plain run directories and groups them into arms (see [`crate::arms`]).
+fn gather_runs(dirs: &[std::path::PathBuf]) -> Result<Gathered> {
+    let arms = crate::arms::arms(dirs)?;
+    let mut strategies: ByStrategy = BTreeMap::new();
+    let mut md = format!(
+        "# Report: {} runs in {} arms\n\nfedsel {}. Runs whose resolved configs differ only by seed form one arm; an arm is named by the keys in which it differs from the others (keys not compared: {}). Baseline arm: {}.\n\n",
+        dirs.len(),
+        arms.len(),
+        fedsel::VERSION,
+        crate::arms::IGNORED.join(", "),
+        arms[0].label
+    );
+    let mut targets: Vec<Vec<f64>> = Vec::new();
+    for (i, arm) in arms.iter().enumerate() {
+        let mut runs = Vec::new();
+        for dir in &arm.dirs {
+            let summary: Summary = read_json(&dir.join("summary.json"))?;
+            let counts = counts(&dir.join("selections.csv"), 0)?;
+            let Metrics { curve, clients } = read_metrics(&dir.join("metrics.csv"))?;
+            if curve.is_empty() {
+                return Err(bad(&dir.join("metrics.csv"), "no evaluated round"));
+            }
+            targets.push(summary.rounds_to_target.iter().map(|t| t.0).collect());
+            runs.push(Run {
+                summary,
+                counts,
+                curve,
+                clients,
+                dir: dir.clone(),
+            });
+        }
+        let seeds: Vec<String> = runs
+            .iter()
+            .map(|r| format!("`{}` (seed {})", r.dir.display(), r.summary.seed))
+            .collect();
+        let _ = writeln!(md, "- **{}**: {}", arm.label, seeds.join(", "));
+        strategies.insert((i, arm.label.clone()), runs);
+    }
+    md.push('\n');
+    Ok(Gathered {
+        intro: md,
+        baseline: Some(arms[0].label.clone()),
+        shared_targets: targets.iter().all(|t| *t == targets[0]),
+        n_targets: targets.iter().map(Vec::len).max().unwrap_or(0),
+        targets: targets.swap_remove(0),
+        groups: BTreeMap::from([((0, "all".to_string()), strategies)]),
+        arm: "arm",
+    })
+}
+
+/// Every table of a report; the strategy-specific ones only where their strategy ran, the
+/// per-client accuracy only where some run measured it.
+fn tables(g: &Gathered) -> Result<Vec<Table>> {
+    let baseline = &g.baseline;
+    let (targets, shared_targets, n_targets) = (&g.targets, g.shared_targets, g.n_targets);
     let base_name = baseline.as_deref().unwrap_or("-");
     let vs = |what: &str| format!("{what} vs {base_name}");
     let target_titles: Vec<String> = (0..n_targets)
@@ -861,7 +1176,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             "Rounds to target accuracy over seeds: mean ± std (≥ a lower bound when a seed never reached it), median, 95 % CI, seeds reached; paired sign test vs {base_name}"
         ),
         file: "rounds_to_target.csv",
-        columns: ["setting", "strategy", "seeds"]
+        columns: ["setting", g.arm, "seeds"]
             .map(Col::plain)
             .into_iter()
             .chain(target_titles.iter().flat_map(|t| {
@@ -888,7 +1203,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             "Best and final test accuracy and loss over seeds: mean ± std (median, 95 % CI); paired Wilcoxon signed-rank test and Δ vs {base_name}"
         ),
         file: "best_final.csv",
-        columns: [Col::plain("setting"), Col::plain("strategy")]
+        columns: [Col::plain("setting"), Col::plain(g.arm)]
             .into_iter()
             .chain(
                 metrics.iter().flat_map(|(name, _)| {
@@ -906,7 +1221,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         file: "speedup.csv",
         columns: vec![
             Col::plain("setting"),
-            Col::plain("strategy"),
+            Col::plain(g.arm),
             Col::new(
                 "rounds_to_first_target",
                 Kind::Stat {
@@ -931,7 +1246,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         file: "selection_stats.csv",
         columns: [
             "setting",
-            "strategy",
+            g.arm,
             "count_variance",
             "min_count",
             "max_count",
@@ -941,7 +1256,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         .to_vec(),
         rows: Vec::new(),
     };
-    for ((_, setting), strategies) in &groups {
+    for ((_, setting), strategies) in &g.groups {
         let first_target = |runs: &[Run]| {
             runs.iter()
                 .map(|r| rounds_obs(r, 0))
@@ -1071,40 +1386,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             ]);
         }
     }
-    let mut md = format!(
-        "# Report: {}\n\nfedsel {}; {} cells, {} finished{}.\nBaseline strategy: {}.\n\n",
-        index.name,
-        fedsel::VERSION,
-        index.cells.len(),
-        index.cells.len() - missing.len(),
-        if missing.is_empty() {
-            String::new()
-        } else {
-            format!(
-                ", **{} not finished (left out): {}**",
-                missing.len(),
-                missing.join(", ")
-            )
-        },
-        baseline.as_deref().unwrap_or("-")
-    );
-    if !unreadable.is_empty() {
-        let _ = writeln!(
-            md,
-            "**{} finished cells could not be read and are left out:**\n",
-            unreadable.len()
-        );
-        for (cell, why) in &unreadable {
-            let _ = writeln!(md, "- `{cell}`: {why}");
-        }
-        md.push('\n');
-    }
-    let _ = writeln!(
-        md,
-        "**Statistics over seeds.** Each entry is mean ± std, then the median, the 95 % percentile-bootstrap CI of the mean ({} resamples over seeds, fixed seed, so the report is reproducible) and, for rounds to a target, how many seeds reached it. A seed that never reaches a target within its R rounds is censored: it is kept, never dropped, and counts as \"> R\". The mean over only the seeds that reached would be biased low, so with a censored seed the mean is shown as a lower bound \"≥ x\" (censored seeds counted as R) without std or CI, and the median as \"> R\" once half the seeds or more are censored. Columns \"vs {}\" pair each strategy with the baseline over the seeds both ran in the setting: Δ is the median of the paired differences (strategy − baseline), ↑/↓ count the seeds where the strategy's value is above/below the baseline's, and p is two-sided and exact: the sign test for rounds to a target (censoring keeps each pair's sign; both censored is a tie; Δ is N/A where censored pairs could move it), the Wilcoxon signed-rank test for accuracy and loss. With n seeds no p can be below 2/2ⁿ (0.25 for 3 seeds, 0.0625 for 5).\n",
-        stats::RESAMPLES,
-        baseline.as_deref().unwrap_or("-")
-    );
+    let fairness = client_accuracy_table(g, &vs);
     let solver = per_method(
         "FedGS solver: rounds proven optimal, mean gap to the upper bound, mean graph distance among the selected",
         "fedgs_solver_summary.csv",
@@ -1116,7 +1398,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         ]
         .map(Col::plain)
         .to_vec(),
-        &groups,
+        g,
         |runs| {
             let mut total = (0, 0, 0.0, 0.0);
             for r in runs {
@@ -1138,7 +1420,7 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
         "F3AST: mean over rounds of the sum of each round's aggregation weights",
         "f3ast_weights_summary.csv",
         vec![Col::new("mean weight sum", Kind::MeanStd)],
-        &groups,
+        g,
         |runs| {
             let means = runs
                 .iter()
@@ -1148,31 +1430,101 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
             Ok((!means.is_empty()).then(|| vec![pm(&means, 4)]))
         },
     )?;
-    let optional = ["fedgs_solver_summary.csv", "f3ast_weights_summary.csv"];
-    let tables: Vec<&Table> = [&rtt, &bf, &sp, &sel, &solver, &weights]
+    let optional = [
+        "fedgs_solver_summary.csv",
+        "f3ast_weights_summary.csv",
+        "client_accuracy.csv",
+    ];
+    Ok([rtt, bf, sp, sel, fairness, solver, weights]
         .into_iter()
         .filter(|t| !t.rows.is_empty() || !optional.contains(&t.file))
-        .collect();
-    for t in tables {
-        t.write_csv(dir)?;
-        md.push_str(&t.markdown());
-    }
-    md.push_str("Extra communication per round counts broadcasts, uploads and scalar reports beyond the two messages of each training client; extra computation counts client evaluations, one-step gradients, discarded probe trainings and the extra trainings a strategy adds to a round (FedGP).\n");
-    md.push_str("\n## Figures\n\n");
-    match crate::plot::ensure_font() {
-        Ok(()) => {
-            for ((_, setting), strategies) in &groups {
-                md.push_str(&figures(dir, setting, strategies, smooth)?);
+        .collect())
+}
+
+/// The clients' accuracy spread at each run's last evaluation, over seeds, with the paired
+/// comparison against the baseline; a row for each arm whose runs all measured it.
+fn client_accuracy_table(g: &Gathered, vs: &dyn Fn(&str) -> String) -> Table {
+    let kind = Kind::Stat {
+        censorable: false,
+        single: false,
+    };
+    let names = fedsel::output::CLIENT_ACC_COLUMNS;
+    let mut table = Table {
+        title: format!(
+            "Per-client accuracy at the last evaluation, each client on its own held-out data: 10th, 50th and 90th percentile and the mean of the worst 10 % of clients, over seeds (median, 95 % CI); paired Wilcoxon signed-rank test and Δ vs {}",
+            g.baseline.as_deref().unwrap_or("-")
+        ),
+        file: "client_accuracy.csv",
+        columns: [Col::plain("setting"), Col::plain(g.arm)]
+            .into_iter()
+            .chain(
+                names
+                    .iter()
+                    .flat_map(|n| [Col::new(*n, kind), Col::paired(vs(n), n)]),
+            )
+            .collect(),
+        rows: Vec::new(),
+    };
+    for ((_, setting), strategies) in &g.groups {
+        let base = strategies
+            .iter()
+            .find(|((_, s), _)| Some(s) == g.baseline.as_ref())
+            .map(|(_, r)| r.as_slice());
+        for ((_, arm), runs) in strategies {
+            if runs.iter().any(|r| r.clients.is_none()) {
+                continue;
             }
+            let mut row = vec![V::text(setting), V::text(arm)];
+            for i in 0..names.len() {
+                let get = |r: &Run| r.clients.map(|c| Obs::Value(c[i]));
+                let is_base = Some(arm) == g.baseline.as_ref();
+                row.push(stat(runs, get, false, 4));
+                row.push(compare(runs, base, is_base, get, Test::Wilcoxon, 4));
+            }
+            table.rows.push(row);
         }
-        Err(why) => md.push_str(&format!("Figures skipped: {why}.\n")),
     }
-    let path = dir.join("report.md");
-    std::fs::write(&path, &md).map_err(|source| Error::Output {
+    table
+}
+
+/// Writes the tables' CSVs and the report in `format` into `out`; returns its text.
+fn render(g: &Gathered, out: &Path, smooth: Option<usize>, format: Format) -> Result<String> {
+    let tables = tables(g)?;
+    for t in &tables {
+        t.write_csv(out)?;
+    }
+    let text = match format {
+        Format::Latex => tables.iter().map(Table::latex).collect::<String>(),
+        Format::Markdown => {
+            let mut md = g.intro.clone();
+            let _ = writeln!(
+                md,
+                "**Statistics over seeds.** Each entry is mean ± std, then the median, the 95 % percentile-bootstrap CI of the mean ({} resamples over seeds, fixed seed, so the report is reproducible) and, for rounds to a target, how many seeds reached it. A seed that never reaches a target within its R rounds is censored: it is kept, never dropped, and counts as \"> R\". The mean over only the seeds that reached would be biased low, so with a censored seed the mean is shown as a lower bound \"≥ x\" (censored seeds counted as R) without std or CI, and the median as \"> R\" once half the seeds or more are censored. Columns \"vs {}\" pair each strategy with the baseline over the seeds both ran in the setting: Δ is the median of the paired differences (strategy − baseline), ↑/↓ count the seeds where the strategy's value is above/below the baseline's, and p is two-sided and exact: the sign test for rounds to a target (censoring keeps each pair's sign; both censored is a tie; Δ is N/A where censored pairs could move it), the Wilcoxon signed-rank test for accuracy and loss. With n seeds no p can be below 2/2ⁿ (0.25 for 3 seeds, 0.0625 for 5).\n",
+                stats::RESAMPLES,
+                g.baseline.as_deref().unwrap_or("-")
+            );
+            for t in &tables {
+                md.push_str(&t.markdown());
+            }
+            md.push_str("Extra communication per round counts broadcasts, uploads and scalar reports beyond the two messages of each training client; extra computation counts client evaluations, one-step gradients, discarded probe trainings and the extra trainings a strategy adds to a round (FedGP). Per-client accuracy is the simulator's measurement, not a strategy's: it costs no client anything in the ledger.\n");
+            md.push_str("\n## Figures\n\n");
+            match crate::plot::ensure_font() {
+                Ok(()) => {
+                    for ((_, setting), strategies) in &g.groups {
+                        md.push_str(&figures(out, setting, strategies, smooth)?);
+                    }
+                }
+                Err(why) => md.push_str(&format!("Figures skipped: {why}.\n")),
+            }
+            md
+        }
+    };
+    let path = out.join(format.file_name());
+    std::fs::write(&path, &text).map_err(|source| Error::Output {
         path,
         error: source,
     })?;
-    Ok(md)
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -1193,6 +1545,7 @@ mod tests {
             },
             counts,
             curve: Vec::new(),
+            clients: None,
             dir: std::path::PathBuf::new(),
         }
     }
@@ -1347,6 +1700,20 @@ mod tests {
                     "b", "", "", "5", "5", "0", "0", "", "", "30.0", "", "", "3", "92.0"
                 ],
             ]
+        );
+    }
+
+    /// Each of LaTeX's ten special characters is escaped, and the report's signs become
+    /// commands.
+    #[test]
+    fn latex_escapes_every_special_character() {
+        assert_eq!(
+            latex_escape(r"a_b%c&d#e$f{g}h~i^j\k"),
+            r"a\_b\%c\&d\#e\$f\{g\}h\textasciitilde{}i\textasciicircum{}j\textbackslash{}k"
+        );
+        assert_eq!(
+            latex_escape("0.5 ± 0.1, ≥ 3, Δ +1"),
+            r"0.5 $\pm$ 0.1, $\geq$ 3, $\Delta$ +1"
         );
     }
 

@@ -24,12 +24,26 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     // Simulate a cell killed mid-run: its summary is missing, its metrics half-written.
     let cells = s.cells().unwrap();
     let victim = out.join("cells").join(&cells[1].dir_name);
+    let time = fedsel::output::metric_columns()
+        .iter()
+        .position(|&c| c == "elapsed_s")
+        .unwrap();
+    let with_time = |line: &str, value: Option<&str>| -> String {
+        let mut fields: Vec<&str> = line.split(',').collect();
+        match value {
+            Some(v) => fields[time] = v,
+            None => {
+                fields.remove(time);
+            }
+        }
+        fields.join(",")
+    };
     let rows = |p: &std::path::Path| -> Vec<String> {
         // Everything but the timing column.
         std::fs::read_to_string(p.join("metrics.csv"))
             .unwrap()
             .lines()
-            .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+            .map(|l| with_time(l, None))
             .collect()
     };
     let metrics_before = rows(&victim);
@@ -39,7 +53,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     assert_eq!(fedsel::checkpoint::load(&victim).unwrap().next_round, 10);
     let m = std::fs::read_to_string(victim.join("metrics.csv")).unwrap();
     let mut lines: Vec<String> = m.lines().map(String::from).collect();
-    lines[1] = format!("{},999.000", lines[1].rsplit_once(',').unwrap().0);
+    lines[1] = with_time(&lines[1], Some("999.000"));
     std::fs::write(victim.join("metrics.csv"), lines.join("\n") + "\n").unwrap();
     let second = sweep::run(&s, &out, &data, Shard::ALL, 2, 1, false, &Silent).unwrap();
     assert_eq!((second.skipped, second.ran), (3, 1));
@@ -49,7 +63,9 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
             .lines()
             .nth(1)
             .unwrap()
-            .ends_with(",999.000")
+            .split(',')
+            .nth(time)
+            == Some("999.000")
     );
     assert_eq!(
         rows(&victim),
@@ -67,6 +83,8 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         "CI ",
         "(baseline)",
         "30% vs uniform",
+        "Per-client accuracy",
+        "client_acc_worst10 vs uniform",
     ] {
         assert!(report.contains(needle), "{needle} missing from:\n{report}");
     }
@@ -77,6 +95,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         "best_final.csv",
         "speedup.csv",
         "selection_stats.csv",
+        "client_accuracy.csv",
     ] {
         let text = std::fs::read_to_string(out.join(csv)).unwrap();
         let mut lines = text.lines();
@@ -124,6 +143,38 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         "{report}"
     );
     assert!(report.contains("| all | uniform | 2 |"), "{report}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.md")).unwrap(),
+        report
+    );
+    // Cells written before metrics.csv had the per-client columns still report, without
+    // that table; `--format latex` on the sweep writes report.tex beside report.md.
+    for cell in &cells {
+        let path = out.join("cells").join(&cell.dir_name).join("metrics.csv");
+        let old: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').take(time + 1).collect::<Vec<_>>().join(","))
+            .collect();
+        std::fs::write(&path, old.join("\n") + "\n").unwrap();
+    }
+    std::fs::remove_file(out.join("client_accuracy.csv")).unwrap();
+    let report = fedsel_workbench::report::write(&out, None).unwrap();
+    assert!(report.contains("| all | md | 1 |"), "{report}");
+    assert!(!report.contains("## Per-client"), "{report}");
+    assert!(!out.join("client_accuracy.csv").exists());
+    let (file, tex) = fedsel_workbench::report::report(
+        std::slice::from_ref(&out),
+        None,
+        None,
+        fedsel_workbench::report::Format::Latex,
+    )
+    .unwrap();
+    assert_eq!(file, out.join("report.tex"));
+    assert!(
+        tex.contains("\\begin{tabular}") && tex.contains("md & 1"),
+        "{tex}"
+    );
     assert_eq!(
         std::fs::read_to_string(out.join("report.md")).unwrap(),
         report

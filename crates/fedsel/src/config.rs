@@ -489,6 +489,16 @@ pub struct EvalConfig {
     pub batch_size: usize,
     /// Evaluate on at most this many test examples (0 = all), a fixed seeded subset.
     pub max_test_samples: usize,
+    /// At each evaluation, also evaluate on every client's held-out data (the per-client
+    /// accuracy columns of `metrics.csv`): one more pass over about a fifth of the training
+    /// set, which a long run evaluating every round may not want. Written out only when
+    /// off, so that configs from before the key keep their hash (sweep cells, checkpoints).
+    #[serde(skip_serializing_if = "is_true")]
+    pub per_client: bool,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl Default for EvalConfig {
@@ -497,6 +507,7 @@ impl Default for EvalConfig {
             every: 1,
             batch_size: 1000,
             max_test_samples: 0,
+            per_client: true,
         }
     }
 }

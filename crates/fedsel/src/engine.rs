@@ -63,6 +63,9 @@ pub struct RoundRecord {
     pub test_acc: Option<f64>,
     /// Test loss, when evaluated this round.
     pub test_loss: Option<f64>,
+    /// The spread of the clients' accuracies on their own held-out data, when evaluated
+    /// this round and some client holds out data.
+    pub client_acc: Option<ClientAccuracy>,
     /// Mean training loss of the selected clients.
     pub train_loss: f64,
     /// Entries selected (duplicates counted).
@@ -81,6 +84,51 @@ pub struct RoundRecord {
     pub selected: Vec<usize>,
     /// The clients that were available.
     pub available: Vec<usize>,
+}
+
+/// How the global model fares across clients, each on its own held-out data: the fairness
+/// measures of LEAF and FedScale, on which AFL and q-FFL are judged. A mean over the
+/// pooled test set hides a tail of clients the model serves badly; these show it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClientAccuracy {
+    /// 10th percentile of the clients' accuracies.
+    pub p10: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// Mean accuracy of the worst 10 % of clients: the ⌈n/10⌉ lowest of n.
+    pub worst10: f64,
+}
+
+impl ClientAccuracy {
+    /// The spread of `accuracies`, one per client; `None` for no client. Percentiles
+    /// interpolate linearly between order statistics (numpy's default): the q-th of n
+    /// sorted values lies at position q·(n − 1), counted from 0.
+    pub fn of(accuracies: &[f64]) -> Option<Self> {
+        if accuracies.is_empty() {
+            return None;
+        }
+        let mut x = accuracies.to_vec();
+        x.sort_by(f64::total_cmp);
+        let n = x.len();
+        // Positions in hundredths, in integers, so that 10 % of 31 clients is exactly 3.0.
+        let pct = |q: usize| {
+            let h = (n - 1) * q;
+            let (lo, frac) = (h / 100, (h % 100) as f64 / 100.0);
+            match x.get(lo + 1) {
+                Some(&hi) if frac > 0.0 => x[lo] + frac * (hi - x[lo]),
+                _ => x[lo],
+            }
+        };
+        let worst = n.div_ceil(10);
+        Some(Self {
+            p10: pct(10),
+            p50: pct(50),
+            p90: pct(90),
+            worst10: x[..worst].iter().sum::<f64>() / worst as f64,
+        })
+    }
 }
 
 /// Receives each round as it finishes (writers, progress bars).
@@ -296,6 +344,19 @@ impl Experiment {
                     &self.device,
                 )
             })
+            .collect()
+    }
+
+    /// Accuracy of `params` on each client's held-out part, in client order, leaving out the
+    /// clients that hold none out. The simulator's measurement, as LEAF's: no strategy
+    /// asks for it, so no cost is booked.
+    pub fn client_accuracies(&self, params: &[f32]) -> Vec<f64> {
+        let with_holdout: Vec<usize> = (0..self.clients.len())
+            .filter(|&k| !self.clients[k].holdout.is_empty())
+            .collect();
+        self.holdout_losses(params, &with_holdout)
+            .into_iter()
+            .map(|e| e.accuracy)
             .collect()
     }
 
@@ -630,12 +691,14 @@ pub fn run_with(
         let trained = run.train(t, lr, &selection.clients, &mut cost);
         run.aggregate(t, &selection, &trained)?;
         let eval = run.evaluate(t);
+        let client_acc = eval.and_then(|_| run.client_accuracy());
         let train_loss = trained.mean_loss();
         run.feedback(t, &selection.clients, trained);
         let record = RoundRecord {
             round: t,
             test_acc: eval.map(|e| e.accuracy),
             test_loss: eval.map(|e| e.loss),
+            client_acc,
             train_loss,
             n_selected: selection.clients.len(),
             n_available: active.len(),
@@ -996,6 +1059,15 @@ impl<'a> Run<'a> {
         let cfg = &self.exp.config;
         let evaluate = (t + 1).is_multiple_of(cfg.eval.every) || t + 1 == cfg.rounds;
         evaluate.then(|| self.exp.test(&self.global))
+    }
+
+    /// The spread of the clients' held-out accuracies under the global model, unless
+    /// `eval.per_client` is off; asked on the rounds that [`Run::evaluate`] tests.
+    fn client_accuracy(&self) -> Option<ClientAccuracy> {
+        if !self.exp.config.eval.per_client {
+            return None;
+        }
+        ClientAccuracy::of(&self.exp.client_accuracies(&self.global))
     }
 
     /// Reports the round to the selector and keeps each trained client's optimizer state.

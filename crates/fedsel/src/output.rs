@@ -38,6 +38,14 @@ fn csv_err(path: &Path) -> impl FnOnce(csv::Error) -> Error + '_ {
     }
 }
 
+/// The per-client accuracy columns, appended after those of earlier releases.
+pub const CLIENT_ACC_COLUMNS: [&str; 4] = [
+    "client_acc_p10",
+    "client_acc_p50",
+    "client_acc_p90",
+    "client_acc_worst10",
+];
+
 /// The columns of `metrics.csv`.
 pub fn metric_columns() -> Vec<&'static str> {
     let mut c = vec![
@@ -52,6 +60,7 @@ pub fn metric_columns() -> Vec<&'static str> {
     ];
     c.extend(Ledger::COLUMNS);
     c.push("elapsed_s");
+    c.extend(CLIENT_ACC_COLUMNS);
     c
 }
 
@@ -94,10 +103,24 @@ impl RunWriter {
             let path = dir.join(name);
             let text = std::fs::read_to_string(&path).map_err(io(&path))?;
             let mut kept = String::with_capacity(text.len());
+            // A run begun by an earlier release lacks the columns appended since: its header
+            // gains them and its rows empty fields, so every row has the header's width.
+            let header = metric_columns().join(",");
+            let missing = match text.lines().next() {
+                Some(old) if name == "metrics.csv" && old != header => header
+                    .strip_prefix(old)
+                    .filter(|rest| rest.starts_with(','))
+                    .map_or(0, |rest| rest.matches(',').count()),
+                _ => 0,
+            };
             for (i, line) in text.lines().enumerate() {
                 let round = line.split(',').next().and_then(|r| r.parse::<usize>().ok());
-                if i == 0 || round.is_some_and(|r| r < next_round) {
+                if i == 0 && missing > 0 {
+                    kept.push_str(&header);
+                    kept.push('\n');
+                } else if i == 0 || round.is_some_and(|r| r < next_round) {
                     kept.push_str(line);
+                    kept.push_str(&",".repeat(missing));
                     kept.push('\n');
                 }
             }
@@ -194,6 +217,8 @@ impl Observer for RunWriter {
         ];
         row.extend(r.cost.values().iter().map(u64::to_string));
         row.push(format!("{:.3}", r.elapsed_s));
+        let spread = r.client_acc.map(|c| [c.p10, c.p50, c.p90, c.worst10]);
+        row.extend((0..CLIENT_ACC_COLUMNS.len()).map(|i| opt(spread.map(|s| s[i]))));
         let mpath = self.dir.join("metrics.csv");
         self.metrics.write_record(&row).map_err(csv_err(&mpath))?;
         self.metrics.flush().map_err(io(&mpath))?;
@@ -216,6 +241,25 @@ impl Observer for RunWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run begun before the per-client accuracy columns existed resumes with them: the
+    /// header gains them, the kept rows gain empty fields, and the rows of rounds after the
+    /// checkpoint go.
+    #[test]
+    fn resuming_an_older_run_widens_its_metrics() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        drop(RunWriter::create(&dir, &Config::default()).unwrap());
+        let old: Vec<&str> = metric_columns()[..metric_columns().len() - 4].to_vec();
+        let row = |t: usize| format!("{t}{}", ",1".repeat(old.len() - 1));
+        let text = format!("{}\n{}\n{}\n{}\n", old.join(","), row(0), row(1), row(2));
+        std::fs::write(dir.join("metrics.csv"), text).unwrap();
+        drop(RunWriter::resume(&dir, 2).unwrap());
+        let back = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+        let lines: Vec<&str> = back.lines().collect();
+        assert_eq!(lines[0], metric_columns().join(","));
+        assert_eq!(lines[1..], [row(0) + ",,,,", row(1) + ",,,,"]);
+    }
 
     /// Only a run that failed before finishing a round is replaced; one with a finished
     /// round, or any other content, is refused.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::Collect;
 use fedsel::config::Config;
 use fedsel::data::{self, locate};
-use fedsel::engine::{self, Experiment, RoundRecord};
+use fedsel::engine::{self, ClientAccuracy, Experiment, RoundRecord};
 use fedsel::error::Error;
 use fedsel::ledger::Ledger;
 use fedsel::output::RunWriter;
@@ -60,6 +60,105 @@ fn default_experiment_converges_on_synthetic() {
         rows.iter()
             .all(|r| r.n_selected == 6 && r.n_available == 30)
     );
+}
+
+/// numpy's `percentile` (linear interpolation) and the mean of the ⌈n/10⌉ lowest, by hand:
+/// sorted 0.1 0.3 0.5 0.7 0.9 put p10 at position 0.4 (0.1 + 0.4·0.2 = 0.18) and p90 at 3.6
+/// (0.7 + 0.6·0.2 = 0.82); 11 clients make the worst 10 % two of them.
+#[test]
+fn client_accuracy_percentiles_are_numpys_and_the_worst_tenth_rounds_up() {
+    let a = ClientAccuracy::of(&[0.5, 0.1, 0.9, 0.3, 0.7]).unwrap();
+    let close = |x: f64, y: f64| (x - y).abs() < 1e-12;
+    assert!(
+        close(a.p10, 0.18) && close(a.p50, 0.5) && close(a.p90, 0.82),
+        "{a:?}"
+    );
+    assert_eq!(a.worst10, 0.1);
+    let eleven: Vec<f64> = (0..11).rev().map(|i| i as f64 / 10.0).collect();
+    let b = ClientAccuracy::of(&eleven).unwrap();
+    assert!(
+        close(b.worst10, 0.05) && close(b.p10, 0.1) && close(b.p90, 0.9),
+        "{b:?}"
+    );
+    let one = ClientAccuracy::of(&[0.25]).unwrap();
+    assert_eq!(
+        (one.p10, one.p50, one.p90, one.worst10),
+        (0.25, 0.25, 0.25, 0.25)
+    );
+    assert_eq!(ClientAccuracy::of(&[]), None);
+}
+
+/// Per-client accuracies come on exactly the rounds the test set is evaluated, are
+/// fractions of each client's held-out examples, and are ordered p10 ≤ p50 ≤ p90 with the
+/// worst tenth below p10; they book no cost. Without held-out data there are none.
+#[test]
+fn client_accuracy_is_measured_on_evaluation_rounds_only() {
+    let exp = synthetic(&["rounds=7", "eval.every=3"]);
+    let rows = run_in_pool(2, &exp);
+    let measured: Vec<usize> = rows
+        .iter()
+        .filter(|r| r.client_acc.is_some())
+        .map(|r| r.round)
+        .collect();
+    assert_eq!(measured, [2, 5, 6]);
+    assert!(
+        rows.iter()
+            .all(|r| r.client_acc.is_some() == r.test_acc.is_some())
+    );
+    for c in rows.iter().filter_map(|r| r.client_acc) {
+        assert!(0.0 <= c.worst10 && c.worst10 <= c.p10, "{c:?}");
+        assert!(c.p10 <= c.p50 && c.p50 <= c.p90 && c.p90 <= 1.0, "{c:?}");
+    }
+    let params = exp.layout.init(1);
+    let acc = exp.client_accuracies(&params);
+    let holding: Vec<_> = exp
+        .clients
+        .iter()
+        .filter(|c| !c.holdout.is_empty())
+        .collect();
+    assert!(
+        holding.len() > 20,
+        "{} of 30 clients hold data out",
+        holding.len()
+    );
+    assert_eq!(acc.len(), holding.len());
+    for (a, c) in acc.iter().zip(holding) {
+        let correct = a * c.holdout.len() as f64;
+        assert!(
+            (correct - correct.round()).abs() < 1e-9,
+            "{a} of {}",
+            c.holdout.len()
+        );
+    }
+    let cost: u64 = rows.iter().map(|r| r.cost.evaluations).sum();
+    assert_eq!(
+        cost, 0,
+        "uniform asks for no evaluation, and the measurement books none"
+    );
+    let none = synthetic(&["rounds=2", "partition.holdout_fraction=0.0"]);
+    assert!(none.client_accuracies(&params).is_empty());
+    assert!(run_in_pool(2, &none).iter().all(|r| r.client_acc.is_none()));
+    // Switched off: no measurement, and every other value of every round as it was.
+    let off = synthetic(&["rounds=7", "eval.every=3", "eval.per_client=false"]);
+    let without = run_in_pool(2, &off);
+    assert!(without.iter().all(|r| r.client_acc.is_none()));
+    let cleared = |rows: Vec<RoundRecord>| {
+        let mut rows = strip_time(rows);
+        rows.iter_mut().for_each(|r| r.client_acc = None);
+        rows
+    };
+    assert_eq!(cleared(without), cleared(rows));
+    // On by default and then not written out, so the hash of every earlier config stands;
+    // off, it is written and the hash moves.
+    assert!(!exp.config.to_resolved_toml().contains("per_client"));
+    assert!(off.config.to_resolved_toml().contains("per_client = false"));
+    let mut on = off.config.clone();
+    on.eval.per_client = true;
+    assert_eq!(
+        on.hash(),
+        synthetic(&["rounds=7", "eval.every=3"]).config.hash()
+    );
+    assert_ne!(on.hash(), off.config.hash());
 }
 
 #[test]
@@ -594,10 +693,20 @@ impl engine::Observer for CrashAfter {
 }
 
 fn metrics_without_time(dir: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("metrics.csv"))
-        .unwrap()
+    let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let time = text
         .lines()
-        .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+        .next()
+        .unwrap()
+        .split(',')
+        .position(|c| c == "elapsed_s")
+        .unwrap();
+    text.lines()
+        .map(|l| {
+            let mut fields: Vec<&str> = l.split(',').collect();
+            fields.remove(time);
+            fields.join(",")
+        })
         .collect()
 }
 
