@@ -870,6 +870,19 @@ fn bench(
     Ok(())
 }
 
+/// Sends the core's warnings to stderr, as plain text unless stderr is a terminal (a log
+/// file or a notebook's captured stderr gets no colour codes), filtered by `RUST_LOG`
+/// (default: warnings). An embedding program's subscriber, installed first, stays.
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
 /// Runs the command line on `args`, the program's name first (as
 /// [`std::env::args_os`] gives them), and returns the process's exit status: 0 on
 /// success, 1 for an error (printed to stderr), 2 for bad arguments, 128 + the signal's
@@ -881,14 +894,7 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    // An embedding program's subscriber, installed first, stays.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+    init_logging();
     let status = match Cli::try_parse_from(args) {
         Err(e) => {
             let _ = e.print();

@@ -7,7 +7,6 @@
 mod convert;
 mod selector;
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -481,16 +480,8 @@ fn cli(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
 
 #[pymodule]
 fn _fedsel(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    // Warnings only, unless RUST_LOG says otherwise; an embedding program that installed
-    // its own subscriber first keeps it. Colour codes only on a terminal: a log file or a
-    // notebook's captured stderr gets plain text.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+    // The CLI's logging: warnings (RUST_LOG filters), colour codes only on a terminal.
+    fedsel_cli::init_logging();
     m.add("FedselError", m.py().get_type::<FedselError>())?;
     m.add("VERSION", fedsel::VERSION)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;

@@ -269,10 +269,13 @@ mod tests {
     use crate::rng::Rng;
     use crate::select::{RoundContext, Selection};
 
+    /// One observed round: the entries, their losses and their updates.
+    type Seen = (Vec<usize>, Vec<f64>, Option<Vec<Vec<f32>>>);
+
     /// Records what it was told.
     #[derive(Default)]
     struct Recorder {
-        seen: Vec<(Vec<usize>, Vec<f64>, Option<Vec<Vec<f32>>>)>,
+        seen: Vec<Seen>,
     }
 
     impl Selector for Recorder {
