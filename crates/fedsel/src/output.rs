@@ -54,6 +54,11 @@ pub fn metric_columns() -> Vec<&'static str> {
     c
 }
 
+/// The columns `metrics.csv` appends when `[system]` runs a virtual clock: the round's
+/// virtual seconds and the clock at its end. Without a clock they are absent, so such runs
+/// write the bytes they always did.
+pub const CLOCK_COLUMNS: [&str; 2] = ["round_s", "clock_s"];
+
 impl RunWriter {
     /// Creates `dir` and writes the resolved config and the CSV headers. A directory that
     /// already holds anything is refused ([`Error::RunExists`]): a finished run is never
@@ -79,7 +84,13 @@ impl RunWriter {
         };
         Ok(Self {
             dir: dir.to_path_buf(),
-            metrics: new("metrics.csv", &metric_columns())?,
+            metrics: new("metrics.csv", &{
+                let mut c = metric_columns();
+                if config.system.as_ref().is_some_and(|s| s.is_on()) {
+                    c.extend(CLOCK_COLUMNS);
+                }
+                c
+            })?,
             selections: new("selections.csv", &["round", "client"])?,
             availability: new("availability.csv", &["round", "available"])?,
         })
@@ -189,6 +200,9 @@ impl Observer for RunWriter {
         ];
         row.extend(r.cost.values().iter().map(u64::to_string));
         row.push(format!("{:.3}", r.elapsed_s));
+        if let Some(c) = &r.clock {
+            row.extend([format!("{:.6}", c.round_s), format!("{:.6}", c.clock_s)]);
+        }
         let mpath = self.dir.join("metrics.csv");
         self.metrics.write_record(&row).map_err(csv_err(&mpath))?;
         self.metrics.flush().map_err(io(&mpath))?;
