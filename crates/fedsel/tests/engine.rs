@@ -1145,3 +1145,47 @@ fn a_device_csv_drives_the_clock_and_a_bad_one_names_file_and_client() {
         .to_string();
     assert!(err.contains("bad.csv") && err.contains("client 1"), "{err}");
 }
+
+#[test]
+fn a_resumed_clock_run_equals_an_uninterrupted_one() {
+    let exp = synthetic(&[
+        "rounds=12",
+        "checkpoint_every=5",
+        "targets=[0.3, 0.5]",
+        "system.kind=\"lognormal\"",
+        "system.round.policy=\"overcommit\"",
+    ]);
+    let whole = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
+    let full = engine::run(&exp, &mut w).unwrap();
+
+    let broken = tempfile::tempdir().unwrap();
+    let mut crash = CrashAfter {
+        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
+        round: 7,
+    };
+    assert!(engine::run(&exp, &mut crash).is_err());
+    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
+    assert_eq!(cp.next_round, 5);
+    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
+    let resumed = engine::resume(&exp, &mut w, cp).unwrap();
+
+    // Every column but elapsed_s, the third from the end.
+    let without_elapsed = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_to_string(dir.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: Vec<&str> = l.split(',').collect();
+                v.remove(v.len() - 3);
+                v.join(",")
+            })
+            .collect()
+    };
+    assert_eq!(
+        without_elapsed(whole.path()),
+        without_elapsed(broken.path())
+    );
+    assert!(full.clock.as_ref().unwrap().clock_s > 0.0);
+    assert_eq!(resumed.clock, full.clock);
+}

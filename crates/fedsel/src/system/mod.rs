@@ -156,3 +156,80 @@ impl SystemConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, RoundPolicy, SystemKind};
+
+    fn load(set: &[&str]) -> Result<Config, String> {
+        let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+        let c = Config::load(None, &set).map_err(|e| e.to_string())?;
+        c.validate().map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    #[test]
+    fn the_system_table_parses_and_bad_values_name_their_key() {
+        let c = load(&[
+            "system.kind=\"lognormal\"",
+            "system.round={policy=\"deadline\", deadline_s=2.5}",
+        ])
+        .unwrap();
+        let s = c.system.unwrap();
+        assert_eq!(s.kind, SystemKind::Lognormal);
+        assert_eq!(s.round, RoundPolicy::Deadline { deadline_s: 2.5 });
+        let c = load(&[
+            "system.kind=\"lognormal\"",
+            "system.round.policy=\"overcommit\"",
+        ]);
+        assert_eq!(
+            c.unwrap().system.unwrap().round,
+            RoundPolicy::Overcommit { overcommit: 0.3 }
+        );
+        for (set, key) in [
+            (&["system.kind=\"csv\""][..], "system.path"),
+            (
+                &["system.kind=\"lognormal\"", "system.path=\"d.csv\""],
+                "system.path",
+            ),
+            (&["system.round.policy=\"overcommit\""], "system.kind"),
+            (
+                &["system.kind=\"lognormal\"", "system.augmentation=0"],
+                "system.augmentation",
+            ),
+            (
+                &["system.kind=\"lognormal\"", "system.tail_skew=-1"],
+                "system.tail_skew",
+            ),
+            (
+                &[
+                    "system.kind=\"lognormal\"",
+                    "system.round={policy=\"overcommit\", overcommit=-0.5}",
+                ],
+                "system.round.overcommit",
+            ),
+            (
+                &[
+                    "system.kind=\"lognormal\"",
+                    "system.round={policy=\"deadline\", deadline_s=0}",
+                ],
+                "system.round.deadline_s",
+            ),
+            (&["system.kind=\"lognormal\"", "system.speed=1"], "speed"),
+        ] {
+            let e = load(set).unwrap_err();
+            assert!(e.contains(key), "{set:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_absent_system_table_leaves_the_resolved_config_and_hash_alone() {
+        let plain = Config::default();
+        assert!(!plain.to_resolved_toml().contains("system"));
+        let on = load(&["system.kind=\"lognormal\""]).unwrap();
+        assert!(on.to_resolved_toml().contains("[system.round]"));
+        assert_ne!(on.hash(), plain.hash());
+        let back = Config::from_toml_str(&on.to_resolved_toml(), "resolved", &[]);
+        assert_eq!(back.unwrap().system, on.system);
+    }
+}
