@@ -30,7 +30,6 @@ use crate::select::guard::{self, AvailableOnly};
 use crate::select::{self, ClientQuery, Feedback, GradientScope, RoundContext, Setup, UpdateKind};
 use crate::summary::{ClockSummary, RunSummary};
 use crate::system::clock::{Clock, RoundClock, RoundTiming};
-use crate::system::{SystemKind, profile};
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
 
 /// A prepared run: data, clients, model.
@@ -156,14 +155,8 @@ impl Experiment {
         };
         let arch = model::build(&config.model, &data.train)?;
         let layout = ParamLayout::of(arch.as_ref());
-        let clock = match config.system.as_ref().filter(|s| s.is_on()) {
-            Some(system) => {
-                let profiles = match (system.kind, &system.path) {
-                    (SystemKind::Csv, Some(path)) => profile::load_csv(path, clients.len())?,
-                    _ => profile::lognormal(system, clients.len(), config.data_seed()),
-                };
-                Some(Clock::new(system, profiles, layout.total))
-            }
+        let clock = match &config.system {
+            Some(system) => system.clock(clients.len(), layout.total, config.data_seed())?,
             None => None,
         };
         let device = device_for(&config.device)?;
@@ -642,10 +635,7 @@ pub fn run_with(
         let ctx = RoundContext {
             round: t,
             available: &active,
-            budget: exp
-                .clock
-                .as_ref()
-                .map_or(budget, |c| c.selection_budget(budget, active.len())),
+            budget: run.selection_budget(budget, active.len()),
         };
         let selection = run.select(&ctx, lr, &mut cost)?;
         let trained = run.train(t, lr, &selection.clients, &mut cost);
@@ -982,6 +972,15 @@ impl<'a> Run<'a> {
                 .collect()
         });
         trained
+    }
+
+    /// The budget the selector is given for a round of budget `k` with `available` clients:
+    /// `k`, or more under over-commitment.
+    fn selection_budget(&self, k: usize, available: usize) -> usize {
+        self.exp
+            .clock
+            .as_ref()
+            .map_or(k, |c| c.selection_budget(k, available))
     }
 
     /// Each selection entry's finish time on the virtual clock (its client's steps × batch

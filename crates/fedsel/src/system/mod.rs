@@ -12,7 +12,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, Result};
+use crate::system::clock::Clock;
 use crate::validate::{check, check_pos};
 
 /// Where the clients' device profiles come from.
@@ -107,9 +108,31 @@ impl SystemConfig {
         self.kind != SystemKind::None
     }
 
+    /// The clock for `clients` clients and a model of `num_params` parameters, with the
+    /// devices of the profile source (log-normal ones from `data_seed`); `None` for kind
+    /// `none`. A profile file is read here, so that a bad one fails before the run starts.
+    pub fn clock(
+        &self,
+        clients: usize,
+        num_params: usize,
+        data_seed: u64,
+    ) -> Result<Option<Clock>> {
+        let profiles = match (self.kind, &self.path) {
+            (SystemKind::None, _) => return Ok(None),
+            (SystemKind::Lognormal, _) => profile::lognormal(self, clients, data_seed),
+            (SystemKind::Csv, Some(path)) => profile::load_csv(path, clients)?,
+            (SystemKind::Csv, None) => {
+                return Err(
+                    ConfigError::invalid("system.path", "kind = \"csv\" needs a path").into(),
+                );
+            }
+        };
+        Ok(Some(Clock::new(self, profiles, num_params)))
+    }
+
     /// Rejects values no run can use, naming the key: this table's part of
     /// [`Config::validate`](crate::config::Config::validate).
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> std::result::Result<(), ConfigError> {
         check(
             self.is_on() || self.round == RoundPolicy::WaitAll,
             "system.kind",
