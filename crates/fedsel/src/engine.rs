@@ -3,8 +3,9 @@
 //! Each round runs, top to bottom:
 //! availability → selection (with any loss, gradient or probe reports it
 //! asks for) → broadcast → local training of the selected, in
-//! parallel → aggregation → server step → evaluation → feedback to the
-//! selector → metrics.
+//! parallel → (with `[system]`, the virtual clock's round policy) →
+//! aggregation → server step → evaluation → feedback to the selector →
+//! metrics.
 //!
 //! Every random draw comes from a stream keyed by (seed, purpose, round,
 //! client) and parallel results are combined in selection order, so a run is
