@@ -37,6 +37,7 @@ pub use crate::select::hics::HicsConfig;
 pub use crate::select::md::{MdConfig, MdPool};
 pub use crate::select::powd::PowdConfig;
 pub use crate::select::{ClientSize, SelectionConfig};
+pub use crate::system::{RoundPolicy, SystemConfig, SystemKind};
 use crate::validate::{check, check_pos, check_prob};
 
 /// A whole run.
@@ -87,6 +88,10 @@ pub struct Config {
     pub budget: BudgetConfig,
     /// Evaluation of the global model.
     pub eval: EvalConfig,
+    /// Device profiles and the virtual clock. Absent, there is no clock, and neither the
+    /// resolved config nor its hash mentions it, so older configs keep their hash.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system: Option<SystemConfig>,
 }
 
 impl Default for Config {
@@ -111,6 +116,7 @@ impl Default for Config {
             availability: AvailabilityConfig::default(),
             budget: BudgetConfig::default(),
             eval: EvalConfig::default(),
+            system: None,
         }
     }
 }
@@ -861,6 +867,9 @@ impl Config {
         )?;
         sel.divfl.validate()?;
         self.validate_availability()?;
+        if let Some(system) = &self.system {
+            system.validate()?;
+        }
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
         check(
             self.eval.batch_size > 0,
@@ -996,12 +1005,16 @@ pub fn parse_toml(text: &str, source_name: &str) -> Result<toml::Table, ConfigEr
 }
 
 /// Makes the relative file paths a config file names (the availability trace, a LEAF or
-/// FLGo dataset's directory) relative to
+/// FLGo dataset's directory, a device profile CSV) relative to
 /// `dir`, the file's own directory, so a config runs the same from any working directory,
 /// as a sweep's `base` already does. Paths given with `--set` stay relative to the
 /// working directory.
 pub fn anchor_paths(table: &mut toml::Table, dir: &Path) {
-    for (section, key) in [("availability", "trace"), ("dataset", "path")] {
+    for (section, key) in [
+        ("availability", "trace"),
+        ("dataset", "path"),
+        ("system", "path"),
+    ] {
         if let Some(toml::Value::String(p)) = table
             .get_mut(section)
             .and_then(toml::Value::as_table_mut)

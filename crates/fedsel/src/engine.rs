@@ -3,8 +3,9 @@
 //! Each round runs, top to bottom:
 //! availability → selection (with any loss, gradient or probe reports it
 //! asks for) → broadcast → local training of the selected, in
-//! parallel → aggregation → server step → evaluation → feedback to the
-//! selector → metrics.
+//! parallel → (with `[system]`, the virtual clock's round policy) →
+//! aggregation → server step → evaluation → feedback to the selector →
+//! metrics.
 //!
 //! Every random draw comes from a stream keyed by (seed, purpose, round,
 //! client) and parallel results are combined in selection order, so a run is
@@ -28,7 +29,8 @@ use crate::partition::{self, ClientData};
 use crate::rng::{Purpose, stream};
 use crate::select::guard::{self, AvailableOnly};
 use crate::select::{self, ClientQuery, Feedback, GradientScope, RoundContext, Setup, UpdateKind};
-use crate::summary::RunSummary;
+use crate::summary::{ClockSummary, RunSummary};
+use crate::system::clock::{Clock, RoundClock, RoundTiming};
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
 
 /// A prepared run: data, clients, model.
@@ -52,6 +54,9 @@ pub struct Experiment {
     /// The availability trace, read and checked against the partition once, before any
     /// output directory is made (`availability.kind = "trace"` only).
     trace: Option<crate::availability::trace::Trace>,
+    /// The virtual clock, with every client's device (`[system]` with a profile only),
+    /// built here so that a bad profile file fails before any output directory is made.
+    clock: Option<Clock>,
 }
 
 /// One finished round, as written to `metrics.csv`.
@@ -84,6 +89,8 @@ pub struct RoundRecord {
     pub selected: Vec<usize>,
     /// The clients that were available.
     pub available: Vec<usize>,
+    /// The round on the virtual clock, when `[system]` runs one.
+    pub clock: Option<RoundClock>,
 }
 
 /// How the global model fares across clients, each on its own held-out data: the fairness
@@ -197,6 +204,10 @@ impl Experiment {
         };
         let arch = model::build(&config.model, &data.train)?;
         let layout = ParamLayout::of(arch.as_ref());
+        let clock = match &config.system {
+            Some(system) => system.clock(clients.len(), layout.total, config.data_seed())?,
+            None => None,
+        };
         let device = device_for(&config.device)?;
         let n_test = data.test.len();
         let test_idx = if config.eval.max_test_samples > 0 && config.eval.max_test_samples < n_test
@@ -223,6 +234,7 @@ impl Experiment {
             test_idx,
             test_batches,
             trace,
+            clock,
         })
     }
 
@@ -685,15 +697,17 @@ pub fn run_with(
         let ctx = RoundContext {
             round: t,
             available: &active,
-            budget,
+            budget: run.selection_budget(budget, active.len()),
         };
         let selection = run.select(&ctx, lr, &mut cost)?;
         let trained = run.train(t, lr, &selection.clients, &mut cost);
-        run.aggregate(t, &selection, &trained)?;
+        let timing = run.time(&selection.clients, &trained, budget);
+        run.aggregate(t, &selection, &trained, timing.as_ref())?;
         let eval = run.evaluate(t);
         let client_acc = eval.and_then(|_| run.client_accuracy());
         let train_loss = trained.mean_loss();
-        run.feedback(t, &selection.clients, trained);
+        let (reported, trained, clock) = run.on_time(&selection.clients, trained, timing);
+        run.feedback(t, &reported, trained);
         let record = RoundRecord {
             round: t,
             test_acc: eval.map(|e| e.accuracy),
@@ -708,12 +722,47 @@ pub fn run_with(
             elapsed_s: started.elapsed().as_secs_f64(),
             selected: selection.clients,
             available: active,
+            clock,
         };
         run.log(record, eval, observer)?;
         run.checkpoint(t, observer)?;
     }
     observer.on_reports(&run.selector.reports())?;
     Ok(run.summary)
+}
+
+/// The items of the entries the round policy `kept`, in entry order.
+fn kept_entries<T>(items: Vec<T>, kept: &[bool]) -> Vec<T> {
+    items
+        .into_iter()
+        .zip(kept)
+        .filter_map(|(x, &k)| k.then_some(x))
+        .collect()
+}
+
+/// The aggregation weights of the entries the round policy `kept`, computed over those
+/// alone (so the mean and data-size rules weigh the arrivals among themselves; a
+/// selector's own weights are kept as given), and 0 for the others.
+fn kept_weights(
+    rule: AggregationRule,
+    selection: &select::Selection,
+    sizes: &[usize],
+    kept: &[bool],
+) -> Vec<f64> {
+    let entries: Vec<usize> = (0..kept.len()).filter(|&i| kept[i]).collect();
+    let clients: Vec<usize> = entries.iter().map(|&i| selection.clients[i]).collect();
+    let own: Option<Vec<f64>> = selection
+        .weights
+        .as_ref()
+        .map(|w| entries.iter().map(|&i| w[i]).collect());
+    let mut w = vec![0.0; kept.len()];
+    for (&i, x) in entries
+        .iter()
+        .zip(aggregate::weights(rule, &clients, sizes, own.as_deref()))
+    {
+        w[i] = x;
+    }
+    w
 }
 
 /// The state a run carries from round to round, with one method per phase of a round so
@@ -822,6 +871,11 @@ impl<'a> Run<'a> {
             wall_s: 0.0,
             cost: Ledger::default(),
             version: crate::VERSION.into(),
+            clock: exp.clock.as_ref().map(|_| ClockSummary {
+                clock_s: 0.0,
+                time_to_target_s: cfg.targets.iter().map(|&t| (t, None)).collect(),
+                wasted_trainings: 0,
+            }),
         };
         Ok(Run {
             exp,
@@ -984,6 +1038,58 @@ impl<'a> Run<'a> {
         trained
     }
 
+    /// The budget the selector is given for a round of budget `k` with `available` clients:
+    /// `k`, or more under over-commitment.
+    fn selection_budget(&self, k: usize, available: usize) -> usize {
+        self.exp
+            .clock
+            .as_ref()
+            .map_or(k, |c| c.selection_budget(k, available))
+    }
+
+    /// Each selection entry's finish time on the virtual clock (its client's steps × batch
+    /// samples; what a strategy adds, such as probes or loss queries, is not counted yet),
+    /// and the round policy's verdict for a round of budget `k`. `None` without a clock.
+    fn time(&self, selected: &[usize], trained: &Trained, k: usize) -> Option<RoundTiming> {
+        let clock = self.exp.clock.as_ref()?;
+        let batch = self.exp.config.train.batch_size as u64;
+        let finish: Vec<f64> = selected
+            .iter()
+            .map(|&c| clock.finish_s(c, trained.of(c).steps as u64 * batch))
+            .collect();
+        Some(clock.round(&finish, k))
+    }
+
+    /// The entries the selector hears of, and the round on the clock: updates the round
+    /// policy discarded are not reported (the server never used them), though their clients
+    /// keep the optimizer state of the training they did. Without a clock, every entry.
+    fn on_time(
+        &self,
+        selected: &[usize],
+        mut trained: Trained,
+        timing: Option<RoundTiming>,
+    ) -> (Vec<usize>, Trained, Option<RoundClock>) {
+        let (Some(timing), Some(total)) = (timing, &self.summary.clock) else {
+            return (selected.to_vec(), trained, None);
+        };
+        let kept = &timing.kept;
+        let wasted = trained
+            .distinct
+            .iter()
+            .filter(|&&c| !selected.iter().zip(kept).any(|(&s, &k)| k && s == c))
+            .count() as u64;
+        let aggregated = kept.iter().filter(|&&k| k).count();
+        trained.losses = kept_entries(std::mem::take(&mut trained.losses), kept);
+        trained.deltas = trained.deltas.take().map(|d| kept_entries(d, kept));
+        let clock = RoundClock {
+            round_s: timing.round_s,
+            clock_s: total.clock_s + timing.round_s,
+            aggregated,
+            wasted_trainings: wasted,
+        };
+        (kept_entries(selected.to_vec(), kept), trained, Some(clock))
+    }
+
     /// A local model minus the global one, over the part the selector asked for.
     fn delta(&self, local: &[f32]) -> Vec<f32> {
         let diff = |r: std::ops::Range<usize>| {
@@ -1005,27 +1111,37 @@ impl<'a> Run<'a> {
 
     /// Averages the local models into the global one and takes the server step. A
     /// non-finite local model is dropped with weight 0 (F3AST's code, TFF's
-    /// `zero_all_if_any_non_finite`), and the drop is logged.
+    /// `zero_all_if_any_non_finite`), and the drop is logged. On the clock, only the entries
+    /// the round policy kept are aggregated, weighted among themselves.
     fn aggregate(
         &mut self,
         t: usize,
         selection: &select::Selection,
         trained: &Trained,
+        timing: Option<&RoundTiming>,
     ) -> Result<()> {
         let locals: Vec<&[f32]> = selection
             .clients
             .iter()
             .map(|&k| trained.of(k).params.as_slice())
             .collect();
-        let mut w = aggregate::weights(
-            self.rule,
-            &selection.clients,
-            &self.sizes,
-            selection.weights.as_deref(),
-        );
+        let kept = timing.map(|r| r.kept.as_slice());
+        let mut w = match kept {
+            None => aggregate::weights(
+                self.rule,
+                &selection.clients,
+                &self.sizes,
+                selection.weights.as_deref(),
+            ),
+            Some(kept) => kept_weights(self.rule, selection, &self.sizes, kept),
+        };
+        let live = kept.map_or(locals.len(), |k| k.iter().filter(|&&x| x).count());
+        if live == 0 && !locals.is_empty() {
+            tracing::warn!("round {t}: no update arrived in time; the model stays as it was");
+        }
         let mut dropped = 0;
         for (i, x) in locals.iter().enumerate() {
-            if x.iter().any(|v| !v.is_finite()) {
+            if kept.is_none_or(|k| k[i]) && x.iter().any(|v| !v.is_finite()) {
                 tracing::warn!(
                     "round {t}: client {} sent a non-finite model; dropped with weight 0",
                     selection.clients[i]
@@ -1034,14 +1150,15 @@ impl<'a> Run<'a> {
                 dropped += 1;
             }
         }
-        if dropped > 0 && dropped == locals.len() {
+        if dropped > 0 && dropped == live {
             return Err(Error::Diverged {
                 round: t,
                 what: "every local model of the round".into(),
             });
         }
-        // A round with nobody selected (an empty trace round, K_t = 0) leaves the model alone.
-        if !selection.clients.is_empty() {
+        // A round with nobody selected (an empty trace round, K_t = 0) or no update in
+        // time leaves the model alone.
+        if live > 0 {
             let delta = aggregate::delta(&self.global, &locals, &w);
             self.server.step(&mut self.global, &delta);
         }
@@ -1111,6 +1228,10 @@ impl<'a> Run<'a> {
         let t = record.round;
         let summary = &mut self.summary;
         summary.cost.add(&record.cost);
+        if let (Some(total), Some(c)) = (&mut summary.clock, &record.clock) {
+            total.clock_s = c.clock_s;
+            total.wasted_trainings += c.wasted_trainings;
+        }
         if let Some(e) = eval {
             if !e.loss.is_finite() {
                 return Err(Error::Diverged {
@@ -1133,9 +1254,12 @@ impl<'a> Run<'a> {
                 );
             }
             summary.best_loss = Some(summary.best_loss.map_or(e.loss, |b| b.min(e.loss)));
-            for (target, reached) in &mut summary.rounds_to_target {
+            for (i, (target, reached)) in summary.rounds_to_target.iter_mut().enumerate() {
                 if reached.is_none() && e.accuracy >= *target {
                     *reached = Some(t + 1);
+                    if let (Some(total), Some(c)) = (&mut summary.clock, &record.clock) {
+                        total.time_to_target_s[i].1 = Some(c.clock_s);
+                    }
                 }
             }
         }

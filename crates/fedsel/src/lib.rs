@@ -26,6 +26,7 @@ pub mod rng;
 pub mod select;
 pub mod sspp;
 pub mod summary;
+pub mod system;
 pub mod train;
 pub mod validate;
 

@@ -64,6 +64,11 @@ pub fn metric_columns() -> Vec<&'static str> {
     c
 }
 
+/// The columns `metrics.csv` appends when `[system]` runs a virtual clock: the round's
+/// virtual seconds and the clock at its end. Without a clock they are absent, so such runs
+/// write the bytes they always did.
+pub const CLOCK_COLUMNS: [&str; 2] = ["round_s", "clock_s"];
+
 impl RunWriter {
     /// Creates `dir` and writes the resolved config and the CSV headers. A directory that
     /// already holds anything is refused ([`Error::RunExists`]): a finished run is never
@@ -89,7 +94,13 @@ impl RunWriter {
         };
         Ok(Self {
             dir: dir.to_path_buf(),
-            metrics: new("metrics.csv", &metric_columns())?,
+            metrics: new("metrics.csv", &{
+                let mut c = metric_columns();
+                if config.system.as_ref().is_some_and(|s| s.is_on()) {
+                    c.extend(CLOCK_COLUMNS);
+                }
+                c
+            })?,
             selections: new("selections.csv", &["round", "client"])?,
             availability: new("availability.csv", &["round", "available"])?,
         })
@@ -219,6 +230,9 @@ impl Observer for RunWriter {
         row.push(format!("{:.3}", r.elapsed_s));
         let spread = r.client_acc.map(|c| [c.p10, c.p50, c.p90, c.worst10]);
         row.extend((0..CLIENT_ACC_COLUMNS.len()).map(|i| opt(spread.map(|s| s[i]))));
+        if let Some(c) = &r.clock {
+            row.extend([format!("{:.6}", c.round_s), format!("{:.6}", c.clock_s)]);
+        }
         let mpath = self.dir.join("metrics.csv");
         self.metrics.write_record(&row).map_err(csv_err(&mpath))?;
         self.metrics.flush().map_err(io(&mpath))?;

@@ -36,6 +36,8 @@ pub enum Purpose {
     Probe = 9,
     /// The communication budget K_t of a round.
     Budget = 10,
+    /// Each client's device (compute speed, bandwidth), drawn once from the data seed.
+    Device = 11,
 }
 
 /// Mixes a 64-bit value (SplitMix64 finaliser); used to spread the key over the seed bytes.

@@ -37,4 +37,21 @@ pub struct RunSummary {
     pub cost: Ledger,
     /// fedsel version.
     pub version: String,
+    /// The virtual clock's totals, when `[system]` runs one; absent otherwise, so that
+    /// runs without a clock write the summary they always did.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockSummary>,
+}
+
+/// A run's totals on the virtual clock ([`crate::system`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClockSummary {
+    /// Virtual seconds at the end of the last round run.
+    pub clock_s: f64,
+    /// For each configured target: virtual seconds at the end of the round that first
+    /// reached it (the round counted in `rounds_to_target`), if reached.
+    pub time_to_target_s: Vec<(f64, Option<f64>)>,
+    /// Local trainings whose every update the round policy discarded (over-commitment's
+    /// stragglers, updates past the deadline).
+    pub wasted_trainings: u64,
 }

@@ -1064,3 +1064,237 @@ fn without_holdout_a_loss_report_is_the_training_loss_of_the_current_model() {
     let held = synthetic(&[]);
     assert!(held.clients.iter().all(|c| !c.holdout.is_empty()));
 }
+
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn a_clock_run_writes_round_and_clock_seconds_and_time_to_target() {
+    let exp = synthetic(&[
+        "rounds=25",
+        "targets=[0.3, 0.5, 0.999]",
+        "system.kind=\"lognormal\"",
+        "system.round.policy=\"overcommit\"",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(dir.path(), &exp.config).unwrap();
+    let summary = engine::run(&exp, &mut w).unwrap();
+    w.finish(&summary).unwrap();
+
+    let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header[header.len() - 2..], ["round_s", "clock_s"]);
+    assert_eq!(
+        header[header.len() - 3],
+        "elapsed_s",
+        "appended after the old columns"
+    );
+    let rows: Vec<Vec<f64>> = lines
+        .map(|l| {
+            let v: Vec<&str> = l.split(',').collect();
+            v[v.len() - 2..]
+                .iter()
+                .map(|x| x.parse().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(rows.len(), 25);
+    let mut clock = 0.0;
+    for r in &rows {
+        assert!(r[0] > 0.0, "every round takes time: {r:?}");
+        clock += r[0];
+        assert!(
+            (r[1] - clock).abs() < 1e-5,
+            "clock_s is the sum of round_s: {r:?}"
+        );
+    }
+    assert!(
+        rows.windows(2).all(|w| w[1][1] > w[0][1]),
+        "clock_s increases"
+    );
+
+    // Over-commitment: ⌈1.3 · 6⌉ = 8 selected of the 30 always-available clients, 6 kept.
+    let mut c = Collect::default();
+    engine::run(&exp, &mut c).unwrap();
+    for r in &c.0 {
+        assert_eq!((r.n_selected, r.budget), (8, 6));
+        assert_eq!(r.clock.unwrap().aggregated, 6);
+    }
+    let wasted: u64 = c.0.iter().map(|r| r.clock.unwrap().wasted_trainings).sum();
+    let total = summary.clock.as_ref().unwrap();
+    assert_eq!(total.wasted_trainings, wasted);
+    assert!(wasted > 0 && wasted <= 2 * 25);
+
+    let json = read_json(&dir.path().join("summary.json"));
+    let rtt = json["rounds_to_target"].as_array().unwrap();
+    let ttt = json["time_to_target_s"].as_array().unwrap();
+    assert_eq!(rtt.len(), 3);
+    assert!(
+        rtt[0][1].is_u64(),
+        "the synthetic run reaches 30 % in 25 rounds"
+    );
+    assert!(
+        rtt[2][1].is_null() && ttt[2][1].is_null(),
+        "99.9 % is not reached"
+    );
+    for (r, t) in rtt.iter().zip(ttt) {
+        assert_eq!(r[0], t[0]);
+        match r[1].as_u64() {
+            Some(n) => {
+                let at = t[1].as_f64().unwrap();
+                assert!(
+                    (at - rows[n as usize - 1][1]).abs() < 1e-5,
+                    "{at} vs round {n}"
+                );
+            }
+            None => assert!(t[1].is_null()),
+        }
+    }
+    assert!((json["clock_s"].as_f64().unwrap() - clock).abs() < 1e-5);
+}
+
+#[test]
+fn a_wait_all_clock_leaves_every_result_as_without_one() {
+    let base = ["rounds=8", "model.kind=\"mlp\"", "model.dropout=0.2"];
+    let exp = synthetic(&base);
+    let clocked = synthetic(&[&base[..], &["system.kind=\"lognormal\""]].concat());
+    let plain = run_in_pool(2, &exp);
+    let timed = run_in_pool(2, &clocked);
+    assert!(plain.iter().all(|r| r.clock.is_none()));
+    assert!(timed.iter().all(|r| r.clock.is_some()));
+    let untimed = timed
+        .into_iter()
+        .map(|mut r| {
+            r.clock = None;
+            r
+        })
+        .collect();
+    assert_eq!(strip_time(plain), strip_time(untimed));
+
+    // Without [system], no file mentions the clock.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(dir.path(), &exp.config).unwrap();
+    let summary = engine::run(&exp, &mut w).unwrap();
+    w.finish(&summary).unwrap();
+    let metrics = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    assert!(metrics.lines().next().unwrap().ends_with(",elapsed_s"));
+    let json = read_json(&dir.path().join("summary.json"));
+    for key in ["clock_s", "time_to_target_s", "wasted_trainings"] {
+        assert!(json.get(key).is_none(), "{key} in {json}");
+    }
+    let resolved = std::fs::read_to_string(dir.path().join("config.resolved.toml")).unwrap();
+    assert!(!resolved.contains("system"), "{resolved}");
+}
+
+#[test]
+fn past_a_deadline_no_update_is_aggregated_and_the_run_goes_on() {
+    let exp = synthetic(&[
+        "rounds=4",
+        "system.kind=\"lognormal\"",
+        "system.round={policy=\"deadline\", deadline_s=1e-9}",
+    ]);
+    let mut c = Collect::default();
+    let summary = engine::run(&exp, &mut c).unwrap();
+    assert_eq!(c.0.len(), 4);
+    for r in &c.0 {
+        let clock = r.clock.unwrap();
+        assert_eq!((clock.round_s, clock.aggregated), (1e-9, 0));
+        assert_eq!(clock.wasted_trainings, r.cost.trainings);
+        // The model never moves, so every evaluation sees the initial one.
+        assert_eq!(r.test_loss, c.0[0].test_loss);
+    }
+    let total = summary.clock.unwrap();
+    assert_eq!(total.wasted_trainings, summary.cost.trainings);
+    assert!((total.clock_s - 4e-9).abs() < 1e-18);
+}
+
+#[test]
+fn a_device_csv_drives_the_clock_and_a_bad_one_names_file_and_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("devices.csv");
+    // Client k computes at 1 ms a sample and sends at 32 kbit/s: identical devices.
+    let rows: String = (0..30).map(|k| format!("{k},1,32\n")).collect();
+    std::fs::write(
+        &path,
+        format!("client,compute_ms_per_sample,bandwidth_kbps\n{rows}"),
+    )
+    .unwrap();
+    let set = |p: &std::path::Path| {
+        vec![
+            "rounds=2".to_string(),
+            "train.work={steps=5}".into(),
+            "system.kind=\"csv\"".into(),
+            format!("system.path={:?}", p.display().to_string()),
+        ]
+    };
+    let config = Config::load(None, &set(&path)).unwrap();
+    let exp = Experiment::prepare(config, &locate::data_dir(None, None)).unwrap();
+    let mut c = Collect::default();
+    engine::run(&exp, &mut c).unwrap();
+    // Every client: 2 · (P · 32 / 1024) / 32 s of transfers plus 3 · 5 steps · batch · 1 ms.
+    let kbit = exp.layout.total as f64 * 32.0 / 1024.0;
+    let samples = 5.0 * exp.config.train.batch_size as f64;
+    let r = &c.0[0];
+    assert_eq!(r.cost.train_steps, 5 * r.cost.trainings);
+    let want = 2.0 * kbit / 32.0 + 3.0 * samples / 1000.0;
+    assert!((r.clock.unwrap().round_s - want).abs() < 1e-9);
+
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(
+        &bad,
+        "client,compute_ms_per_sample,bandwidth_kbps\n0,1,32\n1,-4,32\n",
+    )
+    .unwrap();
+    let config = Config::load(None, &set(&bad)).unwrap();
+    let err = Experiment::prepare(config, &locate::data_dir(None, None))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("bad.csv") && err.contains("client 1"), "{err}");
+}
+
+#[test]
+fn a_resumed_clock_run_equals_an_uninterrupted_one() {
+    let exp = synthetic(&[
+        "rounds=12",
+        "checkpoint_every=5",
+        "targets=[0.3, 0.5]",
+        "system.kind=\"lognormal\"",
+        "system.round.policy=\"overcommit\"",
+    ]);
+    let whole = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
+    let full = engine::run(&exp, &mut w).unwrap();
+
+    let broken = tempfile::tempdir().unwrap();
+    let mut crash = CrashAfter {
+        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
+        round: 7,
+    };
+    assert!(engine::run(&exp, &mut crash).is_err());
+    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
+    assert_eq!(cp.next_round, 5);
+    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
+    let resumed = engine::resume(&exp, &mut w, cp).unwrap();
+
+    // Every column but elapsed_s, the third from the end.
+    let without_elapsed = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_to_string(dir.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: Vec<&str> = l.split(',').collect();
+                v.remove(v.len() - 3);
+                v.join(",")
+            })
+            .collect()
+    };
+    assert_eq!(
+        without_elapsed(whole.path()),
+        without_elapsed(broken.path())
+    );
+    assert!(full.clock.as_ref().unwrap().clock_s > 0.0);
+    assert_eq!(resumed.clock, full.clock);
+}

@@ -1,0 +1,218 @@
+//! The virtual clock: how long each participant takes, and which updates a round policy
+//! aggregates and how long the round lasts.
+//!
+//! A client's time in a round is FedScale's model: download + compute + upload, where
+//! compute = augmentation × samples processed × ms per sample / 1000 and each transfer is
+//! the model's size in kbit (f32 parameters × 32 / 1024) over the client's bandwidth. The
+//! policies are pure functions of the participants' finish times, in selection order.
+
+use crate::system::profile::Profile;
+use crate::system::{RoundPolicy, SystemConfig};
+
+/// A round on the clock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundTiming {
+    /// Per selection entry, whether its update is aggregated.
+    pub kept: Vec<bool>,
+    /// Virtual seconds from the broadcast until the server closes the round.
+    pub round_s: f64,
+}
+
+/// A finished round on the clock, as `metrics.csv` records it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoundClock {
+    /// Virtual seconds the round lasted.
+    pub round_s: f64,
+    /// Virtual seconds since the run started, at the round's end.
+    pub clock_s: f64,
+    /// Selection entries whose update was aggregated.
+    pub aggregated: usize,
+    /// Local trainings none of whose entries was aggregated.
+    pub wasted_trainings: u64,
+}
+
+/// The last finish time among the kept entries (0 when none is kept).
+fn last_kept(finish: &[f64], kept: &[bool]) -> f64 {
+    finish
+        .iter()
+        .zip(kept)
+        .filter(|(_, k)| **k)
+        .map(|(f, _)| *f)
+        .fold(0.0, f64::max)
+}
+
+/// Waits for everyone: the round lasts until the slowest finishes.
+pub fn wait_all(finish: &[f64]) -> RoundTiming {
+    let kept = vec![true; finish.len()];
+    RoundTiming {
+        round_s: last_kept(finish, &kept),
+        kept,
+    }
+}
+
+/// Keeps the `k` entries that finish first (ties to the earlier entry) and closes the round
+/// when the last of them arrives; with `k` or fewer entries, waits for all.
+pub fn overcommit(finish: &[f64], k: usize) -> RoundTiming {
+    let mut order: Vec<usize> = (0..finish.len()).collect();
+    // A stable sort keeps entry order among equal times.
+    order.sort_by(|&a, &b| finish[a].total_cmp(&finish[b]));
+    let mut kept = vec![false; finish.len()];
+    for &i in order.iter().take(k) {
+        kept[i] = true;
+    }
+    RoundTiming {
+        round_s: last_kept(finish, &kept),
+        kept,
+    }
+}
+
+/// Keeps the updates that arrive by `deadline_s`. The server cannot know that a missing
+/// update will not come, so a round that misses one lasts the whole deadline; a round
+/// where every update arrives closes with the last of them.
+pub fn deadline(finish: &[f64], deadline_s: f64) -> RoundTiming {
+    let kept: Vec<bool> = finish.iter().map(|&f| f <= deadline_s).collect();
+    let round_s = if kept.iter().all(|&k| k) {
+        last_kept(finish, &kept)
+    } else {
+        deadline_s
+    };
+    RoundTiming { kept, round_s }
+}
+
+/// The clients' devices and the round policy, with what every client's time shares.
+#[derive(Debug, Clone)]
+pub struct Clock {
+    profiles: Vec<Profile>,
+    augmentation: f64,
+    /// The model's size in kbit, sent once each way.
+    model_kbit: f64,
+    policy: RoundPolicy,
+}
+
+impl Clock {
+    /// The clock for `profiles` (one per client) and a model of `num_params` f32 parameters.
+    pub fn new(cfg: &SystemConfig, profiles: Vec<Profile>, num_params: usize) -> Self {
+        Self {
+            profiles,
+            augmentation: cfg.augmentation,
+            model_kbit: num_params as f64 * 32.0 / 1024.0,
+            policy: cfg.round,
+        }
+    }
+
+    /// Seconds client `k` takes to download the model, process `samples` samples and
+    /// upload its update.
+    pub fn finish_s(&self, k: usize, samples: u64) -> f64 {
+        let p = &self.profiles[k];
+        let transfer = self.model_kbit / p.bandwidth_kbps;
+        let compute = self.augmentation * samples as f64 * p.compute_ms_per_sample / 1000.0;
+        transfer + compute + transfer
+    }
+
+    /// The budget handed to the selector for a round whose budget is `k` with `available`
+    /// clients: ⌈(1 + o)·k⌉ under over-commitment, capped at the available clients but
+    /// never below `k`; `k` otherwise.
+    pub fn selection_budget(&self, k: usize, available: usize) -> usize {
+        match self.policy {
+            RoundPolicy::Overcommit { overcommit } => {
+                let more = ((1.0 + overcommit) * k as f64).ceil() as usize;
+                more.min(available).max(k)
+            }
+            RoundPolicy::WaitAll | RoundPolicy::Deadline { .. } => k,
+        }
+    }
+
+    /// Applies the round policy to the entries' finish times, `k` being the round's own
+    /// budget (before over-commitment).
+    pub fn round(&self, finish: &[f64], k: usize) -> RoundTiming {
+        match self.policy {
+            RoundPolicy::WaitAll => wait_all(finish),
+            RoundPolicy::Overcommit { .. } => overcommit(finish, k),
+            RoundPolicy::Deadline { deadline_s } => deadline(finish, deadline_s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three clients with a model of 1024 parameters (32 kbit each way) and augmentation 3:
+    ///
+    /// | client | ms/sample | kbit/s | steps × batch | compute (s)         | transfers (s)   | finish (s) |
+    /// |--------|-----------|--------|---------------|---------------------|-----------------|------------|
+    /// | 0      | 1         | 32     | 10 × 10 = 100 | 3·100·1/1000 = 0.3  | 2 · 32/32 = 2   | 2.3        |
+    /// | 1      | 10        | 64     | 10 × 10 = 100 | 3·100·10/1000 = 3   | 2 · 32/64 = 1   | 4.0        |
+    /// | 2      | 2         | 16     | 5 × 10 = 50   | 3·50·2/1000 = 0.3   | 2 · 32/16 = 4   | 4.3        |
+    fn three_clients(round: RoundPolicy) -> Clock {
+        let p = |c, b| Profile {
+            compute_ms_per_sample: c,
+            bandwidth_kbps: b,
+        };
+        let cfg = SystemConfig {
+            round,
+            ..SystemConfig::default()
+        };
+        Clock::new(&cfg, vec![p(1.0, 32.0), p(10.0, 64.0), p(2.0, 16.0)], 1024)
+    }
+
+    fn finish(clock: &Clock) -> Vec<f64> {
+        [(0, 100), (1, 100), (2, 50)]
+            .iter()
+            .map(|&(k, s)| clock.finish_s(k, s))
+            .collect()
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-12
+    }
+
+    #[test]
+    fn hand_computed_finish_times_and_round_lengths() {
+        let clock = three_clients(RoundPolicy::WaitAll);
+        let f = finish(&clock);
+        for (got, want) in f.iter().zip([2.3, 4.0, 4.3]) {
+            assert!(close(*got, want), "{got} ≠ {want}");
+        }
+        // wait_all: everyone, until the slowest (4.3 s).
+        let r = clock.round(&f, 3);
+        assert_eq!(r.kept, [true, true, true]);
+        assert!(close(r.round_s, 4.3));
+
+        // overcommit 0.3 with K = 2: ⌈1.3 · 2⌉ = 3 selected; the two first (2.3 s and
+        // 4.0 s) are aggregated, the round closes at 4.0 s.
+        let clock = three_clients(RoundPolicy::Overcommit { overcommit: 0.3 });
+        assert_eq!(clock.selection_budget(2, 10), 3);
+        assert_eq!(
+            clock.selection_budget(2, 2),
+            2,
+            "capped at the available clients"
+        );
+        let r = clock.round(&f, 2);
+        assert_eq!(r.kept, [true, true, false]);
+        assert!(close(r.round_s, 4.0));
+
+        // deadline 4.1 s: client 2 (4.3 s) misses it, so the round waits the whole 4.1 s.
+        let clock = three_clients(RoundPolicy::Deadline { deadline_s: 4.1 });
+        let r = clock.round(&f, 3);
+        assert_eq!(r.kept, [true, true, false]);
+        assert!(close(r.round_s, 4.1));
+        // deadline 5 s: everyone arrives, the round closes with the last at 4.3 s.
+        let r = deadline(&f, 5.0);
+        assert_eq!(r.kept, [true, true, true]);
+        assert!(close(r.round_s, 4.3));
+        // deadline 1 s: no update arrives; the round still lasts its deadline.
+        let r = deadline(&f, 1.0);
+        assert_eq!(r.kept, [false, false, false]);
+        assert!(close(r.round_s, 1.0));
+    }
+
+    #[test]
+    fn overcommit_breaks_ties_by_entry_order_and_an_empty_round_lasts_nothing() {
+        let r = overcommit(&[3.0, 1.0, 3.0, 3.0], 2);
+        assert_eq!(r.kept, [true, true, false, false]);
+        assert_eq!(r.round_s, 3.0);
+        assert_eq!(wait_all(&[]).round_s, 0.0);
+        assert_eq!(overcommit(&[], 2).round_s, 0.0);
+    }
+}
