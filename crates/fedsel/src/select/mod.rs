@@ -369,6 +369,11 @@ pub struct Feedback<'a> {
     pub train_losses: &'a [f64],
     /// Each selected entry's update (part per [`Needs::updates`]), when asked for.
     pub updates: Option<&'a [Vec<f32>]>,
+    /// Each selected entry's duration of the round in seconds, as the server measures it
+    /// (from the model's broadcast to the update's arrival); `None` when the run has no
+    /// clock. Always the federation's time, never the simulator's own wall clock, so that
+    /// results do not depend on the machine or its thread count.
+    pub durations: Option<&'a [f64]>,
 }
 
 /// A client-selection strategy.
