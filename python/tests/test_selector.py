@@ -103,6 +103,7 @@ STRATEGIES = {
     "cs2": {},
     "divfl": {},
     "fedgs": {"graph": "sspp"},
+    "oort": {},
 }
 
 

@@ -35,6 +35,7 @@ fn options_table(strategy: &str) -> Option<&'static str> {
         "f3ast" => Some("f3ast"),
         "hics" => Some("hics"),
         "divfl" => Some("divfl"),
+        "oort" => Some("oort"),
 
         _ => None,
     }

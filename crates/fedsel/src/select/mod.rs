@@ -21,6 +21,7 @@ pub mod fedgs;
 pub mod guard;
 pub mod hics;
 pub mod md;
+pub mod oort;
 pub mod powd;
 pub mod uniform;
 pub mod ward;
@@ -37,6 +38,7 @@ use fedcor::FedCorConfig;
 use fedgs::FedGsConfig;
 use hics::HicsConfig;
 use md::MdConfig;
+use oort::OortConfig;
 use powd::PowdConfig;
 
 /// Client selection.
@@ -44,7 +46,7 @@ use powd::PowdConfig;
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
     /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
-    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2) or `divfl`.
+    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl` or `oort`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -68,6 +70,8 @@ pub struct SelectionConfig {
     pub hics: HicsConfig,
     /// DivFL settings (`divfl`).
     pub divfl: DivflConfig,
+    /// Oort settings (`oort`).
+    pub oort: OortConfig,
 }
 
 impl Default for SelectionConfig {
@@ -85,6 +89,7 @@ impl Default for SelectionConfig {
             f3ast: F3astConfig::default(),
             hics: HicsConfig::default(),
             divfl: DivflConfig::default(),
+            oort: OortConfig::default(),
         }
     }
 }
@@ -494,6 +499,7 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
             clustered::Variant::Similarity,
         ))),
         "divfl" => Ok(Box::new(divfl::DivFl::new(cfg.divfl.clone()))),
+        "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),
