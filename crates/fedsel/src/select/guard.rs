@@ -276,10 +276,13 @@ mod tests {
     use crate::rng::Rng;
     use crate::select::{RoundContext, Selection};
 
+    /// One report: the entries, their losses and their updates.
+    type Seen = (Vec<usize>, Vec<f64>, Option<Vec<Vec<f32>>>);
+
     /// Records what it was told.
     #[derive(Default)]
     struct Recorder {
-        seen: Vec<(Vec<usize>, Vec<f64>, Option<Vec<Vec<f32>>>)>,
+        seen: Vec<Seen>,
         durations: Vec<Option<Vec<f64>>>,
     }
 

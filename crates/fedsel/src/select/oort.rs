@@ -308,7 +308,7 @@ impl Oort {
         s.exploit_history.push(sum / cnt);
         s.reported.iter_mut().for_each(|r| *r = false);
         let w = self.cfg.pacer_step;
-        if round < 2 * w || round % w != 0 {
+        if round < 2 * w || !round.is_multiple_of(w) {
             return;
         }
         let h = &s.exploit_history;
