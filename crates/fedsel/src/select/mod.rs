@@ -70,7 +70,9 @@ pub struct SelectionConfig {
     pub hics: HicsConfig,
     /// DivFL settings (`divfl`).
     pub divfl: DivflConfig,
-    /// Oort settings (`oort`).
+    /// Oort settings (`oort`). Written out only when they differ from the defaults, so that
+    /// configs from before the table keep their hash (sweep cells, checkpoints).
+    #[serde(skip_serializing_if = "OortConfig::is_default")]
     pub oort: OortConfig,
 }
 

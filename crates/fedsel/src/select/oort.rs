@@ -123,6 +123,11 @@ impl Default for OortConfig {
 }
 
 impl OortConfig {
+    /// Whether every option has its default (the config then leaves the table out).
+    pub(crate) fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
     /// Checks every option, naming the key it refuses.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         check_prob(
@@ -821,6 +826,26 @@ mod tests {
             let err = other.load(&saved).unwrap_err().to_string();
             assert!(err.contains("30 utilities where 20 belong"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_set_table_survives_the_resolved_config_and_a_default_one_is_left_out() {
+        use crate::config::Config;
+        let load = |text: &str| Config::from_toml_str(text, "test", &[]).unwrap();
+        let set = load("[selection]\nstrategy = \"oort\"\n[selection.oort]\nround_penalty = 3.0\n");
+        let resolved = set.to_resolved_toml();
+        assert!(resolved.contains("round_penalty = 3.0"), "{resolved}");
+        assert_eq!(load(&resolved).selection.oort, set.selection.oort);
+        assert_ne!(
+            set.hash(),
+            load("[selection]\nstrategy = \"oort\"\n").hash()
+        );
+        let default = load("[selection]\nstrategy = \"oort\"\n").to_resolved_toml();
+        assert!(!default.contains("round_penalty"), "{default}");
+        let e = Config::from_toml_str("[selection.oort]\npacer_step = 0\n", "test", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("selection.oort.pacer_step"), "{e}");
     }
 
     #[test]
