@@ -6,7 +6,7 @@
 //!
 //! Each round (Alg. 1, `getTopK` in the code):
 //! 1. the participation blacklist drops clients that trained more than `blacklist_rounds`
-//!    times (§4.3 "outliers"; off by default, as in the code);
+//!    times (Alg. 1 "blacklist outliers"; off by default, as in the code);
 //! 2. the pacer may move the preferred round duration T (Alg. 1 "Pacer");
 //! 3. every explored client gets a utility: its clipped statistical utility plus the
 //!    staleness bonus √(0.1·ln R / L(i)), times (T / t_i)^α when its last duration t_i
@@ -47,7 +47,7 @@
 //!
 //! Both protocols express T as the `round_threshold` percentile of the measured durations
 //! (the code's form; the paper's T ← T + Δ gives Δ no unit) and decay ε each round to a
-//! floor (the code; §4.2 describes the decaying ε-greedy). The code's `exploration_alpha`
+//! floor (the code's schedule; Alg. 1 takes ε as given). The code's `exploration_alpha`
 //! only feeds its log lines and a commented-out staleness formula, so it is not a key.
 //!
 //! Departures from the code, for fedsel's contract of K_t clients per round: when fewer
