@@ -115,9 +115,12 @@ class Selector:
         *,
         updates: Sequence[Sequence[float]] | None = None,
         train_losses: Sequence[float] | None = None,
+        durations: Sequence[float] | None = None,
     ) -> list[int]:
         """Reports the last selection's outcome; returns the clients left out of what the
-        strategy learns for a non-finite loss or update (each also a RuntimeWarning)."""
+        strategy learns for a non-finite loss, update or duration (each also a
+        RuntimeWarning). `durations`: each entry's measured round trip in seconds, one per
+        entry of `selected`, which system-aware strategies (Oort) learn from."""
     @property
     def rejected(self) -> int:
         """How many reported entries `observe` has left out so far."""

@@ -103,6 +103,7 @@ STRATEGIES = {
     "cs2": {},
     "divfl": {},
     "fedgs": {"graph": "sspp"},
+    "oort": {},
 }
 
 
@@ -210,3 +211,19 @@ def test_updates_are_required_where_the_strategy_learns_from_them():
         sel.observe(chosen)
     with pytest.raises(fedsel.FedselError, match="observe before any select"):
         make("uniform").observe([0])
+
+
+def test_oort_learns_measured_durations_and_refuses_impossible_ones():
+    sel = make("oort", round_penalty=3.0)
+    chosen = sel.select(0, list(range(N)), M, Toy())
+    with pytest.raises(fedsel.FedselError, match="2 durations for 3 selected clients"):
+        sel.observe(chosen, train_losses=[1.0] * M, durations=[1.0, 2.0])
+    with pytest.warns(RuntimeWarning, match="duration -1"):
+        left_out = sel.observe(chosen, train_losses=[0.5] * M, durations=[4.0, -1.0, 2.5])
+    assert left_out == [chosen[1]]
+    state = sel.state()["selector"]
+    assert [state["duration"][k] for k in chosen] == [4.0, None, 2.5]
+    # U = n_k · |loss| for the clients that reported, n_k for the one left out.
+    assert [state["reward"][k] for k in chosen] == [
+        SIZES[chosen[0]] * 0.5, SIZES[chosen[1]], SIZES[chosen[2]] * 0.5
+    ]

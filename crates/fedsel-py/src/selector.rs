@@ -35,6 +35,8 @@ fn options_table(strategy: &str) -> Option<&'static str> {
         "f3ast" => Some("f3ast"),
         "hics" => Some("hics"),
         "divfl" => Some("divfl"),
+        "oort" => Some("oort"),
+
         _ => None,
     }
 }
@@ -467,13 +469,19 @@ impl PySelector {
     /// trust every client, and the simulator drops such a model from its aggregate too.
     /// Returns the clients so left out (counted in `rejected`). A malformed call (an entry
     /// that was not selected, an update of another length) is a `FedselError`.
-    #[pyo3(signature = (selected, *, updates=None, train_losses=None))]
+    ///
+    /// `durations`, when the server measures them, is each entry's round trip in seconds
+    /// (the model's broadcast to the update's arrival): system-aware strategies (Oort)
+    /// prefer clients that finish fast. An entry with a negative or non-finite duration is
+    /// left out like one with a non-finite loss.
+    #[pyo3(signature = (selected, *, updates=None, train_losses=None, durations=None))]
     fn observe(
         &self,
         py: Python<'_>,
         selected: &Bound<'_, PyAny>,
         updates: Option<&Bound<'_, PyAny>>,
         train_losses: Option<&Bound<'_, PyAny>>,
+        durations: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<usize>> {
         let selected = client_ids(
             "selected",
@@ -481,6 +489,7 @@ impl PySelector {
             self.clients,
         )?;
         let updates: Option<Vec<Vec<f32>>> = updates.map(|u| arg("updates", u)).transpose()?;
+        let durations: Option<Vec<f64>> = durations.map(|d| arg("durations", d)).transpose()?;
         let train_losses: Vec<f64> = match train_losses {
             Some(l) => arg("train_losses", l)?,
             None => vec![0.0; selected.len()],
@@ -507,6 +516,13 @@ impl PySelector {
             return Err(py_err(format!(
                 "{} train_losses for {} selected clients",
                 train_losses.len(),
+                selected.len()
+            )));
+        }
+        if let Some(d) = durations.as_ref().filter(|d| d.len() != selected.len()) {
+            return Err(py_err(format!(
+                "{} durations for {} selected clients",
+                d.len(),
                 selected.len()
             )));
         }
@@ -545,6 +561,7 @@ impl PySelector {
                     updates: updates
                         .as_deref()
                         .filter(|_| self.needs.updates != UpdateKind::None),
+                    durations: durations.as_deref(),
                 },
                 update_len,
             ))

@@ -334,12 +334,20 @@ pub fn selection_time(
         let mut elapsed = began.elapsed();
         let updates = (update_len > 0).then(|| clients.vectors(&sel.clients, update_len));
         let losses = clients.losses(&sel.clients);
+        // Round trips that differ by client (1 to 100 s), so that a system-aware strategy
+        // pays for its duration bookkeeping as it would under a clock.
+        let durations: Vec<f64> = sel
+            .clients
+            .iter()
+            .map(|&k| 1.0 + (k % 100) as f64)
+            .collect();
         let began = Instant::now();
         s.observe(&Feedback {
             round: t,
             selected: &sel.clients,
             train_losses: &losses,
             updates: updates.as_deref(),
+            durations: Some(&durations),
         });
         elapsed += began.elapsed();
         if t >= warmup {
@@ -356,7 +364,7 @@ pub fn selection_time(
 /// Every strategy [`selection_time`] knows, in the order `fedsel bench` prints them.
 pub const STRATEGIES: &[&str] = &[
     "uniform", "md", "powd", "cpowd", "rpowd", "afl", "f3ast", "fedcor", "fedgp", "cs1", "cs2",
-    "hics", "divfl", "fedgs",
+    "hics", "divfl", "fedgs", "oort",
 ];
 
 #[cfg(test)]

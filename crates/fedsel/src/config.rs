@@ -529,7 +529,7 @@ const MODELS: &[&str] = &[
 ];
 const STRATEGIES: &[&str] = &[
     "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast", "hics",
-    "cs1", "cs2", "divfl",
+    "cs1", "cs2", "divfl", "oort",
 ];
 
 /// Floats the Synthetic generator may produce (4 GB): far above every paper's size
@@ -866,6 +866,7 @@ impl Config {
             },
         )?;
         sel.divfl.validate()?;
+        sel.oort.validate()?;
         self.validate_availability()?;
         if let Some(system) = &self.system {
             system.validate()?;

@@ -1203,6 +1203,7 @@ impl<'a> Run<'a> {
             selected,
             train_losses: &trained.losses,
             updates: trained.deltas.as_deref(),
+            durations: None,
         };
         for r in guard::observe_usable(self.selector.as_mut(), &feedback, update_len) {
             tracing::warn!(

@@ -1298,3 +1298,45 @@ fn a_resumed_clock_run_equals_an_uninterrupted_one() {
     assert!(full.clock.as_ref().unwrap().clock_s > 0.0);
     assert_eq!(resumed.clock, full.clock);
 }
+
+/// Oort runs the default experiment end to end (no clock: statistical utility only),
+/// picks K distinct available clients every round, learns, and resumes mid-run exactly.
+#[test]
+fn oort_runs_end_to_end_and_resumes_exactly() {
+    let exp = synthetic(&["selection.strategy=\"oort\""]);
+    let rows = run_in_pool(2, &exp);
+    assert_eq!(rows.len(), 200);
+    assert!(rows.iter().all(|r| r.n_selected == 6));
+    let last = rows.last().unwrap().test_acc.unwrap();
+    assert!(last > 0.7, "accuracy {last}");
+
+    let exp = synthetic(&[
+        "rounds=24",
+        "checkpoint_every=5",
+        "selection.strategy=\"oort\"",
+        "selection.oort.pacer_step=3",
+        "selection.oort.blacklist_rounds=5",
+        "availability={ kind = \"ln\", beta = 0.5 }",
+    ]);
+    let whole = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
+    engine::run(&exp, &mut w).unwrap();
+    let broken = tempfile::tempdir().unwrap();
+    let mut crash = CrashAfter {
+        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
+        round: 13,
+    };
+    assert!(engine::run(&exp, &mut crash).is_err());
+    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
+    assert_eq!(cp.next_round, 10);
+    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
+    engine::resume(&exp, &mut w, cp).unwrap();
+    assert_eq!(
+        metrics_without_time(whole.path()),
+        metrics_without_time(broken.path())
+    );
+    assert_eq!(
+        std::fs::read_to_string(whole.path().join("selections.csv")).unwrap(),
+        std::fs::read_to_string(broken.path().join("selections.csv")).unwrap()
+    );
+}

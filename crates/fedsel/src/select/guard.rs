@@ -230,12 +230,15 @@ pub fn observe_usable(
         .enumerate()
         .filter_map(|(i, &client)| {
             let loss = feedback.train_losses[i];
-            let reason = if loss.is_finite() {
+            let duration = feedback.durations.map(|d| d[i]);
+            let reason = if !loss.is_finite() {
+                format!("its training loss {loss} is not finite")
+            } else if let Some(d) = duration.filter(|d| !(d.is_finite() && *d >= 0.0)) {
+                format!("its round duration {d} s is not a finite, non-negative time")
+            } else {
                 updates
                     .and_then(|u| vector_fault(&u[i], want))
                     .map(|r| format!("its update is unusable: {r}"))?
-            } else {
-                format!("its training loss {loss} is not finite")
             };
             Some(Rejected {
                 client,
@@ -254,11 +257,15 @@ pub fn observe_usable(
     let losses: Vec<f64> = entries.iter().map(|&i| feedback.train_losses[i]).collect();
     let kept_updates: Option<Vec<Vec<f32>>> =
         updates.map(|u| entries.iter().map(|&i| u[i].clone()).collect());
+    let kept_durations: Option<Vec<f64>> = feedback
+        .durations
+        .map(|d| entries.iter().map(|&i| d[i]).collect());
     selector.observe(&Feedback {
         round: feedback.round,
         selected: &selected,
         train_losses: &losses,
         updates: kept_updates.as_deref(),
+        durations: kept_durations.as_deref(),
     });
     rejected
 }
@@ -269,13 +276,14 @@ mod tests {
     use crate::rng::Rng;
     use crate::select::{RoundContext, Selection};
 
-    /// One observed round: the entries, their losses and their updates.
+    /// One report: the entries, their losses and their updates.
     type Seen = (Vec<usize>, Vec<f64>, Option<Vec<Vec<f32>>>);
 
     /// Records what it was told.
     #[derive(Default)]
     struct Recorder {
         seen: Vec<Seen>,
+        durations: Vec<Option<Vec<f64>>>,
     }
 
     impl Selector for Recorder {
@@ -296,6 +304,7 @@ mod tests {
                 f.train_losses.to_vec(),
                 f.updates.map(<[Vec<f32>]>::to_vec),
             ));
+            self.durations.push(f.durations.map(<[f64]>::to_vec));
         }
     }
 
@@ -316,6 +325,7 @@ mod tests {
                 selected: &[7, 2, 7, 9, 3],
                 train_losses: &[0.5, 0.1, f64::INFINITY, 0.2, 0.3],
                 updates: Some(&updates),
+                durations: None,
             },
             None,
         );
@@ -335,6 +345,29 @@ mod tests {
     }
 
     #[test]
+    fn entries_with_an_impossible_duration_are_left_out_and_the_rest_keep_theirs() {
+        let mut r = Recorder::default();
+        let rejected = observe_usable(
+            &mut r,
+            &Feedback {
+                round: 2,
+                selected: &[4, 1, 6, 0],
+                train_losses: &[0.5, 0.1, 0.2, 0.3],
+                updates: None,
+                durations: Some(&[12.5, -1.0, f64::NAN, 0.0]),
+            },
+            None,
+        );
+        let named: Vec<(usize, usize)> = rejected.iter().map(|r| (r.client, r.entry)).collect();
+        assert_eq!(named, [(1, 1), (6, 2)]);
+        assert!(rejected[0].reason.contains("duration -1 s"));
+        assert!(rejected[1].reason.contains("duration NaN s"));
+        assert_eq!(r.seen[0].0, [4, 0]);
+        assert_eq!(r.seen[0].1, [0.5, 0.3]);
+        assert_eq!(r.durations, [Some(vec![12.5, 0.0])]);
+    }
+
+    #[test]
     fn a_clean_round_passes_through_whole() {
         let mut r = Recorder::default();
         let rejected = observe_usable(
@@ -344,6 +377,7 @@ mod tests {
                 selected: &[1, 0],
                 train_losses: &[0.5, 0.25],
                 updates: None,
+                durations: None,
             },
             None,
         );

@@ -874,6 +874,7 @@ mod tests {
                     selected: &picked,
                     train_losses: &[0.0, 0.0],
                     updates: Some(&updates),
+                    durations: None,
                 });
             }
             // Round 0 and 1 wrote 1 and 2; round 2 writes 3 unless frozen.

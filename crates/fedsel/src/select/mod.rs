@@ -21,6 +21,7 @@ pub mod fedgs;
 pub mod guard;
 pub mod hics;
 pub mod md;
+pub mod oort;
 pub mod powd;
 pub mod uniform;
 pub mod ward;
@@ -37,6 +38,7 @@ use fedcor::FedCorConfig;
 use fedgs::FedGsConfig;
 use hics::HicsConfig;
 use md::MdConfig;
+use oort::OortConfig;
 use powd::PowdConfig;
 
 /// Client selection.
@@ -44,7 +46,7 @@ use powd::PowdConfig;
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
     /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
-    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2) or `divfl`.
+    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl` or `oort`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -68,6 +70,10 @@ pub struct SelectionConfig {
     pub hics: HicsConfig,
     /// DivFL settings (`divfl`).
     pub divfl: DivflConfig,
+    /// Oort settings (`oort`). Written out only when they differ from the defaults, so that
+    /// configs from before the table keep their hash (sweep cells, checkpoints).
+    #[serde(skip_serializing_if = "OortConfig::is_default")]
+    pub oort: OortConfig,
 }
 
 impl Default for SelectionConfig {
@@ -85,6 +91,7 @@ impl Default for SelectionConfig {
             f3ast: F3astConfig::default(),
             hics: HicsConfig::default(),
             divfl: DivflConfig::default(),
+            oort: OortConfig::default(),
         }
     }
 }
@@ -369,6 +376,11 @@ pub struct Feedback<'a> {
     pub train_losses: &'a [f64],
     /// Each selected entry's update (part per [`Needs::updates`]), when asked for.
     pub updates: Option<&'a [Vec<f32>]>,
+    /// Each selected entry's duration of the round in seconds, as the server measures it
+    /// (from the model's broadcast to the update's arrival); `None` when the run has no
+    /// clock. Always the federation's time, never the simulator's own wall clock, so that
+    /// results do not depend on the machine or its thread count.
+    pub durations: Option<&'a [f64]>,
 }
 
 /// A client-selection strategy.
@@ -489,6 +501,7 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
             clustered::Variant::Similarity,
         ))),
         "divfl" => Ok(Box::new(divfl::DivFl::new(cfg.divfl.clone()))),
+        "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),

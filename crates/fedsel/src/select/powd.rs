@@ -284,6 +284,7 @@ mod tests {
                 selected: &[k],
                 train_losses: &[loss],
                 updates: None,
+                durations: None,
             });
             k
         };

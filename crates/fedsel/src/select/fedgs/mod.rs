@@ -479,6 +479,7 @@ mod tests {
             selected: &sel,
             train_losses: &vec![0.0; sel.len()],
             updates: None,
+            durations: None,
         });
         sel
     }

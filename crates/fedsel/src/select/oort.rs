@@ -1,0 +1,902 @@
+//! Oort (Lai, Zhu, Madhyastha & Chowdhury, OSDI'21): guided participant selection that
+//! weighs what a client's data would teach (statistical utility) against how long it keeps
+//! the round waiting (system utility). Paper: Alg. 1 and §4; code: the training selector of
+//! `thirdparty/oort/oort.py` in SymbioticLab/FedScale, whose option names and defaults are
+//! the keys of `[selection.oort]`.
+//!
+//! Each round (Alg. 1, `getTopK` in the code):
+//! 1. the participation blacklist drops clients that trained more than `blacklist_rounds`
+//!    times (Alg. 1 "blacklist outliers"; off by default, as in the code);
+//! 2. the pacer may move the preferred round duration T (Alg. 1 "Pacer");
+//! 3. every explored client gets a utility: its clipped statistical utility plus the
+//!    staleness bonus √(0.1·ln R / L(i)), times (T / t_i)^α when its last duration t_i
+//!    exceeds T (Alg. 1 "Exploitation #1", Eq. 2);
+//! 4. exploitation samples its share ∝ utility among the clients above a cut-off
+//!    (Alg. 1 "Exploitation #2"); exploration fills the rest from never-tried clients.
+//!
+//! **Statistical utility.** The paper's U(i) = |B_i|·√(Σ_{k∈B_i} loss(k)² / |B_i|) over the
+//! samples B_i of the client's last training (Eq. 1). fedsel's feedback carries each
+//! client's *mean* training loss ℓ̄ over its whole round, so U(i) = n_k·|ℓ̄|: |B_i| is taken
+//! as the client's reported size n_k (the code registers min(n_k, steps·batch), which the
+//! selector's setup does not know), and √(mean loss²) as |mean loss|, which is exact when the
+//! samples' losses agree and otherwise low by the spread (√(ℓ̄² + Var) ≥ |ℓ̄|). The loss
+//! covers the whole round, as the paper intends, not the last mini-batch only that
+//! FedScale's client reports (FedScale issue #249): a last-batch utility is noise that
+//! the paper's argument (Eq. 1 approximates the gradient norm over B_i) does not support.
+//!
+//! **Durations.** t_i is the round trip the server last measured for client i
+//! ([`Feedback::durations`]). Without a clock every t_i is unknown and the system utility
+//! is 1, so Oort is purely statistical. A client's speed is known only once it has
+//! trained, so the system penalty never falls on a never-tried client here, whereas the
+//! code knows every device's speed in advance from its profile.
+//!
+//! **Protocols** (decisions.md), where the paper and the code differ:
+//! - utility: `paper` adds the staleness bonus to the clipped U(i) itself (Alg. 1);
+//!   `code` first min-max normalises the clipped U(i) over the feasible clients;
+//! - pacer: `paper` relaxes T by one step when the last window's summed utility fell
+//!   below the window before (Alg. 1); `code` relaxes it when the change is within 10 %
+//!   (stagnation) and tightens it when the change is 5× or more;
+//! - cut-off: `paper` admits the clients whose utility is at least (1 − `cut_off_util`)
+//!   (the paper's c = 95 %) of the (1 − ε)K-th utility; `code` admits every client above
+//!   `cut_off_util` × the next utility, and keeps admitting below it until it holds more
+//!   than ten times the exploitation share;
+//! - exploration: `paper` samples never-tried clients "by speed" (Alg. 1), which no
+//!   never-tried client has here, so uniformly at random; `code` keeps the
+//!   `sample_window` × share largest by size (its prior reward min(n_k, steps·batch), here
+//!   n_k) and samples them ∝ size.
+//!
+//! Both protocols express T as the `round_threshold` percentile of the measured durations
+//! (the code's form; the paper's T ← T + Δ gives Δ no unit) and decay ε each round to a
+//! floor (the code's schedule; Alg. 1 takes ε as given). The code's `exploration_alpha`
+//! only feeds its log lines and a commented-out staleness formula, so it is not a key.
+//!
+//! Departures from the code, for fedsel's contract of K_t clients per round: when fewer
+//! never-tried clients are available than exploration's share, exploitation takes the
+//! remaining slots (the code returns fewer clients); when no client is explored yet there
+//! is no cut-off to take (the code indexes an empty list).
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    ClientQuery, Feedback, Protocol, RoundContext, Selection, Selector, Setup,
+    weighted_without_replacement,
+};
+use crate::error::{ConfigError, Error};
+use crate::rng::Rng;
+use crate::validate::{check, check_prob};
+
+/// Oort's options: the code's names and defaults (FedScale `config_parser.py`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OortConfig {
+    /// Where the paper and the code differ (see the module doc). Defaults to `code`: the
+    /// paper's evaluation ran the released code, and Alg. 1 leaves units and rules to it.
+    pub protocol: Protocol,
+    /// ε before the first round: the share of each round given to exploration (0.9).
+    pub exploration_factor: f64,
+    /// ε is multiplied by this each round (0.98).
+    pub exploration_decay: f64,
+    /// The floor ε decays to (0.3).
+    pub exploration_min: f64,
+    /// T as a percentile (0–100) of the measured durations; 100 or more means no
+    /// preference (30).
+    pub round_threshold: f64,
+    /// α of the system utility (T / t_i)^α (2.0).
+    pub round_penalty: f64,
+    /// Statistical utilities above this quantile of the feasible clients' are clipped to
+    /// it, so that one outlier cannot take every round (0.9).
+    pub clip_bound: f64,
+    /// A client that trained more than this many times is blacklisted; −1 turns the
+    /// blacklist off (−1).
+    pub blacklist_rounds: i64,
+    /// At most this fraction of the clients is blacklisted (0.3).
+    pub blacklist_max_len: f64,
+    /// The cut-off factor of exploitation (0.05); see the protocols.
+    pub cut_off_util: f64,
+    /// Percentile points the pacer moves T by (5).
+    pub pacer_delta: f64,
+    /// The pacer's window W in rounds (20).
+    pub pacer_step: usize,
+    /// `code` exploration samples among this many times its share of never-tried
+    /// clients (5.0).
+    pub sample_window: f64,
+}
+
+impl Default for OortConfig {
+    fn default() -> Self {
+        Self {
+            protocol: Protocol::Code,
+            exploration_factor: 0.9,
+            exploration_decay: 0.98,
+            exploration_min: 0.3,
+            round_threshold: 30.0,
+            round_penalty: 2.0,
+            clip_bound: 0.9,
+            blacklist_rounds: -1,
+            blacklist_max_len: 0.3,
+            cut_off_util: 0.05,
+            pacer_delta: 5.0,
+            pacer_step: 20,
+            sample_window: 5.0,
+        }
+    }
+}
+
+impl OortConfig {
+    /// Whether every option has its default (the config then leaves the table out).
+    pub(crate) fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks every option, naming the key it refuses.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        check_prob(
+            self.exploration_factor,
+            "selection.oort.exploration_factor",
+            false,
+            false,
+        )?;
+        check_prob(
+            self.exploration_decay,
+            "selection.oort.exploration_decay",
+            true,
+            false,
+        )?;
+        check_prob(
+            self.exploration_min,
+            "selection.oort.exploration_min",
+            false,
+            false,
+        )?;
+        let percent = |x: f64, key: &str| {
+            check(
+                x.is_finite() && (0.0..=100.0).contains(&x),
+                key,
+                format!("{x} is outside [0, 100] (percentile points)"),
+            )
+        };
+        percent(self.round_threshold, "selection.oort.round_threshold")?;
+        check(
+            self.round_penalty.is_finite() && self.round_penalty >= 0.0,
+            "selection.oort.round_penalty",
+            format!("{} must be finite and ≥ 0", self.round_penalty),
+        )?;
+        check_prob(self.clip_bound, "selection.oort.clip_bound", false, false)?;
+        check(
+            self.blacklist_rounds >= -1,
+            "selection.oort.blacklist_rounds",
+            format!(
+                "{} must be ≥ 0, or −1 for no blacklist",
+                self.blacklist_rounds
+            ),
+        )?;
+        check_prob(
+            self.blacklist_max_len,
+            "selection.oort.blacklist_max_len",
+            false,
+            false,
+        )?;
+        check_prob(
+            self.cut_off_util,
+            "selection.oort.cut_off_util",
+            false,
+            false,
+        )?;
+        percent(self.pacer_delta, "selection.oort.pacer_delta")?;
+        check(
+            self.pacer_delta > 0.0,
+            "selection.oort.pacer_delta",
+            "must be > 0",
+        )?;
+        check(
+            self.pacer_step > 0,
+            "selection.oort.pacer_step",
+            "must be at least 1",
+        )?;
+        check(
+            self.sample_window.is_finite() && self.sample_window >= 1.0,
+            "selection.oort.sample_window",
+            format!(
+                "{} must be finite and ≥ 1 (a window smaller than the share cannot fill it)",
+                self.sample_window
+            ),
+        )
+    }
+}
+
+/// What Oort has learned, all of it checkpointed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+struct State {
+    /// Each client's statistical utility: n_k·|ℓ̄| from its last training, n_k before.
+    reward: Vec<f64>,
+    /// Each client's last measured duration in seconds.
+    duration: Vec<Option<f64>>,
+    /// L(i): the 1-based round of each client's last training (0: never).
+    stamp: Vec<usize>,
+    /// How many times each client trained.
+    count: Vec<usize>,
+    /// ε now.
+    exploration: f64,
+    /// T's percentile now.
+    threshold: f64,
+    /// The pacer's record: each round's mean utility of the exploited clients that reported.
+    exploit_history: Vec<f64>,
+    /// The last round's exploited clients.
+    exploited: Vec<usize>,
+    /// Which clients reported since the last selection.
+    reported: Vec<bool>,
+}
+
+/// The min-max normalisation and clip value of the feasible utilities (the code's
+/// `get_norm`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Norm {
+    clip: f64,
+    min: f64,
+    range: f64,
+}
+
+impl Norm {
+    /// Over the positive utilities `u`: the `clip_bound` quantile (the element at
+    /// ⌊len·clip_bound⌋), the minimum less 0.1 % and the range, at least 1e-4.
+    fn of(mut u: Vec<f64>, clip_bound: f64) -> Self {
+        if u.is_empty() {
+            return Self {
+                clip: f64::INFINITY,
+                min: 0.0,
+                range: 1e-4,
+            };
+        }
+        u.sort_by(f64::total_cmp);
+        let n = u.len();
+        let clip = u[((n as f64 * clip_bound) as usize).min(n - 1)];
+        let min = u[0] * 0.999;
+        Self {
+            clip,
+            min,
+            range: (u[n - 1] - min).max(1e-4),
+        }
+    }
+}
+
+/// The Oort selector.
+#[derive(Debug, Clone)]
+pub struct Oort {
+    cfg: OortConfig,
+    sizes: Vec<usize>,
+    state: State,
+}
+
+impl Oort {
+    /// A selector with the given options.
+    pub fn new(cfg: OortConfig) -> Self {
+        Self {
+            cfg,
+            sizes: Vec::new(),
+            state: State::default(),
+        }
+    }
+
+    /// The clients that trained more than `blacklist_rounds` times, most-trained first
+    /// (ties by id), at most ⌊`blacklist_max_len`·N⌋ of them (the code's `get_blacklist`).
+    fn blacklist(&self) -> Vec<bool> {
+        let n = self.state.count.len();
+        let mut out = vec![false; n];
+        let Ok(rounds) = usize::try_from(self.cfg.blacklist_rounds) else {
+            return out;
+        };
+        let mut over: Vec<usize> = (0..n).filter(|&k| self.state.count[k] > rounds).collect();
+        over.sort_by(|&a, &b| {
+            self.state.count[b]
+                .cmp(&self.state.count[a])
+                .then(a.cmp(&b))
+        });
+        over.truncate((self.cfg.blacklist_max_len * n as f64) as usize);
+        for k in over {
+            out[k] = true;
+        }
+        out
+    }
+
+    /// Records the last round's exploitation utility and, every W rounds from 2W on, moves
+    /// T's percentile by comparing the last window's summed utility with the one before.
+    /// `round` is 1-based, as the code's `training_round`.
+    fn pacer(&mut self, round: usize) {
+        let s = &mut self.state;
+        let (mut sum, mut cnt) = (0.0, 1e-4);
+        for &k in &s.exploited {
+            if s.reported[k] {
+                sum += s.reward[k];
+                cnt += 1.0;
+            }
+        }
+        s.exploit_history.push(sum / cnt);
+        s.reported.iter_mut().for_each(|r| *r = false);
+        let w = self.cfg.pacer_step;
+        if round < 2 * w || !round.is_multiple_of(w) {
+            return;
+        }
+        let h = &s.exploit_history;
+        let last: f64 = h[h.len() - 2 * w..h.len() - w].iter().sum();
+        let current: f64 = h[h.len() - w..].iter().sum();
+        s.threshold = pace(
+            self.cfg.protocol,
+            last,
+            current,
+            s.threshold,
+            self.cfg.pacer_delta,
+        );
+    }
+
+    /// T: the duration at ⌊len·threshold/100⌋ among the measured ones, ascending; +∞
+    /// when the threshold reaches 100 or nothing was measured yet.
+    fn preferred_duration(&self) -> f64 {
+        if self.state.threshold >= 100.0 {
+            return f64::INFINITY;
+        }
+        let mut d: Vec<f64> = self.state.duration.iter().flatten().copied().collect();
+        if d.is_empty() {
+            return f64::INFINITY;
+        }
+        d.sort_by(f64::total_cmp);
+        let i = (d.len() as f64 * self.state.threshold / 100.0) as usize;
+        d[i.min(d.len() - 1)]
+    }
+
+    /// The system utility (T / t_i)^α of a client slower than T (Eq. 2), 1 otherwise or
+    /// when its duration is unknown.
+    fn system_utility(&self, k: usize, preferred: f64) -> f64 {
+        match self.state.duration[k] {
+            Some(t) if t > preferred => (preferred / t.max(1e-4)).powf(self.cfg.round_penalty),
+            _ => 1.0,
+        }
+    }
+
+    /// An explored client's utility in round `round` (1-based R): its statistical
+    /// utility clipped at `norm.clip` (min-max normalised under `code`) plus the staleness
+    /// bonus √(0.1·ln R / L(i)), times its system utility.
+    fn utility(&self, k: usize, round: usize, norm: &Norm, preferred: f64) -> f64 {
+        let clipped = self.state.reward[k].min(norm.clip);
+        let statistical = match self.cfg.protocol {
+            Protocol::Paper => clipped,
+            Protocol::Code => (clipped - norm.min) / norm.range,
+        };
+        let staleness = (0.1 * (round as f64).ln() / self.state.stamp[k] as f64).sqrt();
+        ((statistical + staleness) * self.system_utility(k, preferred)).abs()
+    }
+
+    /// Exploitation: `take` clients sampled ∝ utility among those the cut-off admits.
+    fn exploit(&self, scored: &[(usize, f64)], take: usize, rng: &mut Rng) -> Vec<usize> {
+        if take == 0 || scored.is_empty() {
+            return Vec::new();
+        }
+        let mut order: Vec<(usize, f64)> = scored.to_vec();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let admitted = match self.cfg.protocol {
+            Protocol::Paper => {
+                let cut = order[take - 1].1 * (1.0 - self.cfg.cut_off_util);
+                order.iter().take_while(|c| c.1 >= cut).count()
+            }
+            Protocol::Code => {
+                let cut = order[take.min(order.len() - 1)].1 * self.cfg.cut_off_util;
+                let floor = 10 * take;
+                order
+                    .iter()
+                    .enumerate()
+                    .take_while(|(i, c)| c.1 >= cut || *i <= floor)
+                    .count()
+            }
+        };
+        let (ids, w): (Vec<usize>, Vec<f64>) = order[..admitted].iter().copied().unzip();
+        weighted_without_replacement(&ids, &w, take, rng)
+    }
+
+    /// Exploration: `take` never-tried clients of `fresh` (ascending ids).
+    fn explore(&self, fresh: &[usize], take: usize, preferred: f64, rng: &mut Rng) -> Vec<usize> {
+        match self.cfg.protocol {
+            Protocol::Paper => {
+                weighted_without_replacement(fresh, &vec![1.0; fresh.len()], take, rng)
+            }
+            Protocol::Code => {
+                let mut prior: Vec<(usize, f64)> = fresh
+                    .iter()
+                    .map(|&k| (k, self.state.reward[k] * self.system_utility(k, preferred)))
+                    .collect();
+                prior.sort_by(|a, b| b.1.total_cmp(&a.1));
+                prior.truncate(((self.cfg.sample_window * take as f64) as usize).min(fresh.len()));
+                let (ids, w): (Vec<usize>, Vec<f64>) = prior.into_iter().unzip();
+                weighted_without_replacement(&ids, &w, take, rng)
+            }
+        }
+    }
+}
+
+/// The pacer's new T percentile from the summed utilities of the window before (`last`)
+/// and the last window (`current`). `paper` (Alg. 1): relax by `delta` when utility fell.
+/// `code`: relax when the change is within 10 % of `last`, tighten (not below `delta`)
+/// when it is 5× `last` or more. Never above 100, where T stops mattering.
+fn pace(protocol: Protocol, last: f64, current: f64, threshold: f64, delta: f64) -> f64 {
+    let change = (current - last).abs();
+    match protocol {
+        Protocol::Paper if last > current => (threshold + delta).min(100.0),
+        Protocol::Code if change <= last * 0.1 => (threshold + delta).min(100.0),
+        Protocol::Code if change >= last * 5.0 => (threshold - delta).max(delta),
+        _ => threshold,
+    }
+}
+
+impl Selector for Oort {
+    fn name(&self) -> &'static str {
+        "oort"
+    }
+
+    fn setup(&mut self, setup: &Setup) {
+        let n = setup.sizes.len();
+        self.sizes = setup.sizes.clone();
+        self.state = State {
+            reward: setup.sizes.iter().map(|&s| s as f64).collect(),
+            duration: vec![None; n],
+            stamp: vec![0; n],
+            count: vec![0; n],
+            exploration: self.cfg.exploration_factor,
+            threshold: self.cfg.round_threshold,
+            exploit_history: Vec::new(),
+            exploited: Vec::new(),
+            reported: vec![false; n],
+        };
+    }
+
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        _query: &mut dyn ClientQuery,
+        rng: &mut Rng,
+    ) -> Result<Selection, Error> {
+        let round = ctx.round + 1;
+        let blacklist = self.blacklist();
+        self.pacer(round);
+        let preferred = self.preferred_duration();
+        let feasible: Vec<usize> = ctx
+            .available
+            .iter()
+            .copied()
+            .filter(|&k| !blacklist[k])
+            .collect();
+        let positive = feasible
+            .iter()
+            .map(|&k| self.state.reward[k])
+            .filter(|&r| r > 0.0)
+            .collect();
+        let norm = Norm::of(positive, self.cfg.clip_bound);
+        let scored: Vec<(usize, f64)> = feasible
+            .iter()
+            .filter(|&&k| self.state.count[k] > 0)
+            .map(|&k| (k, self.utility(k, round, &norm, preferred)))
+            .collect();
+        let fresh: Vec<usize> = feasible
+            .iter()
+            .copied()
+            .filter(|&k| self.state.count[k] == 0)
+            .collect();
+        let s = &mut self.state;
+        s.exploration = (s.exploration * self.cfg.exploration_decay).max(self.cfg.exploration_min);
+        let budget = ctx.budget;
+        let share = (budget as f64 * s.exploration) as usize;
+        let exploit_len = (budget - share.min(budget))
+            .max(budget.saturating_sub(fresh.len()))
+            .min(scored.len());
+        let exploited = self.exploit(&scored, exploit_len, rng);
+        let explore_len = fresh.len().min(budget - exploited.len());
+        let explored = self.explore(&fresh, explore_len, preferred, rng);
+        self.state.exploited.clone_from(&exploited);
+        Ok(Selection {
+            clients: [explored, exploited].concat(),
+            weights: None,
+        })
+    }
+
+    /// Each reporting client's statistical utility becomes n_k·|ℓ̄| and its duration the
+    /// measured one; it is stamped with this round (1-based) and counted.
+    fn observe(&mut self, f: &Feedback<'_>) {
+        let s = &mut self.state;
+        for (i, (&k, &loss)) in f.selected.iter().zip(f.train_losses).enumerate() {
+            s.reward[k] = self.sizes[k] as f64 * loss.abs();
+            if let Some(d) = f.durations {
+                s.duration[k] = Some(d[i]);
+            }
+            s.stamp[k] = f.round + 1;
+            s.count[k] += 1;
+            s.reported[k] = true;
+        }
+    }
+
+    fn save(&self) -> serde_json::Value {
+        super::save_state(&self.state)
+    }
+
+    fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
+        let loaded: State = super::load_state("oort", state)?;
+        let n = self.sizes.len();
+        super::check_loaded("oort", "utilities", loaded.reward.len(), n)?;
+        super::check_loaded("oort", "durations", loaded.duration.len(), n)?;
+        super::check_loaded("oort", "round stamps", loaded.stamp.len(), n)?;
+        super::check_loaded("oort", "participation counts", loaded.count.len(), n)?;
+        super::check_loaded("oort", "report flags", loaded.reported.len(), n)?;
+        if let Some(&k) = loaded.exploited.iter().find(|&&k| k >= n) {
+            return Err(Error::Selection {
+                selector: "oort".into(),
+                round: 0,
+                reason: format!("the loaded state names client {k} of {n}"),
+            });
+        }
+        self.state = loaded;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{Purpose, stream};
+    use crate::select::testing::{FixedLosses, setup};
+
+    fn oort(cfg: OortConfig, sizes: &[usize]) -> Oort {
+        let mut s = Oort::new(cfg);
+        s.setup(&Setup {
+            sizes: sizes.to_vec(),
+            ..setup(&vec![1.0 / sizes.len() as f64; sizes.len()])
+        });
+        s
+    }
+
+    fn report(s: &mut Oort, round: usize, selected: &[usize], losses: &[f64], durations: &[f64]) {
+        s.observe(&Feedback {
+            round,
+            selected,
+            train_losses: losses,
+            updates: None,
+            durations: Some(durations),
+        });
+    }
+
+    #[test]
+    fn statistical_utility_is_size_times_the_loss_magnitude_and_clips_at_the_quantile() {
+        let mut s = oort(OortConfig::default(), &[100, 40, 10, 50]);
+        // Before training a client's utility is its size n_k (the code's prior).
+        assert_eq!(s.state.reward, [100.0, 40.0, 10.0, 50.0]);
+        // U = n_k·|ℓ̄|: 100·0.5 = 50, 40·|−0.25| = 10 (√(ℓ²) is a magnitude).
+        report(&mut s, 0, &[0, 1], &[0.5, -0.25], &[3.0, 7.0]);
+        assert_eq!(s.state.reward, [50.0, 10.0, 10.0, 50.0]);
+        assert_eq!(s.state.duration, [Some(3.0), Some(7.0), None, None]);
+        assert_eq!((s.state.stamp[0], s.state.count[0]), (1, 1));
+        // Utilities (10, 20, 40, 100): the 0.9 quantile is the element at ⌊4·0.9⌋ = 3,
+        // 100; at clip_bound 0.5 it is the one at 2, 40. min = 10·0.999 = 9.99 and
+        // range = 100 − 9.99 = 90.01.
+        let u = vec![40.0, 10.0, 100.0, 20.0];
+        let n = Norm::of(u.clone(), 0.9);
+        assert_eq!(n.clip, 100.0);
+        let n = Norm::of(u, 0.5);
+        assert_eq!((n.clip, n.min, n.range), (40.0, 9.99, 100.0 - 9.99));
+    }
+
+    #[test]
+    fn utility_adds_the_staleness_bonus_and_the_system_penalty() {
+        let mut s = oort(OortConfig::default(), &[40, 200, 10]);
+        // Client 0 trained in round index 1 (L = 2) with loss 0.5: U = 20; client 1 with
+        // loss 0.5: U = 100, and it took 20 s.
+        report(&mut s, 1, &[0, 1], &[0.5, 0.5], &[5.0, 20.0]);
+        let norm = Norm {
+            clip: 40.0,
+            min: 9.99,
+            range: 90.01,
+        };
+        // Staleness at R = 5: √(0.1·ln 5 / 2) = √0.0804719 = 0.2836757.
+        let stale = 0.283_675_687_399_722_4;
+        // code: (20 − 9.99)/90.01 + 0.2836757 = 0.1112099 + 0.2836757 = 0.3948856.
+        let u = s.utility(0, 5, &norm, f64::INFINITY);
+        assert!((u - 0.394_885_552_970_214_5).abs() < 1e-12, "{u}");
+        assert!((u - ((20.0 - 9.99) / 90.01 + stale)).abs() < 1e-12);
+        // Client 1 is clipped to 40: (40 − 9.99)/90.01 + 0.2836757 = 0.6170831, and with
+        // T = 10 s it is slower: × (10/20)² = 0.25 → 0.1542708.
+        let u = s.utility(1, 5, &norm, 10.0);
+        assert!((u - 0.617_083_086_577_591_5 * 0.25).abs() < 1e-12, "{u}");
+        // paper: the clipped U itself, 20 + 0.2836757.
+        s.cfg.protocol = Protocol::Paper;
+        let u = s.utility(0, 5, &norm, f64::INFINITY);
+        assert!((u - (20.0 + stale)).abs() < 1e-12, "{u}");
+        // An unmeasured client pays no system penalty.
+        assert_eq!(s.system_utility(2, 1e-9), 1.0);
+    }
+
+    #[test]
+    fn preferred_duration_is_the_threshold_percentile_of_the_measured_ones() {
+        let mut s = oort(OortConfig::default(), &[1; 6]);
+        assert_eq!(
+            s.preferred_duration(),
+            f64::INFINITY,
+            "nothing measured yet"
+        );
+        report(
+            &mut s,
+            0,
+            &[0, 1, 2, 3, 4],
+            &[1.0; 5],
+            &[5.0, 1.0, 3.0, 2.0, 4.0],
+        );
+        // Sorted (1, 2, 3, 4, 5); the 30th percentile is the element at ⌊5·30/100⌋ = 1: 2 s.
+        assert_eq!(s.preferred_duration(), 2.0);
+        s.state.threshold = 100.0;
+        assert_eq!(s.preferred_duration(), f64::INFINITY);
+    }
+
+    #[test]
+    fn the_pacer_steps_t_by_delta_on_each_protocol_s_rule() {
+        // Windows summing to 10 before and `current` now; T's percentile 30, Δ = 5.
+        let step = |p, current| pace(p, 10.0, current, 30.0, 5.0);
+        // code: |10.5 − 10| = 0.5 ≤ 1 stagnates → 35; |60 − 10| = 50 ≥ 50 → 25; else 30.
+        assert_eq!(step(Protocol::Code, 10.5), 35.0);
+        assert_eq!(step(Protocol::Code, 60.0), 25.0);
+        assert_eq!(step(Protocol::Code, 30.0), 30.0);
+        // paper: only a fall relaxes: 9 < 10 → 35; 10.5 and 60 leave it.
+        assert_eq!(step(Protocol::Paper, 9.0), 35.0);
+        assert_eq!(step(Protocol::Paper, 10.5), 30.0);
+        assert_eq!(step(Protocol::Paper, 60.0), 30.0);
+        // Bounds: 98 + 5 stops at 100; 7 − 5 stops at Δ = 5.
+        assert_eq!(pace(Protocol::Code, 10.0, 10.0, 98.0, 5.0), 100.0);
+        assert_eq!(pace(Protocol::Code, 10.0, 70.0, 7.0, 5.0), 5.0);
+
+        // Driven by rounds, W = 2: the history holds one entry per selection, and the
+        // pacer acts at R = 4, 6, ... Exploited client 0 (U = n·|ℓ̄| = 10·1 = 10) reports
+        // every round: each entry is 10/(1 + 1e-4), so the windows tie and code relaxes.
+        let cfg = OortConfig {
+            pacer_step: 2,
+            ..OortConfig::default()
+        };
+        let mut s = oort(cfg, &[10, 10]);
+        s.state.exploited = vec![0];
+        for r in 1..=4 {
+            report(&mut s, r - 1, &[0], &[1.0], &[1.0]);
+            s.pacer(r);
+            let want = if r < 4 { 30.0 } else { 35.0 };
+            assert_eq!(s.state.threshold, want, "round {r}");
+        }
+        assert!((s.state.exploit_history[0] - 10.0 / 1.0001).abs() < 1e-12);
+    }
+
+    #[test]
+    fn exploration_share_decays_to_its_floor() {
+        // K = 10 over 100 never-tried clients: ε = 0.9·0.98^R, so the first round explores
+        // ⌊10·0.882⌋ = 8 (and, with nobody explored yet, exploration fills all 10). From
+        // R = 6 (0.9·0.98⁶ = 0.797) the share is 7; from R = 55 (0.9·0.98⁵⁵ < 0.3) the floor
+        // 0.3 gives 3.
+        let mut s = oort(OortConfig::default(), &[5; 100]);
+        let avail: Vec<usize> = (0..100).collect();
+        let mut rng = stream(1, Purpose::Selection, 0, 0);
+        let mut shares = Vec::new();
+        for t in 0..60 {
+            let ctx = RoundContext {
+                round: t,
+                available: &avail,
+                budget: 10,
+            };
+            let picked = s.select(&ctx, &mut FixedLosses(vec![]), &mut rng).unwrap();
+            assert_eq!(picked.clients.len(), 10);
+            shares.push((s.state.exploration * 10.0) as usize);
+            let fresh = picked
+                .clients
+                .iter()
+                .filter(|&&k| s.state.count[k] == 0)
+                .count();
+            if t == 0 {
+                assert_eq!(fresh, 10);
+            } else if t < 9 {
+                // 100 never-tried clients last past round 9: exactly the share explores.
+                assert_eq!(fresh, shares[t], "round {t}");
+            }
+            report(&mut s, t, &picked.clients, &[1.0; 10], &[1.0; 10]);
+        }
+        assert_eq!((shares[0], shares[4], shares[5]), (8, 8, 7));
+        assert_eq!((shares[53], shares[54], shares[59]), (3, 3, 3));
+        assert!(s.state.exploration == 0.3);
+    }
+
+    #[test]
+    fn the_blacklist_drops_the_most_trained_up_to_its_cap() {
+        // Counts (3, 5, 3, 1, 4, 0), blacklist_rounds 2: over it are 1 (5), 4 (4), 0 (3),
+        // 2 (3), in that order (ties by id); the cap ⌊0.5·6⌋ = 3 keeps {1, 4, 0}.
+        let cfg = OortConfig {
+            blacklist_rounds: 2,
+            blacklist_max_len: 0.5,
+            ..OortConfig::default()
+        };
+        let mut s = oort(cfg, &[10; 6]);
+        s.state.count = vec![3, 5, 3, 1, 4, 0];
+        assert_eq!(s.blacklist(), [true, true, false, false, true, false]);
+        // Off by default (−1).
+        s.cfg.blacklist_rounds = -1;
+        assert_eq!(s.blacklist(), [false; 6]);
+        // A blacklisted client is never selected: with {1, 4, 0} out, a budget of 3 over
+        // the 6 clients takes exactly the other 3.
+        s.cfg.blacklist_rounds = 2;
+        s.state.stamp = vec![1; 6];
+        let mut rng = stream(2, Purpose::Selection, 0, 0);
+        for t in 0..20 {
+            let ctx = RoundContext {
+                round: 5 + t,
+                available: &[0, 1, 2, 3, 4, 5],
+                budget: 3,
+            };
+            let mut picked = s
+                .select(&ctx, &mut FixedLosses(vec![]), &mut rng)
+                .unwrap()
+                .clients;
+            picked.sort_unstable();
+            assert_eq!(picked, [2, 3, 5]);
+        }
+    }
+
+    #[test]
+    fn exploitation_prefers_high_utility_and_fast_clients() {
+        // 40 explored clients, all reporting; client k has U = 10·(k+1)·1 and clients
+        // 20..40 took 100 s where the others took 1 s. With the floor ε = 0.3 (no
+        // decay), K = 10 exploits 7 per round; the slow half is penalised by
+        // (T/100)² with T = 1 s (the 30th percentile), so it is rarely picked.
+        let cfg = OortConfig {
+            exploration_factor: 0.3,
+            ..OortConfig::default()
+        };
+        let n = 40;
+        let mut s = oort(cfg, &[10; 40]);
+        let all: Vec<usize> = (0..n).collect();
+        let losses: Vec<f64> = (0..n).map(|k| (k + 1) as f64 / 10.0).collect();
+        let durations: Vec<f64> = (0..n).map(|k| if k < 20 { 1.0 } else { 100.0 }).collect();
+        s.observe(&Feedback {
+            round: 0,
+            selected: &all,
+            train_losses: &losses,
+            updates: None,
+            durations: Some(&durations),
+        });
+        let mut rng = stream(3, Purpose::Selection, 0, 0);
+        let (mut slow, mut high) = (0, 0);
+        for _ in 0..200 {
+            let ctx = RoundContext {
+                round: 1,
+                available: &all,
+                budget: 10,
+            };
+            let picked = s.select(&ctx, &mut FixedLosses(vec![]), &mut rng).unwrap();
+            assert_eq!(picked.clients.len(), 10, "exploitation fills the slots");
+            slow += picked.clients.iter().filter(|&&k| k >= 20).count();
+            high += picked
+                .clients
+                .iter()
+                .filter(|&&k| (10..20).contains(&k))
+                .count();
+        }
+        assert!(slow < 100, "slow clients picked {slow} times of 2000");
+        assert!(
+            high > 1000,
+            "fast high-utility clients picked {high} times of 2000"
+        );
+    }
+
+    #[test]
+    fn a_run_saved_midway_continues_identically_and_a_foreign_state_is_refused() {
+        for protocol in [Protocol::Code, Protocol::Paper] {
+            let cfg = OortConfig {
+                protocol,
+                pacer_step: 2,
+                blacklist_rounds: 3,
+                ..OortConfig::default()
+            };
+            let sizes: Vec<usize> = (0..30).map(|k| 5 + k % 7).collect();
+            let avail: Vec<usize> = (0..30).filter(|k| k % 5 != 0).collect();
+            let play = |s: &mut Oort, rounds: std::ops::Range<usize>| -> Vec<Vec<usize>> {
+                rounds
+                    .map(|t| {
+                        let mut rng = stream(9, Purpose::Selection, t as u64, 0);
+                        let ctx = RoundContext {
+                            round: t,
+                            available: &avail,
+                            budget: 6,
+                        };
+                        let c = s
+                            .select(&ctx, &mut FixedLosses(vec![]), &mut rng)
+                            .unwrap()
+                            .clients;
+                        let l: Vec<f64> = c.iter().map(|&k| 0.1 + (k * t % 11) as f64).collect();
+                        let d: Vec<f64> = c.iter().map(|&k| 1.0 + (k % 4) as f64).collect();
+                        report(s, t, &c, &l, &d);
+                        c
+                    })
+                    .collect()
+            };
+            let mut whole = oort(cfg.clone(), &sizes);
+            let all = play(&mut whole, 0..30);
+            let mut first = oort(cfg.clone(), &sizes);
+            let head = play(&mut first, 0..12);
+            let saved = first.save();
+            let mut resumed = oort(cfg.clone(), &sizes);
+            resumed.load(&saved).unwrap();
+            let tail = play(&mut resumed, 12..30);
+            assert_eq!([head, tail].concat(), all, "{protocol:?}");
+            assert_eq!(resumed.state, whole.state);
+            let mut other = oort(cfg, &sizes[..20]);
+            let err = other.load(&saved).unwrap_err().to_string();
+            assert!(err.contains("30 utilities where 20 belong"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_set_table_survives_the_resolved_config_and_a_default_one_is_left_out() {
+        use crate::config::Config;
+        let load = |text: &str| Config::from_toml_str(text, "test", &[]).unwrap();
+        let set = load("[selection]\nstrategy = \"oort\"\n[selection.oort]\nround_penalty = 3.0\n");
+        let resolved = set.to_resolved_toml();
+        assert!(resolved.contains("round_penalty = 3.0"), "{resolved}");
+        assert_eq!(load(&resolved).selection.oort, set.selection.oort);
+        assert_ne!(
+            set.hash(),
+            load("[selection]\nstrategy = \"oort\"\n").hash()
+        );
+        let default = load("[selection]\nstrategy = \"oort\"\n").to_resolved_toml();
+        assert!(!default.contains("round_penalty"), "{default}");
+        let e = Config::from_toml_str("[selection.oort]\npacer_step = 0\n", "test", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("selection.oort.pacer_step"), "{e}");
+    }
+
+    #[test]
+    fn options_are_validated_by_name() {
+        assert!(OortConfig::default().validate().is_ok());
+        let bad = |cfg: OortConfig, key: &str| {
+            let e = cfg.validate().unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        };
+        let d = OortConfig::default;
+        bad(
+            OortConfig {
+                exploration_decay: 0.0,
+                ..d()
+            },
+            "exploration_decay",
+        );
+        bad(
+            OortConfig {
+                round_threshold: 101.0,
+                ..d()
+            },
+            "round_threshold",
+        );
+        bad(
+            OortConfig {
+                blacklist_rounds: -2,
+                ..d()
+            },
+            "blacklist_rounds",
+        );
+        bad(
+            OortConfig {
+                pacer_step: 0,
+                ..d()
+            },
+            "pacer_step",
+        );
+        bad(
+            OortConfig {
+                sample_window: 0.5,
+                ..d()
+            },
+            "sample_window",
+        );
+        bad(
+            OortConfig {
+                round_penalty: f64::NAN,
+                ..d()
+            },
+            "round_penalty",
+        );
+    }
+}
