@@ -797,6 +797,9 @@ struct Trained {
     /// Per selection entry, the local model minus the broadcast one (whole or output layer,
     /// as the selector asked), or `None` when it asked for no updates.
     deltas: Option<Vec<Vec<f32>>>,
+    /// Per selection entry, the virtual seconds until its update arrived, when the run has
+    /// a clock.
+    durations: Option<Vec<f64>>,
 }
 
 impl Trained {
@@ -1027,6 +1030,7 @@ impl<'a> Run<'a> {
             updates,
             losses: Vec::new(),
             deltas: None,
+            durations: None,
         };
         trained.losses = selected.iter().map(|&k| trained.of(k).mean_loss).collect();
         trained.deltas = (self.needs.updates != UpdateKind::None).then(|| {
@@ -1081,6 +1085,7 @@ impl<'a> Run<'a> {
         let aggregated = kept.iter().filter(|&&k| k).count();
         trained.losses = kept_entries(std::mem::take(&mut trained.losses), kept);
         trained.deltas = trained.deltas.take().map(|d| kept_entries(d, kept));
+        trained.durations = Some(kept_entries(timing.finish, kept));
         let clock = RoundClock {
             round_s: timing.round_s,
             clock_s: total.clock_s + timing.round_s,
@@ -1203,7 +1208,7 @@ impl<'a> Run<'a> {
             selected,
             train_losses: &trained.losses,
             updates: trained.deltas.as_deref(),
-            durations: None,
+            durations: trained.durations.as_deref(),
         };
         for r in guard::observe_usable(self.selector.as_mut(), &feedback, update_len) {
             tracing::warn!(

@@ -1340,3 +1340,29 @@ fn oort_runs_end_to_end_and_resumes_exactly() {
         std::fs::read_to_string(broken.path().join("selections.csv")).unwrap()
     );
 }
+
+/// On a virtual clock Oort hears each update's duration and prefers the fast devices
+/// (its system utility, (T/t_i)^α past the preferred duration T): over the same seed's
+/// devices its rounds are shorter on average than uniform selection's, and its choices
+/// are the same at any thread count.
+#[test]
+fn oort_on_a_clock_prefers_fast_devices() {
+    let clocked = |strategy: &str| {
+        synthetic(&[
+            "rounds=80",
+            &format!("selection.strategy=\"{strategy}\""),
+            "system.kind=\"lognormal\"",
+        ])
+    };
+    let oort = clocked("oort");
+    let rows = run_in_pool(1, &oort);
+    let again = run_in_pool(2, &oort);
+    let picks = |r: &[RoundRecord]| r.iter().map(|x| x.selected.clone()).collect::<Vec<_>>();
+    assert_eq!(picks(&rows), picks(&again));
+    let mean_round = |r: &[RoundRecord]| {
+        r.iter().map(|x| x.clock.unwrap().round_s).sum::<f64>() / r.len() as f64
+    };
+    let uniform = run_in_pool(2, &clocked("uniform"));
+    let (o, u) = (mean_round(&rows), mean_round(&uniform));
+    assert!(o < 0.8 * u, "Oort {o:.2} s a round, uniform {u:.2} s");
+}

@@ -16,6 +16,9 @@ pub struct RoundTiming {
     pub kept: Vec<bool>,
     /// Virtual seconds from the broadcast until the server closes the round.
     pub round_s: f64,
+    /// Per selection entry, virtual seconds from the broadcast until its update arrives:
+    /// what a server measures, and Oort's system utility reads.
+    pub finish: Vec<f64>,
 }
 
 /// A finished round on the clock, as `metrics.csv` records it.
@@ -47,6 +50,7 @@ pub fn wait_all(finish: &[f64]) -> RoundTiming {
     RoundTiming {
         round_s: last_kept(finish, &kept),
         kept,
+        finish: finish.to_vec(),
     }
 }
 
@@ -63,6 +67,7 @@ pub fn overcommit(finish: &[f64], k: usize) -> RoundTiming {
     RoundTiming {
         round_s: last_kept(finish, &kept),
         kept,
+        finish: finish.to_vec(),
     }
 }
 
@@ -76,7 +81,11 @@ pub fn deadline(finish: &[f64], deadline_s: f64) -> RoundTiming {
     } else {
         deadline_s
     };
-    RoundTiming { kept, round_s }
+    RoundTiming {
+        kept,
+        round_s,
+        finish: finish.to_vec(),
+    }
 }
 
 /// The clients' devices and the round policy, with what every client's time shares.
