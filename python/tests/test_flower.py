@@ -69,6 +69,12 @@ def run_app(tmp_path: Path, bin_dir: Path, app: Path, run_config: str, nodes: in
         **os.environ,
         "FLWR_HOME": str(home),
         "FEDSEL_DATA": str(data_dir()),
+        # One BLAS thread in every process of the simulation: the ServerApp's evaluation
+        # (a 500 x 784 product in numpy's OpenBLAS) once span at 100 % CPU for the whole
+        # 600 s, its threads waiting on each other beside Ray's, which no test should depend
+        # on; the nodes' work is too small for BLAS threads to matter.
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
     }
     link = subprocess.Popen(
