@@ -692,6 +692,58 @@ impl engine::Observer for CrashAfter {
     }
 }
 
+/// A run of `exp` whole, and the same run crashed after round `crash`, then resumed from its
+/// last checkpoint, which must resume at `next_round`.
+struct Resumed {
+    whole: tempfile::TempDir,
+    broken: tempfile::TempDir,
+    full: fedsel::summary::RunSummary,
+    resumed: fedsel::summary::RunSummary,
+    /// The checkpoint the resume started from.
+    checkpoint: fedsel::checkpoint::Checkpoint,
+}
+
+impl Resumed {
+    fn run(exp: &Experiment, crash: usize, next_round: usize) -> Self {
+        let whole = tempfile::tempdir().unwrap();
+        let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
+        let full = engine::run(exp, &mut w).unwrap();
+        let broken = tempfile::tempdir().unwrap();
+        let mut crashing = CrashAfter {
+            writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
+            round: crash,
+        };
+        assert!(engine::run(exp, &mut crashing).is_err());
+        let checkpoint = fedsel::checkpoint::load(broken.path()).unwrap();
+        assert_eq!(
+            checkpoint.next_round, next_round,
+            "the last checkpoint before the crash"
+        );
+        let mut w = RunWriter::resume(broken.path(), next_round).unwrap();
+        let resumed = engine::resume(exp, &mut w, checkpoint.clone()).unwrap();
+        Self {
+            whole,
+            broken,
+            full,
+            resumed,
+            checkpoint,
+        }
+    }
+
+    /// The resumed run's metrics (but for wall time) and selections are the whole run's.
+    fn assert_same(&self, what: &str) {
+        assert_eq!(
+            metrics_without_time(self.whole.path()),
+            metrics_without_time(self.broken.path()),
+            "{what}"
+        );
+        let selections = |d: &tempfile::TempDir| {
+            std::fs::read_to_string(d.path().join("selections.csv")).unwrap()
+        };
+        assert_eq!(selections(&self.whole), selections(&self.broken), "{what}");
+    }
+}
+
 fn metrics_without_time(dir: &std::path::Path) -> Vec<String> {
     let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     let time = text
@@ -726,40 +778,18 @@ fn a_resumed_run_equals_an_uninterrupted_one() {
         "server.optimizer=\"adam\"",
         "server.lr=0.02",
     ]);
-    let whole = tempfile::tempdir().unwrap();
-    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
-    let full = engine::run(&exp, &mut w).unwrap();
-
-    let broken = tempfile::tempdir().unwrap();
-    let mut crash = CrashAfter {
-        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
-        round: 17,
-    };
-    assert!(engine::run(&exp, &mut crash).is_err());
-    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
-    assert_eq!(cp.next_round, 15, "the last checkpoint before the crash");
-    assert!(cp.client_states.iter().any(Option::is_some));
-    assert!(!cp.server_m.is_empty());
-    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
-    let resumed = engine::resume(&exp, &mut w, cp).unwrap();
-
+    let r = Resumed::run(&exp, 17, 15);
+    assert!(r.checkpoint.client_states.iter().any(Option::is_some));
+    assert!(!r.checkpoint.server_m.is_empty());
+    r.assert_same("md, mlp, adam");
     assert_eq!(
-        metrics_without_time(whole.path()),
-        metrics_without_time(broken.path())
-    );
-    assert_eq!(
-        std::fs::read_to_string(whole.path().join("selections.csv")).unwrap(),
-        std::fs::read_to_string(broken.path().join("selections.csv")).unwrap()
-    );
-    assert_eq!(
-        (resumed.final_acc, resumed.best_loss, resumed.cost),
-        (full.final_acc, full.best_loss, full.cost)
+        (r.resumed.final_acc, r.resumed.best_loss, r.resumed.cost),
+        (r.full.final_acc, r.full.best_loss, r.full.cost)
     );
 
     // A checkpoint from another config is refused by name.
     let other = synthetic(&["rounds=30", "checkpoint_every=5", "seed=9"]);
-    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
-    let err = engine::resume(&other, &mut Collect::default(), cp)
+    let err = engine::resume(&other, &mut Collect::default(), r.checkpoint.clone())
         .unwrap_err()
         .to_string();
     assert!(err.contains("checkpoint"), "{err}");
@@ -782,24 +812,7 @@ fn selectors_with_state_resume_exactly() {
             "selection.fedcor.steps=20",
             "selection.fedcor.warmup_steps=20",
         ]);
-        let whole = tempfile::tempdir().unwrap();
-        let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
-        engine::run(&exp, &mut w).unwrap();
-        let broken = tempfile::tempdir().unwrap();
-        let mut crash = CrashAfter {
-            writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
-            round: 13,
-        };
-        assert!(engine::run(&exp, &mut crash).is_err());
-        let cp = fedsel::checkpoint::load(broken.path()).unwrap();
-        assert_eq!(cp.next_round, 10);
-        let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
-        engine::resume(&exp, &mut w, cp).unwrap();
-        assert_eq!(
-            metrics_without_time(whole.path()),
-            metrics_without_time(broken.path()),
-            "{strategy}"
-        );
+        Resumed::run(&exp, 13, 10).assert_same(strategy);
     }
 }
 
@@ -821,23 +834,7 @@ fn hics_code_protocol_with_frozen_updates_resumes_exactly() {
         "train.momentum=0.9",
         "train.persistent_state=true",
     ]);
-    let whole = tempfile::tempdir().unwrap();
-    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
-    engine::run(&exp, &mut w).unwrap();
-    let broken = tempfile::tempdir().unwrap();
-    let mut crash = CrashAfter {
-        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
-        round: 12,
-    };
-    assert!(engine::run(&exp, &mut crash).is_err());
-    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
-    assert_eq!(cp.next_round, 10);
-    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
-    engine::resume(&exp, &mut w, cp).unwrap();
-    assert_eq!(
-        metrics_without_time(whole.path()),
-        metrics_without_time(broken.path())
-    );
+    Resumed::run(&exp, 12, 10).assert_same("hics code, frozen updates");
 }
 
 /// HiCS-FL asks for the oracle label histograms only to write `entropy.csv`: its
@@ -1265,27 +1262,10 @@ fn a_resumed_clock_run_equals_an_uninterrupted_one() {
         "system.kind=\"lognormal\"",
         "system.round.policy=\"overcommit\"",
     ]);
-    let whole = tempfile::tempdir().unwrap();
-    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
-    let full = engine::run(&exp, &mut w).unwrap();
-
-    let broken = tempfile::tempdir().unwrap();
-    let mut crash = CrashAfter {
-        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
-        round: 7,
-    };
-    assert!(engine::run(&exp, &mut crash).is_err());
-    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
-    assert_eq!(cp.next_round, 5);
-    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
-    let resumed = engine::resume(&exp, &mut w, cp).unwrap();
-
-    assert_eq!(
-        metrics_without_time(whole.path()),
-        metrics_without_time(broken.path())
-    );
-    assert!(full.clock.as_ref().unwrap().clock_s > 0.0);
-    assert_eq!(resumed.clock, full.clock);
+    let r = Resumed::run(&exp, 7, 5);
+    r.assert_same("overcommit clock");
+    assert!(r.full.clock.as_ref().unwrap().clock_s > 0.0);
+    assert_eq!(r.resumed.clock, r.full.clock);
 }
 
 /// Oort runs the default experiment end to end (no clock: statistical utility only),
@@ -1307,27 +1287,7 @@ fn oort_runs_end_to_end_and_resumes_exactly() {
         "selection.oort.blacklist_rounds=5",
         "availability={ kind = \"ln\", beta = 0.5 }",
     ]);
-    let whole = tempfile::tempdir().unwrap();
-    let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
-    engine::run(&exp, &mut w).unwrap();
-    let broken = tempfile::tempdir().unwrap();
-    let mut crash = CrashAfter {
-        writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
-        round: 13,
-    };
-    assert!(engine::run(&exp, &mut crash).is_err());
-    let cp = fedsel::checkpoint::load(broken.path()).unwrap();
-    assert_eq!(cp.next_round, 10);
-    let mut w = RunWriter::resume(broken.path(), cp.next_round).unwrap();
-    engine::resume(&exp, &mut w, cp).unwrap();
-    assert_eq!(
-        metrics_without_time(whole.path()),
-        metrics_without_time(broken.path())
-    );
-    assert_eq!(
-        std::fs::read_to_string(whole.path().join("selections.csv")).unwrap(),
-        std::fs::read_to_string(broken.path().join("selections.csv")).unwrap()
-    );
+    Resumed::run(&exp, 13, 10).assert_same("oort");
 }
 
 /// On a virtual clock Oort hears each update's duration and prefers the fast devices
