@@ -35,6 +35,7 @@ pub use crate::select::fedcor::FedCorConfig;
 pub use crate::select::fedgs::FedGsConfig;
 pub use crate::select::hics::HicsConfig;
 pub use crate::select::md::{MdConfig, MdPool};
+pub use crate::select::oort::OortConfig;
 pub use crate::select::powd::PowdConfig;
 pub use crate::select::{ClientSize, SelectionConfig};
 pub use crate::system::{RoundPolicy, SystemConfig, SystemKind};
@@ -1047,6 +1048,11 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
     }
 }
 
+/// Keys the resolved config leaves out while they hold their default, so that configs from
+/// before they existed keep their hash. Their structs deny unknown fields, so serde itself
+/// refuses a misspelt key under them; absent from what was read back, they were not ignored.
+const ELIDED_AT_DEFAULT: [&str; 2] = ["eval.per_client", "selection.oort"];
+
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes
 /// none (`kind = "always"`, `"iid"`, `"fmnist"`), so the keys of what was read back are
 /// compared with the keys given, and one that was dropped is an error that names it.
@@ -1062,6 +1068,7 @@ fn reject_ignored_keys(
             format!("{prefix}.{key}")
         };
         match (value, read.get(key)) {
+            (_, None) if ELIDED_AT_DEFAULT.contains(&path.as_str()) => {}
             (_, None) => {
                 let kind = read.get("kind").and_then(toml::Value::as_str);
                 return Err(ConfigError::invalid(
@@ -1132,6 +1139,23 @@ mod tests {
             c.availability,
             AvailabilityConfig::Ln(LnConfig { beta: 0.5 })
         );
+    }
+
+    /// Keys the resolved config leaves out at their default may still be given at their
+    /// default (they were refused as "not a key here"), and a misspelt one is still named.
+    #[test]
+    fn keys_elided_at_their_default_can_be_given() {
+        let default = Config::load(None, &[]).unwrap();
+        let c = Config::load(None, &["eval.per_client=true".into()]).unwrap();
+        assert!(c.eval.per_client);
+        assert_eq!(c.hash(), default.hash());
+        let pacer = OortConfig::default().pacer_step;
+        let c = Config::load(None, &[format!("selection.oort.pacer_step={pacer}")]).unwrap();
+        assert_eq!(c.hash(), default.hash());
+        let e = Config::load(None, &["selection.oort.pacer_stp=3".into()]).unwrap_err();
+        assert!(e.to_string().contains("pacer_stp"), "{e}");
+        let e = Config::load(None, &["eval.per_clent=true".into()]).unwrap_err();
+        assert!(e.to_string().contains("per_clent"), "{e}");
     }
 
     /// A billion Synthetic users is refused by validation, before the generator runs (it
