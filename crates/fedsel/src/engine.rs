@@ -11,6 +11,7 @@
 //! client) and parallel results are combined in selection order, so a run is
 //! bit-identical whatever the thread count.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::time::Instant;
 
@@ -1067,14 +1068,14 @@ impl<'a> Run<'a> {
     /// The entries the selector hears of, and the round on the clock: updates the round
     /// policy discarded are not reported (the server never used them), though their clients
     /// keep the optimizer state of the training they did. Without a clock, every entry.
-    fn on_time(
+    fn on_time<'s>(
         &self,
-        selected: &[usize],
+        selected: &'s [usize],
         mut trained: Trained,
         timing: Option<RoundTiming>,
-    ) -> (Vec<usize>, Trained, Option<RoundClock>) {
+    ) -> (Cow<'s, [usize]>, Trained, Option<RoundClock>) {
         let (Some(timing), Some(total)) = (timing, &self.summary.clock) else {
-            return (selected.to_vec(), trained, None);
+            return (Cow::Borrowed(selected), trained, None);
         };
         let kept = &timing.kept;
         let wasted = trained
@@ -1092,7 +1093,11 @@ impl<'a> Run<'a> {
             aggregated,
             wasted_trainings: wasted,
         };
-        (kept_entries(selected.to_vec(), kept), trained, Some(clock))
+        (
+            Cow::Owned(kept_entries(selected.to_vec(), kept)),
+            trained,
+            Some(clock),
+        )
     }
 
     /// A local model minus the global one, over the part the selector asked for.
