@@ -219,6 +219,31 @@ pub enum Error {
 /// Result alias of the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A CSV reader over `bytes` whose header must be `header` (cells trimmed); otherwise an
+/// error naming the file `path` and the header found (the availability trace, device
+/// profiles).
+pub(crate) fn csv_with_header<'b>(
+    path: &std::path::Path,
+    bytes: &'b [u8],
+    header: &[&str],
+) -> std::result::Result<csv::Reader<&'b [u8]>, DataError> {
+    let mut reader = csv::Reader::from_reader(bytes);
+    let found = reader
+        .headers()
+        .map_err(|e| DataError::corrupt(path, format!("unreadable header: {e}")))?;
+    if found.iter().map(str::trim).ne(header.iter().copied()) {
+        return Err(DataError::corrupt(
+            path,
+            format!(
+                "the header must be `{}`, found `{}`",
+                header.join(","),
+                found.iter().collect::<Vec<_>>().join(",")
+            ),
+        ));
+    }
+    Ok(reader)
+}
+
 /// Reads a whole file, naming it on failure (the data loaders and the availability trace).
 pub(crate) fn read_file(path: &std::path::Path) -> std::result::Result<Vec<u8>, DataError> {
     std::fs::read(path).map_err(|error| DataError::Io {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::Availability;
-use crate::error::{ConfigError, DataError, Result, read_file};
+use crate::error::{ConfigError, DataError, Result, csv_with_header, read_file};
 use crate::validate::check;
 
 /// A recorded trace: a CSV with header `round,client`, one row per active pair;
@@ -56,18 +56,7 @@ impl Trace {
     /// them in errors).
     pub fn parse(path: &Path, bytes: &[u8], clients: usize) -> Result<Self> {
         let bad = |reason: String| DataError::corrupt(path, reason);
-        let mut reader = csv::Reader::from_reader(bytes);
-        let header = reader
-            .headers()
-            .map_err(|e| bad(format!("unreadable header: {e}")))?
-            .clone();
-        if header.iter().map(str::trim).collect::<Vec<_>>() != ["round", "client"] {
-            return Err(bad(format!(
-                "the header must be `round,client`, found `{}`",
-                header.iter().collect::<Vec<_>>().join(",")
-            ))
-            .into());
-        }
+        let mut reader = csv_with_header(path, bytes, &["round", "client"])?;
         let mut rounds: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         let mut cycle = 0;
         for (i, row) in reader.records().enumerate() {

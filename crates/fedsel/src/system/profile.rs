@@ -4,7 +4,7 @@ use std::path::Path;
 
 use rand_distr::{Distribution, LogNormal};
 
-use crate::error::{DataError, Result, read_file};
+use crate::error::{DataError, Result, csv_with_header, read_file};
 use crate::rng::{Purpose, stream};
 use crate::system::SystemConfig;
 
@@ -49,20 +49,8 @@ pub fn load_csv(path: &Path, clients: usize) -> Result<Vec<Profile>> {
 /// value finite and > 0. Errors name the file (`path`), the line and the client.
 pub fn parse_csv(path: &Path, bytes: &[u8], clients: usize) -> Result<Vec<Profile>> {
     let bad = |reason: String| DataError::corrupt(path, reason);
-    let mut reader = csv::Reader::from_reader(bytes);
-    let header = reader
-        .headers()
-        .map_err(|e| bad(format!("unreadable header: {e}")))?
-        .clone();
     let want = ["client", "compute_ms_per_sample", "bandwidth_kbps"];
-    if header.iter().map(str::trim).collect::<Vec<_>>() != want {
-        return Err(bad(format!(
-            "the header must be `{}`, found `{}`",
-            want.join(","),
-            header.iter().collect::<Vec<_>>().join(",")
-        ))
-        .into());
-    }
+    let mut reader = csv_with_header(path, bytes, &want)?;
     let mut profiles: Vec<Option<Profile>> = vec![None; clients];
     for (i, row) in reader.records().enumerate() {
         let line = i + 2;
