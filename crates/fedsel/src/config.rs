@@ -1007,7 +1007,7 @@ pub fn parse_toml(text: &str, source_name: &str) -> Result<toml::Table, ConfigEr
 }
 
 /// Makes the relative file paths a config file names (the availability trace, a LEAF or
-/// FLGo dataset's directory, a device profile CSV) relative to
+/// FLGo dataset's directory, a device profile file, a behave trace) relative to
 /// `dir`, the file's own directory, so a config runs the same from any working directory,
 /// as a sweep's `base` already does. Paths given with `--set` stay relative to the
 /// working directory.
@@ -1016,6 +1016,7 @@ pub fn anchor_paths(table: &mut toml::Table, dir: &Path) {
         ("availability", "trace"),
         ("dataset", "path"),
         ("system", "path"),
+        ("system", "behave_trace"),
     ] {
         if let Some(toml::Value::String(p)) = table
             .get_mut(section)

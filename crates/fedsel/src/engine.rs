@@ -694,7 +694,7 @@ pub fn run_with(
         let mut cost = std::mem::take(&mut initial_cost);
         let lr = cfg.train.schedule.rate(cfg.train.lr, t);
         // Availability A_t and budget K_t, then the phases in the order they run.
-        let availability::RoundAvailability { active, budget } = run.env.round(t);
+        let availability::RoundAvailability { active, budget } = run.available(t);
         let ctx = RoundContext {
             round: t,
             available: &active,
@@ -785,6 +785,9 @@ struct Run<'a> {
     /// Each client's persistent optimizer state, carried between its trainings.
     states: Vec<Option<OptimizerState>>,
     summary: RunSummary,
+    /// The virtual second the current round started ([`Run::available`]): the clock's
+    /// time, or later when a behave trace had none of the available clients online.
+    start_s: f64,
 }
 
 /// The round's local trainings: one per distinct selected client, shared by duplicates.
@@ -900,6 +903,7 @@ impl<'a> Run<'a> {
             server: Server::new(&cfg.server),
             states: vec![None; n],
             summary,
+            start_s: 0.0,
         })
     }
 
@@ -1043,6 +1047,16 @@ impl<'a> Run<'a> {
         trained
     }
 
+    /// Availability and budget of round `t`, and when it starts on the clock: with a
+    /// behave trace, only the clients online then are available.
+    fn available(&mut self, t: usize) -> availability::RoundAvailability {
+        let mut round = self.env.round(t);
+        if let (Some(clock), Some(total)) = (&self.exp.clock, &self.summary.clock) {
+            (self.start_s, round.active) = clock.online(total.clock_s, round.active);
+        }
+        round
+    }
+
     /// The budget the selector is given for a round of budget `k` with `available` clients:
     /// `k`, or more under over-commitment.
     fn selection_budget(&self, k: usize, available: usize) -> usize {
@@ -1062,7 +1076,7 @@ impl<'a> Run<'a> {
             .iter()
             .map(|&c| clock.finish_s(c, trained.of(c).steps as u64 * batch))
             .collect();
-        Some(clock.round(&finish, k))
+        Some(clock.round(self.start_s, selected, &finish, k))
     }
 
     /// The entries the selector hears of, and the round on the clock: updates the round
@@ -1087,9 +1101,11 @@ impl<'a> Run<'a> {
         trained.losses = kept_entries(std::mem::take(&mut trained.losses), kept);
         trained.deltas = trained.deltas.take().map(|d| kept_entries(d, kept));
         trained.durations = Some(kept_entries(timing.finish, kept));
+        // A wait for someone to come online (a behave trace) is part of the round.
+        let round_s = (self.start_s - total.clock_s) + timing.round_s;
         let clock = RoundClock {
-            round_s: timing.round_s,
-            clock_s: total.clock_s + timing.round_s,
+            round_s,
+            clock_s: total.clock_s + round_s,
             aggregated,
             wasted_trainings: wasted,
         };

@@ -4,8 +4,17 @@
 //! A client's time in a round is FedScale's model: download + compute + upload, where
 //! compute = augmentation × samples processed × ms per sample / 1000 and each transfer is
 //! the model's size in kbit (f32 parameters × 32 / 1024) over the client's bandwidth. The
-//! policies are pure functions of the participants' finish times, in selection order.
+//! policies are pure functions of the participants' finish times, in selection order, and
+//! of which updates arrive at all.
+//!
+//! With a behave trace, an update whose client is offline when it would arrive is lost
+//! (FedScale's `tictak_client_tasks`). As in FedScale's simulation, a lost update is out of
+//! the round before the policy applies: over-commitment keeps the K first among the
+//! updates that arrive, and waiting for all waits for those that arrive (the server sees
+//! the client drop). Under a deadline a lost update is a missing one, so the round lasts
+//! the whole deadline, as for a late update. Lost updates are booked as wasted trainings.
 
+use crate::system::behave::Activity;
 use crate::system::profile::Profile;
 use crate::system::{RoundPolicy, SystemConfig};
 
@@ -44,9 +53,9 @@ fn last_kept(finish: &[f64], kept: &[bool]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Waits for everyone: the round lasts until the slowest finishes.
-pub fn wait_all(finish: &[f64]) -> RoundTiming {
-    let kept = vec![true; finish.len()];
+/// Waits for every update that `arrives`: the round lasts until the slowest of them.
+pub fn wait_all(finish: &[f64], arrives: &[bool]) -> RoundTiming {
+    let kept = arrives.to_vec();
     RoundTiming {
         round_s: last_kept(finish, &kept),
         kept,
@@ -54,10 +63,11 @@ pub fn wait_all(finish: &[f64]) -> RoundTiming {
     }
 }
 
-/// Keeps the `k` entries that finish first (ties to the earlier entry) and closes the round
-/// when the last of them arrives; with `k` or fewer entries, waits for all.
-pub fn overcommit(finish: &[f64], k: usize) -> RoundTiming {
-    let mut order: Vec<usize> = (0..finish.len()).collect();
+/// Keeps the `k` entries that finish first among those that `arrive` (ties to the earlier
+/// entry) and closes the round when the last of them arrives; with `k` or fewer arriving
+/// entries, waits for all of them.
+pub fn overcommit(finish: &[f64], arrives: &[bool], k: usize) -> RoundTiming {
+    let mut order: Vec<usize> = (0..finish.len()).filter(|&i| arrives[i]).collect();
     // A stable sort keeps entry order among equal times.
     order.sort_by(|&a, &b| finish[a].total_cmp(&finish[b]));
     let mut kept = vec![false; finish.len()];
@@ -72,10 +82,14 @@ pub fn overcommit(finish: &[f64], k: usize) -> RoundTiming {
 }
 
 /// Keeps the updates that arrive by `deadline_s`. The server cannot know that a missing
-/// update will not come, so a round that misses one lasts the whole deadline; a round
-/// where every update arrives closes with the last of them.
-pub fn deadline(finish: &[f64], deadline_s: f64) -> RoundTiming {
-    let kept: Vec<bool> = finish.iter().map(|&f| f <= deadline_s).collect();
+/// update will not come, so a round that misses one (late or lost) lasts the whole
+/// deadline; a round where every update arrives closes with the last of them.
+pub fn deadline(finish: &[f64], arrives: &[bool], deadline_s: f64) -> RoundTiming {
+    let kept: Vec<bool> = finish
+        .iter()
+        .zip(arrives)
+        .map(|(&f, &a)| a && f <= deadline_s)
+        .collect();
     let round_s = if kept.iter().all(|&k| k) {
         last_kept(finish, &kept)
     } else {
@@ -96,6 +110,8 @@ pub struct Clock {
     /// The model's size in kbit, sent once each way.
     model_kbit: f64,
     policy: RoundPolicy,
+    /// Per client, when it is online (`[system] behave_trace` only).
+    behave: Option<Vec<Activity>>,
 }
 
 impl Clock {
@@ -106,7 +122,36 @@ impl Clock {
             augmentation: cfg.augmentation,
             model_kbit: num_params as f64 * 32.0 / 1024.0,
             policy: cfg.round,
+            behave: None,
         }
+    }
+
+    /// The clock with per-client online times (one per client), or without any.
+    pub fn with_behave(self, behave: Option<Vec<Activity>>) -> Self {
+        Self { behave, ..self }
+    }
+
+    /// When a round asked for at virtual second `now_s` starts, and which of the
+    /// `available` clients (those of the round-indexed availability model) are online then.
+    /// Without a behave trace, at once with all of them. With one, at once with those
+    /// online; if none of them is, the server waits for the first to come online (the
+    /// round starts then, with every client online at that moment), rather than spend
+    /// rounds with nobody, which on a clock that does not move would repeat forever.
+    pub fn online(&self, now_s: f64, available: Vec<usize>) -> (f64, Vec<usize>) {
+        let Some(behave) = &self.behave else {
+            return (now_s, available);
+        };
+        let next: Vec<f64> = available
+            .iter()
+            .map(|&k| behave[k].next_active(now_s))
+            .collect();
+        let start = next.iter().copied().fold(f64::INFINITY, f64::min);
+        let online = available
+            .into_iter()
+            .zip(next)
+            .filter_map(|(k, t)| (t <= start).then_some(k))
+            .collect();
+        (if start.is_finite() { start } else { now_s }, online)
     }
 
     /// Seconds client `k` takes to download the model, process `samples` samples and
@@ -131,13 +176,22 @@ impl Clock {
         }
     }
 
-    /// Applies the round policy to the entries' finish times, `k` being the round's own
-    /// budget (before over-commitment).
-    pub fn round(&self, finish: &[f64], k: usize) -> RoundTiming {
+    /// Applies the round policy to the entries' finish times (seconds after the broadcast
+    /// at `start_s`), `k` being the round's own budget (before over-commitment). An entry
+    /// of `clients` offline when its update would arrive is lost.
+    pub fn round(&self, start_s: f64, clients: &[usize], finish: &[f64], k: usize) -> RoundTiming {
+        let arrives: Vec<bool> = match &self.behave {
+            Some(behave) => clients
+                .iter()
+                .zip(finish)
+                .map(|(&c, &f)| behave[c].is_active(start_s + f))
+                .collect(),
+            None => vec![true; finish.len()],
+        };
         match self.policy {
-            RoundPolicy::WaitAll => wait_all(finish),
-            RoundPolicy::Overcommit { .. } => overcommit(finish, k),
-            RoundPolicy::Deadline { deadline_s } => deadline(finish, deadline_s),
+            RoundPolicy::WaitAll => wait_all(finish, &arrives),
+            RoundPolicy::Overcommit { .. } => overcommit(finish, &arrives, k),
+            RoundPolicy::Deadline { deadline_s } => deadline(finish, &arrives, deadline_s),
         }
     }
 }
@@ -184,7 +238,7 @@ mod tests {
             assert!(close(*got, want), "{got} ≠ {want}");
         }
         // wait_all: everyone, until the slowest (4.3 s).
-        let r = clock.round(&f, 3);
+        let r = clock.round(0.0, &[0, 1, 2], &f, 3);
         assert_eq!(r.kept, [true, true, true]);
         assert!(close(r.round_s, 4.3));
 
@@ -197,31 +251,88 @@ mod tests {
             2,
             "capped at the available clients"
         );
-        let r = clock.round(&f, 2);
+        let r = clock.round(0.0, &[0, 1, 2], &f, 2);
         assert_eq!(r.kept, [true, true, false]);
         assert!(close(r.round_s, 4.0));
 
         // deadline 4.1 s: client 2 (4.3 s) misses it, so the round waits the whole 4.1 s.
         let clock = three_clients(RoundPolicy::Deadline { deadline_s: 4.1 });
-        let r = clock.round(&f, 3);
+        let r = clock.round(0.0, &[0, 1, 2], &f, 3);
         assert_eq!(r.kept, [true, true, false]);
         assert!(close(r.round_s, 4.1));
         // deadline 5 s: everyone arrives, the round closes with the last at 4.3 s.
-        let r = deadline(&f, 5.0);
+        let all = [true; 3];
+        let r = deadline(&f, &all, 5.0);
         assert_eq!(r.kept, [true, true, true]);
         assert!(close(r.round_s, 4.3));
         // deadline 1 s: no update arrives; the round still lasts its deadline.
-        let r = deadline(&f, 1.0);
+        let r = deadline(&f, &all, 1.0);
         assert_eq!(r.kept, [false, false, false]);
         assert!(close(r.round_s, 1.0));
     }
 
     #[test]
     fn overcommit_breaks_ties_by_entry_order_and_an_empty_round_lasts_nothing() {
-        let r = overcommit(&[3.0, 1.0, 3.0, 3.0], 2);
+        let r = overcommit(&[3.0, 1.0, 3.0, 3.0], &[true; 4], 2);
         assert_eq!(r.kept, [true, true, false, false]);
         assert_eq!(r.round_s, 3.0);
-        assert_eq!(wait_all(&[]).round_s, 0.0);
-        assert_eq!(overcommit(&[], 2).round_s, 0.0);
+        assert_eq!(wait_all(&[], &[]).round_s, 0.0);
+        assert_eq!(overcommit(&[], &[], 2).round_s, 0.0);
+    }
+
+    /// The three clients of [`three_clients`] (finishing at 2.3, 4.0 and 4.3 s after the
+    /// broadcast), client 1 online during [0, 3] of every 100 s, the others always:
+    /// from a broadcast at 0 its update (at 4.0 s) is lost, from one at 98 s (arriving at
+    /// 102 ≡ 2 s) it counts.
+    #[test]
+    fn an_update_arriving_offline_is_lost_before_the_policy_applies() {
+        let always = || Activity::new(vec![0.0], vec![100.0], 100.0).unwrap();
+        let short = Activity::new(vec![0.0], vec![3.0], 100.0).unwrap();
+        let behave = Some(vec![always(), short, always()]);
+        let entries = [0, 1, 2];
+        let at = |policy, start_s, k| {
+            let clock = three_clients(policy).with_behave(behave.clone());
+            clock.round(start_s, &entries, &finish(&clock), k)
+        };
+        // wait_all: clients 0 and 2 are aggregated, the round waits for 2 (4.3 s).
+        let r = at(RoundPolicy::WaitAll, 0.0, 3);
+        assert_eq!(r.kept, [true, false, true]);
+        assert!(close(r.round_s, 4.3));
+        assert_eq!(at(RoundPolicy::WaitAll, 98.0, 3).kept, [true, true, true]);
+        // overcommit, K = 2: client 1 is lost, so the two first to arrive are 0 and 2.
+        let r = at(RoundPolicy::Overcommit { overcommit: 0.3 }, 0.0, 2);
+        assert_eq!(r.kept, [true, false, true]);
+        assert!(close(r.round_s, 4.3));
+        // deadline 5 s: everyone would be in time, but the lost update keeps the server
+        // waiting the whole deadline.
+        let r = at(RoundPolicy::Deadline { deadline_s: 5.0 }, 0.0, 3);
+        assert_eq!(r.kept, [true, false, true]);
+        assert!(close(r.round_s, 5.0));
+    }
+
+    #[test]
+    fn a_round_starts_when_the_first_available_client_is_online() {
+        let cfg = SystemConfig::default();
+        let p = Profile {
+            compute_ms_per_sample: 1.0,
+            bandwidth_kbps: 1.0,
+        };
+        let window = |a: f64, b: f64| Activity::new(vec![a], vec![b], 100.0).unwrap();
+        let clock = Clock::new(&cfg, vec![p; 3], 10).with_behave(Some(vec![
+            window(10.0, 20.0),
+            window(30.0, 40.0),
+            window(30.0, 35.0),
+        ]));
+        // At 15 s client 0 is online: the round starts at once, with it alone.
+        assert_eq!(clock.online(15.0, vec![0, 1, 2]), (15.0, vec![0]));
+        // At 25 s nobody is: the round starts at 30 s, with clients 1 and 2.
+        assert_eq!(clock.online(25.0, vec![0, 1, 2]), (30.0, vec![1, 2]));
+        // Client 0 alone, at 25 s: its next interval, in the next cycle, at 110 s.
+        assert_eq!(clock.online(25.0, vec![0]), (110.0, vec![0]));
+        // Nobody available: no wait, nobody online.
+        assert_eq!(clock.online(25.0, vec![]), (25.0, vec![]));
+        // Without a trace, nothing changes.
+        let plain = Clock::new(&cfg, vec![p; 3], 10);
+        assert_eq!(plain.online(25.0, vec![0, 2]), (25.0, vec![0, 2]));
     }
 }

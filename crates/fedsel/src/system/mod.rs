@@ -5,7 +5,9 @@
 //! as the slowest update the server waits for. With `[system]` absent (or `kind = "none"`)
 //! there is no clock and every output is what it was before this module existed.
 
+pub mod behave;
 pub mod clock;
+pub mod fedscale;
 pub mod profile;
 
 use std::path::PathBuf;
@@ -27,6 +29,9 @@ pub enum SystemKind {
     Lognormal,
     /// Read from a `client,compute_ms_per_sample,bandwidth_kbps` CSV (`path`).
     Csv,
+    /// Read from FedScale's pickled `client_device_capacity` (`path`), mapped to clients
+    /// as FedScale's aggregator does ([`fedscale`]).
+    Fedscale,
 }
 
 /// When the server closes a round.
@@ -67,9 +72,15 @@ fn default_overcommit() -> f64 {
 pub struct SystemConfig {
     /// The profile source.
     pub kind: SystemKind,
-    /// The profile CSV (`kind = "csv"` only).
+    /// The profile file (`kind = "csv"` or `"fedscale"` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// FedScale's pickled `client_behave_trace`: when each client is online, in virtual
+    /// seconds ([`behave`]). A client must be online at a round's start to be available,
+    /// and still online when its update arrives for the update to count. It narrows the
+    /// round-indexed availability model rather than replacing it, so both can be used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub behave_trace: Option<PathBuf>,
     /// Milliseconds per sample that the speed factor scales: FedScale's
     /// `mean_seconds_per_sample` = 0.005 s.
     pub mean_ms_per_sample: f64,
@@ -92,6 +103,7 @@ impl Default for SystemConfig {
         Self {
             kind: SystemKind::None,
             path: None,
+            behave_trace: None,
             mean_ms_per_sample: 5.0,
             tail_skew: 0.6,
             bandwidth_kbps: 10_000.0,
@@ -109,8 +121,9 @@ impl SystemConfig {
     }
 
     /// The clock for `clients` clients and a model of `num_params` parameters, with the
-    /// devices of the profile source (log-normal ones from `data_seed`); `None` for kind
-    /// `none`. A profile file is read here, so that a bad one fails before the run starts.
+    /// devices of the profile source (log-normal ones from `data_seed`) and the behave
+    /// trace if any; `None` for kind `none`. The files are read here, so that a bad one
+    /// fails before the run starts.
     pub fn clock(
         &self,
         clients: usize,
@@ -121,13 +134,18 @@ impl SystemConfig {
             (SystemKind::None, _) => return Ok(None),
             (SystemKind::Lognormal, _) => profile::lognormal(self, clients, data_seed),
             (SystemKind::Csv, Some(path)) => profile::load_csv(path, clients)?,
-            (SystemKind::Csv, None) => {
-                return Err(
-                    ConfigError::invalid("system.path", "kind = \"csv\" needs a path").into(),
-                );
+            (SystemKind::Fedscale, Some(path)) => fedscale::load_devices(path, clients)?,
+            (SystemKind::Csv | SystemKind::Fedscale, None) => {
+                return Err(ConfigError::invalid("system.path", "this kind needs a path").into());
             }
         };
-        Ok(Some(Clock::new(self, profiles, num_params)))
+        let behave = match &self.behave_trace {
+            Some(path) => Some(fedscale::load_behave(path, clients)?),
+            None => None,
+        };
+        Ok(Some(
+            Clock::new(self, profiles, num_params).with_behave(behave),
+        ))
     }
 
     /// Rejects values no run can use, naming the key: this table's part of
@@ -136,8 +154,17 @@ impl SystemConfig {
         check(
             self.is_on() || self.round == RoundPolicy::WaitAll,
             "system.kind",
-            "is `none`, so there is no clock for system.round to act on: choose `lognormal` or `csv`",
+            "is `none`, so there is no clock for system.round to act on: choose `lognormal`, `csv` or `fedscale`",
         )?;
+        if let (false, Some(p)) = (self.is_on(), &self.behave_trace) {
+            return Err(ConfigError::invalid(
+                "system.behave_trace",
+                format!(
+                    "`{}` needs a clock, and system.kind is `none`: choose `lognormal`, `csv` or `fedscale`",
+                    p.display()
+                ),
+            ));
+        }
         match (self.kind, &self.path) {
             (SystemKind::Csv, None) => {
                 return Err(ConfigError::invalid(
@@ -145,10 +172,19 @@ impl SystemConfig {
                     "kind = \"csv\" needs the path of a `client,compute_ms_per_sample,bandwidth_kbps` file",
                 ));
             }
+            (SystemKind::Fedscale, None) => {
+                return Err(ConfigError::invalid(
+                    "system.path",
+                    "kind = \"fedscale\" needs the path of FedScale's pickled `client_device_capacity`",
+                ));
+            }
             (SystemKind::None | SystemKind::Lognormal, Some(p)) => {
                 return Err(ConfigError::invalid(
                     "system.path",
-                    format!("`{}` is read only by kind = \"csv\"", p.display()),
+                    format!(
+                        "`{}` is read only by kind = \"csv\" or \"fedscale\"",
+                        p.display()
+                    ),
                 ));
             }
             _ => {}
@@ -200,6 +236,16 @@ mod tests {
         .unwrap();
         let s = c.system.unwrap();
         assert_eq!(s.kind, SystemKind::Lognormal);
+        let c = load(&[
+            "system.kind=\"fedscale\"",
+            "system.path=\"client_device_capacity\"",
+            "system.behave_trace=\"client_behave_trace\"",
+        ])
+        .unwrap()
+        .system
+        .unwrap();
+        assert_eq!(c.kind, SystemKind::Fedscale);
+        assert_eq!(c.behave_trace, Some("client_behave_trace".into()));
         assert_eq!(s.round, RoundPolicy::Deadline { deadline_s: 2.5 });
         let c = load(&[
             "system.kind=\"lognormal\"",
@@ -211,6 +257,8 @@ mod tests {
         );
         for (set, key) in [
             (&["system.kind=\"csv\""][..], "system.path"),
+            (&["system.kind=\"fedscale\""], "system.path"),
+            (&["system.behave_trace=\"t.pkl\""], "system.behave_trace"),
             (
                 &["system.kind=\"lognormal\"", "system.path=\"d.csv\""],
                 "system.path",
