@@ -1315,3 +1315,106 @@ fn oort_on_a_clock_prefers_fast_devices() {
     let (o, u) = (mean_round(&rows), mean_round(&uniform));
     assert!(o < 0.8 * u, "Oort {o:.2} s a round, uniform {u:.2} s");
 }
+
+/// Writes FedScale's two files with Python's own pickle (protocol 4, as FedScale's are
+/// written) for 30 clients; `None`, with the reason printed, when there is no `python3`.
+/// Every device is the same (1 ms a sample, 32 kbit/s). In the behave trace, client k
+/// reads the entry at position k + 1 (FedScale's mapping), so entry 1 is client 0's: online
+/// only around 5·10⁸ s of a 10⁹ s cycle, never within the run. Entry 2, client 1's: online
+/// at 10 s exactly. Every other client is online from 10 s on. `broken` drops entry 2's
+/// `finish_time`.
+fn fedscale_files(dir: &std::path::Path, broken: bool) -> Option<(String, String)> {
+    let devices = dir.join("client_device_capacity");
+    let trace = dir.join("client_behave_trace");
+    let script = format!(
+        r#"import pickle, sys
+devices = {{i: {{"computation": 1.0, "communication": 32.0}} for i in range(30)}}
+trace = {{i: {{"active": [10], "inactive": [9e8], "finish_time": 1e9, "duration": 0, "model": "x"}}
+          for i in range(30)}}
+trace[1] = {{"active": [5e8], "inactive": [5e8 + 1], "finish_time": 1e9}}
+trace[2] = {{"active": [10.0], "inactive": [10.0], "finish_time": 1e9}}
+if {broken}:
+    del trace[2]["finish_time"]
+for name, d in (("{d}", devices), ("{t}", trace)):
+    with open(name, "wb") as f:
+        pickle.dump(d, f, protocol=4)
+"#,
+        broken = if broken { "True" } else { "False" },
+        d = devices.display(),
+        t = trace.display(),
+    );
+    match std::process::Command::new("python3")
+        .args(["-c", &script])
+        .status()
+    {
+        Ok(s) if s.success() => Some((devices.display().to_string(), trace.display().to_string())),
+        Ok(s) => panic!("python3 could not write the pickles: {s}"),
+        Err(e) => {
+            eprintln!("skipped: no python3 to write FedScale's pickles ({e})");
+            None
+        }
+    }
+}
+
+#[test]
+fn fedscale_pickles_drive_the_clock_and_an_offline_client_is_neither_selected_nor_aggregated() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((devices, trace)) = fedscale_files(dir.path(), false) else {
+        return;
+    };
+    let set = |trace: &str| {
+        vec![
+            "rounds=4".to_string(),
+            "train.work={steps=5}".into(),
+            "selection.clients_per_round=30".into(),
+            "system.kind=\"fedscale\"".into(),
+            format!("system.path={devices:?}"),
+            format!("system.behave_trace={trace:?}"),
+        ]
+    };
+    let config = Config::load(None, &set(&trace)).unwrap();
+    let exp = Experiment::prepare(config, &locate::data_dir(None, None)).unwrap();
+    let mut c = Collect::default();
+    let summary = engine::run(&exp, &mut c).unwrap();
+    // Each update: 2 · (P · 32 / 1024) / 32 s of transfers plus 3 · 5 steps · batch · 1 ms.
+    let kbit = exp.layout.total as f64 * 32.0 / 1024.0;
+    let update_s = 2.0 * kbit / 32.0 + 3.0 * 5.0 * exp.config.train.batch_size as f64 / 1000.0;
+    // Nobody is online at 0 s: round 0 starts at 10 s, with everyone but client 0.
+    let r0 = &c.0[0];
+    let clock = r0.clock.unwrap();
+    assert!(
+        (clock.round_s - (10.0 + update_s)).abs() < 1e-9,
+        "{clock:?}"
+    );
+    assert_eq!(r0.available, (1..30).collect::<Vec<_>>());
+    // Client 1 is selected at 10 s but offline when its update arrives: lost, wasted.
+    assert!(r0.selected.contains(&1));
+    assert_eq!(clock.aggregated, r0.selected.len() - 1);
+    assert_eq!(clock.wasted_trainings, 1);
+    for r in &c.0 {
+        assert!(!r.available.contains(&0) && !r.selected.contains(&0));
+    }
+    for r in &c.0[1..] {
+        assert_eq!(r.available, (2..30).collect::<Vec<_>>());
+        let clock = r.clock.unwrap();
+        assert!((clock.round_s - update_s).abs() < 1e-9);
+        assert_eq!(clock.aggregated, r.selected.len());
+    }
+    let total = summary.clock.unwrap();
+    assert!((total.clock_s - (10.0 + 4.0 * update_s)).abs() < 1e-9);
+    assert_eq!(total.wasted_trainings, 1);
+
+    let broken = tempfile::tempdir().unwrap();
+    let (_, trace) = fedscale_files(broken.path(), true).unwrap();
+    let config = Config::load(None, &set(&trace)).unwrap();
+    let err = Experiment::prepare(config, &locate::data_dir(None, None))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("client_behave_trace")
+            && err.contains("client 1 (the file's client 2)")
+            && err.contains("`finish_time` is missing"),
+        "{err}"
+    );
+}
