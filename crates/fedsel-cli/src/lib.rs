@@ -40,7 +40,7 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
   [availability]  kind = always | idl | mdf | ldf | ymf | yc | ln | sln | scarce | home_device | uneven | smartphones | trace
   [budget]        kind = constant | periodic (values, hold) | random (min, max)
   [eval]          every, batch_size, max_test_samples, per_client
-  [system]        kind = none | lognormal (mean_ms_per_sample, tail_skew, bandwidth_kbps, bandwidth_skew) | csv (path), augmentation
+  [system]        kind = none | lognormal (mean_ms_per_sample, tail_skew, bandwidth_kbps, bandwidth_skew) | csv (path) | fedscale (path), behave_trace, augmentation
   [system.round]  policy = wait_all | overcommit (overcommit) | deadline (deadline_s)
 Override any key with --set key=value, e.g. --set train.lr=0.05 --set partition.scheme.kind=iid";
 

@@ -1418,3 +1418,23 @@ fn fedscale_pickles_drive_the_clock_and_an_offline_client_is_neither_selected_no
         "{err}"
     );
 }
+
+#[test]
+fn a_resumed_run_on_fedscale_files_equals_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((devices, trace)) = fedscale_files(dir.path(), false) else {
+        return;
+    };
+    let exp = synthetic(&[
+        "rounds=8",
+        "checkpoint_every=3",
+        "system.kind=\"fedscale\"",
+        &format!("system.path={devices:?}"),
+        &format!("system.behave_trace={trace:?}"),
+        "system.round.policy=\"overcommit\"",
+    ]);
+    let r = Resumed::run(&exp, 4, 3);
+    r.assert_same("fedscale files");
+    assert!(r.full.clock.as_ref().unwrap().clock_s > 10.0);
+    assert_eq!(r.resumed.clock, r.full.clock);
+}
