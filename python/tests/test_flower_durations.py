@@ -65,6 +65,8 @@ class Spied(FedselStrategy):
 
 
 class _Spy:
+    """The selector, whose observe calls are logged on the strategy."""
+
     def __init__(self, inner, strategy):
         self.inner, self.strategy = inner, strategy
 
