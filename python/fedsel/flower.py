@@ -37,7 +37,10 @@ the same thing:
 * aggregation is the strategy's: the plain mean, data-size weights (FedGS, DivFL) or the
   selector's own weights (F3AST's p_k / r_k, not renormalised); an aggregate with a
   non-finite value (finite replies can still overflow the model's dtype) is not taken: the
-  model stays as it was for that round.
+  model stays as it was for that round;
+* each train reply's round trip is handed to the selector (Oort's system utility reads it)
+  and recorded in the round's ``durations``: :meth:`FedselStrategy.round_trip` says what
+  it measures.
 
 Requests that need something Flower's messages do not carry (mini-batch losses, client
 gradients, secure scalar products, noise responses) are not answered: a strategy that
@@ -248,13 +251,15 @@ class FedselStrategy(FedAvg):
         #: Per round: when it was configured, the available nodes, those of them that
         #: did not answer the selector's requests (left out of the choice), the selection,
         #: the nodes whose reply was rejected (with what was wrong), the selected nodes
-        #: whose train reply failed and that round's ledger.
+        #: whose train reply failed, the round trip in seconds of every train reply read
+        #: (``durations``, by node; see :meth:`round_trip`) and that round's ledger.
         self.history: list[dict[str, Any]] = []
         self._global: dict[str, np.ndarray] = {}
         self._entries: list[int] = []
         self._weights: list[float] | None = None
         self._round_ledger: Counter[str] = Counter()
         self._rejected: dict[int, str] = {}
+        self._sent: dict[int, float] = {}
 
     def summary(self) -> None:
         log(INFO, "\t├── fedsel strategy: %s, %d nodes per round", self.strategy, self.per_round)
@@ -435,7 +440,9 @@ class FedselStrategy(FedAvg):
             "selected": [self.nodes[k] for k in self._entries],
             "rejected": self._rejected,
         })
-        return self._construct_messages(record, nodes, MessageType.TRAIN)
+        messages = list(self._construct_messages(record, nodes, MessageType.TRAIN))
+        self._sent = {m.metadata.dst_node_id: m.metadata.created_at for m in messages}
+        return messages
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """FedAvg's federated evaluation (off unless ``fraction_evaluate`` > 0), booked."""
@@ -444,18 +451,38 @@ class FedselStrategy(FedAvg):
         self.ledger["model_broadcasts"] += len(messages)
         return messages
 
-    def _read_train(self, message: Message) -> tuple[dict[str, np.ndarray], float, np.ndarray | None]:
-        """A train reply's local model, its train loss (0 where it reports none) and the
-        update the selector reads (None where it reads none)."""
+    def round_trip(self, reply: Message) -> float:
+        """Seconds from the creation of the round's train message to `reply`'s, by their
+        ``created_at`` stamps: the message's way to the node (the SuperLink's queue, the
+        node's polling), the node's wait for a worker and its training, up to the moment it
+        made its reply; not the reply's upload nor the server's polling for it. Flower's
+        grid hands over a round's replies together (it polls every 3 s in flwr 1.42), so
+        the time they reach the strategy does not tell nodes apart. In a deployment the
+        two stamps come from the server's and the node's clocks, which must agree
+        (Flower's message TTLs already assume so); a negative or non-finite round trip (a
+        clock far behind, a forged stamp) rejects the reply, since the selector would
+        learn a speed the node does not have."""
+        node = reply.metadata.src_node_id
+        if node not in self._sent:
+            raise _Rejected("no train message was sent to it this round")
+        seconds = _number("created_at", reply.metadata.created_at) - self._sent[node]
+        if not seconds >= 0:
+            raise _Rejected(f"its round trip is {seconds} s (created_at {reply.metadata.created_at!r}, sent at {self._sent[node]!r})")
+        return seconds
+
+    def _read_train(self, message: Message) -> tuple[dict[str, np.ndarray], float, np.ndarray | None, float]:
+        """A train reply's local model, its train loss (0 where it reports none), the
+        update the selector reads (None where it reads none) and its round trip."""
+        seconds = self.round_trip(message)
         local = _local_model(message, self.arrayrecord_key, self._global)
         metrics = _metric_record(message)
         _examples(metrics, self.weighted_by_key)
         _all_finite(metrics)
         loss = _finite(metrics, "train_loss") if "train_loss" in metrics else 0.0
         if self.selector.updates == "none":
-            return local, loss, None
+            return local, loss, None, seconds
         with np.errstate(over="ignore"):
-            return local, loss, _representable(self._update(local, self._global))
+            return local, loss, _representable(self._update(local, self._global)), seconds
 
     def _train_metrics(self, replies: list[Message]) -> MetricRecord | None:
         """The average of the replies' train metrics (``train_metrics_aggr_fn``), or none
@@ -479,7 +506,7 @@ class FedselStrategy(FedAvg):
             if m.has_error():
                 log(INFO, "\t> Received error in reply from node %d: %s", m.metadata.src_node_id, m.error.reason)
         selected = {self.nodes[k] for k in self._entries}
-        read: dict[int, tuple[dict[str, np.ndarray], float, np.ndarray | None]] = {}
+        read: dict[int, tuple[dict[str, np.ndarray], float, np.ndarray | None, float]] = {}
         for m in valid:
             try:
                 read[m.metadata.src_node_id] = self._read_train(m)
@@ -492,11 +519,12 @@ class FedselStrategy(FedAvg):
             book["failed_replies"] += len(selected - replied)
         self.history[-1]["ledger"] = dict(self._round_ledger)
         self.history[-1]["failed"] = sorted(selected - replied)
+        self.history[-1]["durations"] = {n: r[3] for n, r in sorted(read.items())}
         kept = [i for i, k in enumerate(self._entries) if self.nodes[k] in read]
         if not kept:
             return None, None
         entries = [self._entries[i] for i in kept]
-        locals_, losses, updates = zip(*(read[self.nodes[k]] for k in entries))
+        locals_, losses, updates, durations = zip(*(read[self.nodes[k]] for k in entries))
         metrics = self._train_metrics([m for m in valid if m.metadata.src_node_id in read])
         weights = None if self._weights is None else [self._weights[i] for i in kept]
         with np.errstate(over="ignore", invalid="ignore"):
@@ -510,7 +538,7 @@ class FedselStrategy(FedAvg):
             self.history[-1]["ledger"] = dict(self._round_ledger)
             self.history[-1]["aggregate_rejected"] = reason
             return None, metrics
-        self.selector.observe(entries, updates=None if updates[0] is None else [u.tolist() for u in updates], train_losses=list(losses))
+        self.selector.observe(entries, updates=None if updates[0] is None else [u.tolist() for u in updates], train_losses=list(losses), durations=list(durations))
         return _record(new), metrics
 
 

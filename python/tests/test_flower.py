@@ -52,8 +52,9 @@ def flower_or_skip() -> Path:
     return bin_dir
 
 
-def run_app(tmp_path: Path, bin_dir: Path, app: Path, run_config: str, nodes: int, label: str) -> str:
-    """Runs the Flower app `app` with `nodes` simulated nodes through `flwr run`, against a
+def run_app(tmp_path: Path, bin_dir: Path, app: Path, run_config: str, nodes: int, label: str, federation: str = "") -> str:
+    """Runs the Flower app `app` with `nodes` simulated nodes (and the simulation's other
+    `federation` config, e.g. its CPUs per ClientApp) through `flwr run`, against a
     SuperLink started (and stopped) here with its own FLWR_HOME under `tmp_path`; returns the
     streamed log's tail, for the caller's assertion messages (`flwr run` exits 0 even when
     the ServerApp fails)."""
@@ -97,7 +98,7 @@ def run_app(tmp_path: Path, bin_dir: Path, app: Path, run_config: str, nodes: in
         t0 = time.time()
         p = subprocess.run(
             [bin_dir / "flwr", "run", app, "test", "--run-config", run_config,
-             "--federation-config", f"num-supernodes={nodes}", "--stream"],
+             "--federation-config", f"num-supernodes={nodes} {federation}", "--stream"],
             env=env,
             capture_output=True,
             text=True,

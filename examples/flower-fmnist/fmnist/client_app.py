@@ -4,8 +4,12 @@ Train messages answer with the local model, `train_loss` and `num-examples` (the
 training examples). Evaluate messages answer with the held-out `eval_loss` and
 `eval_acc`, and, as their `num-examples`, the node's training-set size: the fedsel
 strategy reads the node's size from there. The run config's `faulty-node` makes one node
-send the `fault`'s replies instead, to test that the server drops them.
+send the `fault`'s replies instead, to test that the server drops them; its `slow-nodes`
+make those nodes sleep `slow-delay` seconds in every training, to test that the server
+measures round trips.
 """
+
+import time
 
 import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -38,10 +42,18 @@ def _fault(context: Context) -> str:
     return str(c["fault"]) if int(c["faulty-node"]) == int(context.node_config["partition-id"]) else ""
 
 
+def _slow(context: Context) -> bool:
+    """Whether this node's partition is one of the run config's `slow-nodes`."""
+    slow = [p.strip() for p in str(context.run_config["slow-nodes"]).split(",")]
+    return str(context.node_config["partition-id"]) in slow
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     x, y, _, _ = _local(context)
     c = context.run_config
+    if _slow(context):
+        time.sleep(float(c["slow-delay"]))
     config = msg.content["config"]
     # Each (round, node, request kind) draws its own batches, reproducibly; a probe
     # training is not the round's own.
