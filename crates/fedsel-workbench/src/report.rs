@@ -348,7 +348,7 @@ fn figures(
                 (0.0, 1.0),
             )?;
             format!(
-                "![accuracy over virtual time]({})\n\nThe virtual-time figure takes each run's accuracy at its last evaluation so far at every point of a grid of {TIME_GRID} times, from the latest first evaluation to the earliest end among the runs of the setting, and shows mean ± std over seeds, unsmoothed.\n\n",
+                "![accuracy over virtual time]({})\n\nThe virtual-time figure takes each run's accuracy at its last evaluation so far at every point of a grid of {TIME_GRID} times, from the latest first evaluation to the earliest end among an arm's runs (each arm over its own span), and shows mean ± std over seeds, unsmoothed.\n\n",
                 name("accuracy-time")
             )
         }
@@ -363,56 +363,64 @@ fn figures(
     ))
 }
 
+/// A run's (virtual seconds, test accuracy) at each evaluated round.
+type Timed = [(f64, f64)];
+
 /// Points on the time axis of the virtual-time figure.
 const TIME_GRID: usize = 200;
 
 /// The accuracy-over-virtual-time curves of a setting's arms, with the unit of their x axis
 /// (name, seconds): every run's accuracy as a step function of its clock (the accuracy of
-/// its last evaluation so far: what the server holds at that time), read on one grid of
-/// times shared by all runs, from the latest first evaluation to the earliest last one so
-/// that every run has a value at every point; mean ± std over an arm's seeds there. `None`
-/// when no run of the setting has a clock. An arm without one gets no curve.
+/// its last evaluation so far: what the server holds at that time), read on a grid of
+/// times shared by an arm's runs, from their latest first evaluation to their earliest last
+/// one so that every run has a value at every point; mean ± std over the arm's seeds there.
+/// Each arm keeps its own span: one whose rounds are shorter ends sooner, and cutting the
+/// others there would hide where they go. `None` when no run of the setting has a clock; an
+/// arm with a run without one gets no curve.
 fn time_curves(strategies: &ByStrategy) -> Option<((&'static str, f64), Vec<crate::plot::Curve>)> {
-    let runs: Vec<&[(f64, f64)]> = strategies
-        .values()
-        .flatten()
-        .filter_map(|r| r.timed.as_deref().filter(|t| !t.is_empty()))
+    let arms: Vec<(String, Vec<&Timed>)> = strategies
+        .iter()
+        .filter_map(|((_, s), runs)| {
+            let timed = runs
+                .iter()
+                .map(|r| r.timed.as_deref().filter(|t| !t.is_empty()))
+                .collect::<Option<Vec<_>>>()?;
+            Some((format!("{s} (n={})", runs.len()), timed))
+        })
         .collect();
-    if runs.is_empty() {
+    if arms.is_empty() {
         return None;
     }
-    let from = runs.iter().map(|t| t[0].0).fold(0.0, f64::max);
-    let to = runs
-        .iter()
-        .map(|t| t[t.len() - 1].0)
-        .fold(f64::INFINITY, f64::min);
+    let span = |timed: &[&Timed]| {
+        let from = timed.iter().map(|t| t[0].0).fold(0.0, f64::max);
+        let to = timed
+            .iter()
+            .map(|t| t[t.len() - 1].0)
+            .fold(f64::INFINITY, f64::min);
+        (from, to.max(from))
+    };
+    let longest = arms.iter().map(|a| span(&a.1).1).fold(0.0, f64::max);
     // A unit in which the axis spans at least ten, so its whole-number ticks are distinct.
     let unit = [("hours", HOUR_S), ("minutes", 60.0)]
         .into_iter()
-        .find(|u| to >= 10.0 * u.1)
+        .find(|u| longest >= 10.0 * u.1)
         .unwrap_or(("seconds", 1.0));
-    let at = |t: &[(f64, f64)], x: f64| t[t.partition_point(|p| p.0 <= x).max(1) - 1].1;
-    let grid: Vec<f64> = (0..TIME_GRID)
-        .map(|i| from + (to - from).max(0.0) * i as f64 / (TIME_GRID - 1) as f64)
-        .collect();
-    let curves = strategies
-        .iter()
-        .filter_map(|((_, s), runs)| {
-            let timed: Vec<&[(f64, f64)]> = runs
-                .iter()
-                .map(|r| r.timed.as_deref().filter(|t| !t.is_empty()))
-                .collect::<Option<_>>()?;
-            Some(crate::plot::Curve {
-                label: format!("{s} (n={})", runs.len()),
-                points: grid
-                    .iter()
-                    .map(|&x| {
+    let at = |t: &Timed, x: f64| t[t.partition_point(|p| p.0 <= x).max(1) - 1].1;
+    let curves = arms
+        .into_iter()
+        .map(|(label, timed)| {
+            let (from, to) = span(&timed);
+            crate::plot::Curve {
+                label,
+                points: (0..TIME_GRID)
+                    .map(|i| {
+                        let x = from + (to - from) * i as f64 / (TIME_GRID - 1) as f64;
                         let v: Vec<f64> = timed.iter().map(|t| at(t, x)).collect();
                         let (m, sd) = mean_std(&v);
                         (x / unit.1, m, sd)
                     })
                     .collect(),
-            })
+            }
         })
         .collect();
     Some((unit, curves))
