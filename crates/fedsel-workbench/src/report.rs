@@ -3,6 +3,8 @@
 //!
 //! Writes `report.md` (or, `--format latex`, `report.tex`) and one CSV per table:
 //! - `rounds_to_target.csv`: rounds to each target accuracy over seeds (FedCor Table 1);
+//! - `time_to_target.csv`, for runs on the virtual clock (`[system]`): virtual seconds and
+//!   hours to each target over seeds (Oort's and FedScale's time to accuracy);
 //! - `best_final.csv`: best and final test accuracy and loss, with the relative
 //!   change of final accuracy and loss against the baseline strategy (FedGS
 //!   Table 2, F3AST Tables 2–3);
