@@ -43,9 +43,14 @@ fn invalid(dir: &Path, why: impl Into<String>) -> Error {
     }
 }
 
-/// Every leaf of a TOML table under its dotted key; strings without their quotes.
+/// Every leaf of a TOML table under its dotted key; strings without their quotes. A round
+/// policy (`system.round`, a table tagged by `policy`) is one leaf named as a sweep names it
+/// (`system.round=overcommit-0.3`): its parameters mean nothing apart from the policy.
 fn flatten(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
     match value {
+        toml::Value::Table(t) if !prefix.is_empty() && t.contains_key("policy") => {
+            out.insert(prefix.to_string(), crate::sweep::value_label(value));
+        }
         toml::Value::Table(t) => {
             for (k, v) in t {
                 let key = match prefix {
@@ -241,6 +246,21 @@ mod tests {
         let two = super::arms(&[dirs[0].clone(), pinned]).unwrap();
         assert_eq!(two[1].label, "data_seed=1");
         assert_eq!(two[0].label, "data_seed=-");
+        // Round policies differ as wholes: one key, named by policy and parameter.
+        let policy = |name: &str, round: &str| {
+            let extra = format!("[system]\nkind = \"lognormal\"\n[system.round]\n{round}\n");
+            run(tmp.path(), name, &cfg(1, "uniform", 0.1, &extra))
+        };
+        let rounds = super::arms(&[
+            policy("f", "policy = \"overcommit\"\novercommit = 0.3"),
+            policy("g", "policy = \"deadline\"\ndeadline_s = 30.0"),
+        ])
+        .unwrap();
+        let labels: Vec<&str> = rounds.iter().map(|a| a.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["system.round=overcommit-0.3", "system.round=deadline-30.0s"]
+        );
     }
 
     /// A directory named twice, a directory that is no run, an unfinished run and an output

@@ -192,6 +192,7 @@ fn legend<'a, DB: DrawingBackend + 'a>(
 
 struct Curves<'a> {
     title: &'a str,
+    x_desc: &'a str,
     y_desc: &'a str,
     curves: &'a [Curve],
     limits: (f64, f64),
@@ -296,7 +297,7 @@ impl Figure for Curves<'_> {
         let mut chart = frame(
             root,
             self.title,
-            (0.0, x_max, "round"),
+            (0.0, x_max, self.x_desc),
             (y_lo, y_hi, self.y_desc),
             true,
         )?;
@@ -358,10 +359,23 @@ pub fn curves(
     curves: &[Curve],
     limits: (f64, f64),
 ) -> Result<()> {
+    curves_over(stem, title, "round", y_desc, curves, limits)
+}
+
+/// [`curves`] over another x axis than the round, described by `x_desc` (virtual time).
+pub fn curves_over(
+    stem: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    curves: &[Curve],
+    limits: (f64, f64),
+) -> Result<()> {
     both(
         stem,
         &Curves {
             title,
+            x_desc,
             y_desc,
             curves,
             limits,

@@ -3,6 +3,8 @@
 //!
 //! Writes `report.md` (or, `--format latex`, `report.tex`) and one CSV per table:
 //! - `rounds_to_target.csv`: rounds to each target accuracy over seeds (FedCor Table 1);
+//! - `time_to_target.csv`, for runs on the virtual clock (`[system]`): virtual seconds and
+//!   hours to each target over seeds (Oort's and FedScale's time to accuracy);
 //! - `best_final.csv`: best and final test accuracy and loss, with the relative
 //!   change of final accuracy and loss against the baseline strategy (FedGS
 //!   Table 2, F3AST Tables 2–3);
@@ -61,6 +63,12 @@ struct Summary {
     rounds: usize,
     rounds_to_target: Vec<(f64, Option<usize>)>,
     cost: Ledger,
+    /// Virtual seconds at the end of the run, for a run on the virtual clock (`[system]`).
+    #[serde(default)]
+    clock_s: Option<f64>,
+    /// Virtual seconds to each target, beside `rounds_to_target`, for a run on the clock.
+    #[serde(default)]
+    time_to_target_s: Option<Vec<(f64, Option<f64>)>>,
 }
 
 /// One metric of a run's summary.
@@ -79,6 +87,9 @@ struct Metrics {
     curve: Vec<(f64, f64, f64)>,
     /// The spread at the last evaluation that measured it.
     clients: Option<ClientSpread>,
+    /// (virtual seconds at the round's end, test accuracy) of every evaluated round, for a
+    /// run on the virtual clock.
+    timed: Option<Vec<(f64, f64)>>,
 }
 
 /// One finished cell with what the tables need.
@@ -91,6 +102,8 @@ struct Run {
     /// The clients' accuracy spread at the last evaluation that measured it (p10, p50, p90,
     /// worst 10 %); `None` for a run written before `metrics.csv` had it.
     clients: Option<ClientSpread>,
+    /// (virtual seconds, test accuracy) of every evaluated round; `None` without a clock.
+    timed: Option<Vec<(f64, f64)>>,
     /// The cell directory (for its availability record).
     dir: std::path::PathBuf,
 }
@@ -116,13 +129,24 @@ fn read_metrics(path: &Path) -> Result<Metrics> {
         .iter()
         .map(|c| col(c))
         .collect();
+    let clock = col("clock_s");
     let mut out = Vec::new();
+    let mut timed = clock.map(|_| Vec::new());
     let mut last = None;
     for row in r.records() {
         let row = row.map_err(|e| bad(path, e))?;
         let num = |i: usize| row.get(i).and_then(|v| v.parse::<f64>().ok());
         if let (Some(t), Some(a), Some(l)) = (num(round), num(acc), num(loss)) {
             out.push((t + 1.0, a, l));
+            if let (Some(c), Some(timed)) = (clock, timed.as_mut()) {
+                let s = num(c).ok_or_else(|| {
+                    bad(
+                        path,
+                        format!("round {t}: clock_s is not a number of seconds"),
+                    )
+                })?;
+                timed.push((s, a));
+            }
         }
         if let Some(s) = spread
             .as_ref()
@@ -134,6 +158,7 @@ fn read_metrics(path: &Path) -> Result<Metrics> {
     Ok(Metrics {
         curve: out,
         clients: last,
+        timed,
     })
 }
 
@@ -314,13 +339,93 @@ fn figures(
         &avail,
     )?;
     let name = |kind: &str| format!("plots/{}-{kind}.png", slug(setting));
+    let timed = match time_curves(strategies) {
+        Some((unit, curves)) => {
+            crate::plot::curves_over(
+                &stem("accuracy-time"),
+                &format!("{setting}: test accuracy on the virtual clock (mean ± std)"),
+                &format!("virtual time ({})", unit.0),
+                "test accuracy",
+                &curves,
+                (0.0, 1.0),
+            )?;
+            format!(
+                "![accuracy over virtual time]({})\n\nThe virtual-time figure takes each run's accuracy at its last evaluation so far at every point of a grid of {TIME_GRID} times, from the latest first evaluation to the earliest end among an arm's runs (each arm over its own span), and shows mean ± std over seeds, unsmoothed.\n\n",
+                name("accuracy-time")
+            )
+        }
+        None => String::new(),
+    };
     Ok(format!(
-        "### {setting}\n\n![accuracy]({})\n![loss]({})\n![selection frequency]({})\n![availability]({})\n\nThe accuracy and loss axes fit the rounds after the first tenth of the run; earlier rounds leave the frame. The selection figure sorts each run's clients from most to least often selected and averages rank by rank over seeds. SVG versions sit beside each PNG.\n\n",
+        "### {setting}\n\n![accuracy]({})\n![loss]({})\n![selection frequency]({})\n![availability]({})\n\nThe accuracy and loss axes fit the rounds after the first tenth of the run; earlier rounds leave the frame. The selection figure sorts each run's clients from most to least often selected and averages rank by rank over seeds. SVG versions sit beside each PNG.\n\n{timed}",
         name("accuracy"),
         name("loss"),
         name("selection"),
         name("availability")
     ))
+}
+
+/// A run's (virtual seconds, test accuracy) at each evaluated round.
+type Timed = [(f64, f64)];
+
+/// Points on the time axis of the virtual-time figure.
+const TIME_GRID: usize = 200;
+
+/// The accuracy-over-virtual-time curves of a setting's arms, with the unit of their x axis
+/// (name, seconds): every run's accuracy as a step function of its clock (the accuracy of
+/// its last evaluation so far: what the server holds at that time), read on a grid of
+/// times shared by an arm's runs, from their latest first evaluation to their earliest last
+/// one so that every run has a value at every point; mean ± std over the arm's seeds there.
+/// Each arm keeps its own span: one whose rounds are shorter ends sooner, and cutting the
+/// others there would hide where they go. `None` when no run of the setting has a clock; an
+/// arm with a run without one gets no curve.
+fn time_curves(strategies: &ByStrategy) -> Option<((&'static str, f64), Vec<crate::plot::Curve>)> {
+    let arms: Vec<(String, Vec<&Timed>)> = strategies
+        .iter()
+        .filter_map(|((_, s), runs)| {
+            let timed = runs
+                .iter()
+                .map(|r| r.timed.as_deref().filter(|t| !t.is_empty()))
+                .collect::<Option<Vec<_>>>()?;
+            Some((format!("{s} (n={})", runs.len()), timed))
+        })
+        .collect();
+    if arms.is_empty() {
+        return None;
+    }
+    let span = |timed: &[&Timed]| {
+        let from = timed.iter().map(|t| t[0].0).fold(0.0, f64::max);
+        let to = timed
+            .iter()
+            .map(|t| t[t.len() - 1].0)
+            .fold(f64::INFINITY, f64::min);
+        (from, to.max(from))
+    };
+    let longest = arms.iter().map(|a| span(&a.1).1).fold(0.0, f64::max);
+    // A unit in which the axis spans at least ten, so its whole-number ticks are distinct.
+    let unit = [("hours", HOUR_S), ("minutes", 60.0)]
+        .into_iter()
+        .find(|u| longest >= 10.0 * u.1)
+        .unwrap_or(("seconds", 1.0));
+    let at = |t: &Timed, x: f64| t[t.partition_point(|p| p.0 <= x).max(1) - 1].1;
+    let curves = arms
+        .into_iter()
+        .map(|(label, timed)| {
+            let (from, to) = span(&timed);
+            crate::plot::Curve {
+                label,
+                points: (0..TIME_GRID)
+                    .map(|i| {
+                        let x = from + (to - from) * i as f64 / (TIME_GRID - 1) as f64;
+                        let v: Vec<f64> = timed.iter().map(|t| at(t, x)).collect();
+                        let (m, sd) = mean_std(&v);
+                        (x / unit.1, m, sd)
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    Some((unit, curves))
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
@@ -367,8 +472,32 @@ fn rounds_obs(r: &Run, ti: usize) -> Option<Obs> {
     })
 }
 
+/// Seconds in an hour.
+const HOUR_S: f64 = 3600.0;
+
+/// A run's virtual time to target `ti` in units of `unit` seconds: the clock at the end of
+/// the round that first reached it, or censored at the run's final clock; `None` for a run
+/// without a clock or without such a target.
+fn time_obs(r: &Run, ti: usize, unit: f64) -> Option<Obs> {
+    let end = r.summary.clock_s?;
+    let t = r.summary.time_to_target_s.as_ref()?.get(ti)?;
+    Some(t.1.map_or(Obs::Above(end / unit), |x| Obs::Value(x / unit)))
+}
+
 /// The statistics over seeds of one metric of the runs; N/A when a run lacks it.
 fn stat(runs: &[Run], get: impl Fn(&Run) -> Option<Obs>, censorable: bool, digits: usize) -> V {
+    bounded_stat(runs, get, censorable, digits, 0)
+}
+
+/// [`stat`] with the censoring bounds shown with `bound_digits` decimals (hours to a target
+/// are censored at a fraction of an hour; rounds at a whole number).
+fn bounded_stat(
+    runs: &[Run],
+    get: impl Fn(&Run) -> Option<Obs>,
+    censorable: bool,
+    digits: usize,
+    bound_digits: usize,
+) -> V {
     runs.iter()
         .map(get)
         .collect::<Option<Vec<Obs>>>()
@@ -376,6 +505,7 @@ fn stat(runs: &[Run], get: impl Fn(&Run) -> Option<Obs>, censorable: bool, digit
             stats: stats::seed_stats(&obs),
             digits,
             censorable,
+            bound_digits,
         })
 }
 
@@ -511,6 +641,8 @@ enum V {
         stats: SeedStats,
         digits: usize,
         censorable: bool,
+        /// Decimals of a censoring bound ("> 200" rounds, "> 0.031" hours).
+        bound_digits: usize,
     },
     /// A paired comparison with the baseline, differences with this many decimals.
     Paired(Paired, usize),
@@ -544,10 +676,11 @@ impl V {
                 stats: s,
                 digits: d,
                 censorable,
+                bound_digits: b,
             } => {
                 let reached = format!("{}/{}", s.reached, s.n);
                 if let (0, Some(r)) = (s.reached, s.censored_at) {
-                    return format!("> {r:.0} ({reached})");
+                    return format!("> {r:.b$} ({reached})");
                 }
                 let head = match s.mean_std {
                     Some((m, sd)) => format!("{m:.d$} ± {sd:.d$}"),
@@ -555,7 +688,7 @@ impl V {
                 };
                 let mut parts = vec![match s.median {
                     Median::Value(m) => format!("median {m:.d$}"),
-                    Median::Above(r) => format!("median > {r:.0}"),
+                    Median::Above(r) => format!("median > {r:.b$}"),
                 }];
                 if let Some((lo, hi)) = s.ci {
                     parts.push(format!("CI {lo:.d$}–{hi:.d$}"));
@@ -593,10 +726,11 @@ impl V {
                 stats: s,
                 digits: d,
                 censorable,
+                bound_digits: b,
             } => {
                 let reached = format!("{}/{}", s.reached, s.n);
                 let head = match (s.reached, s.censored_at, s.mean_std) {
-                    (0, Some(r), _) => format!("> {r:.0}"),
+                    (0, Some(r), _) => format!("> {r:.b$}"),
                     (_, _, Some((m, sd))) => format!("{m:.d$} ± {sd:.d$}"),
                     _ => format!("≥ {:.d$}", s.mean_lb),
                 };
@@ -1021,13 +1155,17 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
         let read = || -> Result<_> {
             let summary: Summary = read_json(&cdir.join("summary.json"))?;
             let counts = counts(&cdir.join("selections.csv"), 0)?;
-            let Metrics { curve, clients } = read_metrics(&cdir.join("metrics.csv"))?;
+            let Metrics {
+                curve,
+                clients,
+                timed,
+            } = read_metrics(&cdir.join("metrics.csv"))?;
             if curve.is_empty() {
                 return Err(bad(&cdir.join("metrics.csv"), "no evaluated round"));
             }
-            Ok((summary, counts, curve, clients))
+            Ok((summary, counts, curve, clients, timed))
         };
-        let (summary, counts, curve, clients) = match read() {
+        let (summary, counts, curve, clients, timed) = match read() {
             Ok(x) => x,
             Err(e) => {
                 unreadable.push((cell.dir.clone(), e.to_string()));
@@ -1058,6 +1196,7 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
                 counts,
                 curve,
                 clients,
+                timed,
                 dir: cdir.clone(),
             });
     }
@@ -1122,7 +1261,11 @@ fn gather_runs(dirs: &[std::path::PathBuf]) -> Result<Gathered> {
         for dir in &arm.dirs {
             let summary: Summary = read_json(&dir.join("summary.json"))?;
             let counts = counts(&dir.join("selections.csv"), 0)?;
-            let Metrics { curve, clients } = read_metrics(&dir.join("metrics.csv"))?;
+            let Metrics {
+                curve,
+                clients,
+                timed,
+            } = read_metrics(&dir.join("metrics.csv"))?;
             if curve.is_empty() {
                 return Err(bad(&dir.join("metrics.csv"), "no evaluated round"));
             }
@@ -1132,6 +1275,7 @@ fn gather_runs(dirs: &[std::path::PathBuf]) -> Result<Gathered> {
                 counts,
                 curve,
                 clients,
+                timed,
                 dir: dir.clone(),
             });
         }
@@ -1387,6 +1531,7 @@ fn tables(g: &Gathered) -> Result<Vec<Table>> {
         }
     }
     let fairness = client_accuracy_table(g, &vs);
+    let time = time_table(g, &target_titles, &vs);
     let solver = per_method(
         "FedGS solver: rounds proven optimal, mean gap to the upper bound, mean graph distance among the selected",
         "fedgs_solver_summary.csv",
@@ -1431,14 +1576,84 @@ fn tables(g: &Gathered) -> Result<Vec<Table>> {
         },
     )?;
     let optional = [
+        "time_to_target.csv",
         "fedgs_solver_summary.csv",
         "f3ast_weights_summary.csv",
         "client_accuracy.csv",
     ];
-    Ok([rtt, bf, sp, sel, fairness, solver, weights]
+    Ok([rtt, time, bf, sp, sel, fairness, solver, weights]
         .into_iter()
         .filter(|t| !t.rows.is_empty() || !optional.contains(&t.file))
         .collect())
+}
+
+/// Virtual time to each target over seeds, in seconds and in hours, with the statistics and
+/// the paired sign test of the rounds-to-target table; no rows unless some run kept a clock
+/// (`[system]`), and N/A for an arm whose runs did not.
+fn time_table(g: &Gathered, target_titles: &[String], vs: &dyn Fn(&str) -> String) -> Table {
+    let kind = Kind::Stat {
+        censorable: true,
+        single: false,
+    };
+    let col = |title: String, csv: String| Col {
+        csv,
+        ..Col::new(title, kind)
+    };
+    let mut table = Table {
+        title: format!(
+            "Time to target accuracy on the virtual clock over seeds, in seconds and hours: mean ± std (≥ a lower bound when a seed never reached it), median, 95 % CI, seeds reached; paired sign test of the seconds vs {}",
+            g.baseline.as_deref().unwrap_or("-")
+        ),
+        file: "time_to_target.csv",
+        columns: ["setting", g.arm, "seeds"]
+            .map(Col::plain)
+            .into_iter()
+            .chain(target_titles.iter().flat_map(|t| {
+                let secs = col(format!("{t} (s)"), format!("{t}_s"));
+                let paired = Col::paired(vs(&secs.title), &secs.csv);
+                [secs, col(format!("{t} (h)"), format!("{t}_h")), paired]
+            }))
+            .chain((!g.shared_targets).then(|| Col::plain("targets")))
+            .collect(),
+        rows: Vec::new(),
+    };
+    let timed = |r: &Run| r.summary.time_to_target_s.is_some() && r.summary.clock_s.is_some();
+    if !g
+        .groups
+        .values()
+        .flat_map(|s| s.values())
+        .flatten()
+        .any(timed)
+    {
+        return table;
+    }
+    for ((_, setting), strategies) in &g.groups {
+        let base = strategies
+            .iter()
+            .find(|((_, s), _)| Some(s) == g.baseline.as_ref())
+            .map(|(_, r)| r.as_slice());
+        for ((_, arm), runs) in strategies {
+            let is_base = Some(arm) == g.baseline.as_ref();
+            let mut row = vec![V::text(setting), V::text(arm), V::Num(runs.len() as f64, 0)];
+            for ti in 0..target_titles.len() {
+                let secs = |r: &Run| time_obs(r, ti, 1.0);
+                row.push(bounded_stat(runs, secs, true, 1, 0));
+                row.push(bounded_stat(runs, |r| time_obs(r, ti, HOUR_S), true, 3, 3));
+                row.push(compare(runs, base, is_base, secs, Test::Sign, 1));
+            }
+            if !g.shared_targets {
+                let targets: Vec<String> = runs[0]
+                    .summary
+                    .rounds_to_target
+                    .iter()
+                    .map(|t| pct(t.0))
+                    .collect();
+                row.push(V::text(targets.join(" ")));
+            }
+            table.rows.push(row);
+        }
+    }
+    table
 }
 
 /// The clients' accuracy spread at each run's last evaluation, over seeds, with the paired
@@ -1503,6 +1718,9 @@ fn render(g: &Gathered, out: &Path, smooth: Option<usize>, format: Format) -> Re
                 stats::RESAMPLES,
                 g.baseline.as_deref().unwrap_or("-")
             );
+            if tables.iter().any(|t| t.file == "time_to_target.csv") {
+                md.push_str("\n**Time to a target** is the virtual clock (`[system]`) at the end of the round that first reached it, the round counted in the rounds-to-target table. A seed that never reaches a target is censored at its own run's final clock, and the seeds' clocks differ: the median is exact only when no censored seed's clock stopped below it, otherwise it is shown as \"median > x\", the median with every censored seed at its final clock; the sign test counts a pair whose order censoring hides as a tie.\n");
+            }
             for t in &tables {
                 md.push_str(&t.markdown());
             }
@@ -1542,10 +1760,13 @@ mod tests {
                 rounds,
                 rounds_to_target: Vec::new(),
                 cost: Ledger::default(),
+                clock_s: None,
+                time_to_target_s: None,
             },
             counts,
             curve: Vec::new(),
             clients: None,
+            timed: None,
             dir: std::path::PathBuf::new(),
         }
     }

@@ -7,6 +7,10 @@
 //! - *Median*: censored seeds sort above every reached one (a seed reaches a target within
 //!   its own R rounds, and the seeds of one setting share R). The median is then known
 //!   exactly while fewer than half of the seeds are censored; otherwise it is "> R".
+//!   Seconds to a target are censored at each run's own final clock, which differ between
+//!   seeds: a censored seed whose clock stopped below a middle reached value could sort
+//!   anywhere above its bound, so the median is then only bounded below, by the median with
+//!   every censored seed at its bound. Rounds never meet this case (every bound is R).
 //! - *Mean*: the mean over the seeds that reached is biased low (it keeps only the lucky
 //!   seeds), so it is not shown. With every seed reached the mean ± std is shown; otherwise
 //!   the mean with each censored seed counted as R, a strict lower bound of the true mean,
@@ -128,18 +132,28 @@ pub fn seed_stats(obs: &[Obs]) -> SeedStats {
         .min_by(f64::total_cmp);
     let complete = values.len() == n;
     // Censored seeds sort last, so the middle order statistics are reached values exactly
-    // when fewer than half of the seeds are censored.
+    // when fewer than half of the seeds are censored and no censored seed stopped below them.
+    let middle = |v: &[f64]| {
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
     let median = match censored_at {
         Some(r) if 2 * (n - values.len()) >= n => Median::Above(r),
         _ => {
             let mut v = values.clone();
             v.sort_by(f64::total_cmp);
             v.resize(n, f64::INFINITY);
-            Median::Value(if n % 2 == 1 {
-                v[n / 2]
-            } else {
-                (v[n / 2 - 1] + v[n / 2]) / 2.0
-            })
+            match censored_at {
+                Some(r) if r < v[n / 2] => {
+                    let mut b = bounds.clone();
+                    b.sort_by(f64::total_cmp);
+                    Median::Above(middle(&b))
+                }
+                _ => Median::Value(middle(&v)),
+            }
         }
     };
     SeedStats {
@@ -433,6 +447,19 @@ mod tests {
     /// Two values {0, 1}: a resample's mean is 0, ½ or 1 with probabilities ¼, ½, ¼, so the
     /// 2.5 % and 97.5 % points are 0 and 1. For 0..19 the interval is near the normal one,
     /// 9.5 ± 1.96·σ/√20 = 9.5 ± 2.53.
+    /// Seconds to a target: each censored seed has its own bound. One stopped at 100 s, below
+    /// the middle reached value 300 s: the median is only bounded, by the median of
+    /// 100, 200, 300 (the censored seed at its bound). One stopped at 500 s cannot move it.
+    #[test]
+    fn median_with_censoring_bounds_below_it_is_a_bound() {
+        use Obs::{Above, Value};
+        let s = seed_stats(&[Value(200.0), Above(100.0), Value(300.0)]);
+        assert_eq!(s.median, Median::Above(200.0));
+        assert_eq!(s.censored_at, Some(100.0));
+        let s = seed_stats(&[Value(200.0), Above(500.0), Value(300.0)]);
+        assert_eq!(s.median, Median::Value(300.0));
+    }
+
     #[test]
     fn bootstrap_interval_is_the_percentile_interval_and_seeded() {
         assert_eq!(bootstrap_mean_ci(&[0.0, 1.0]), (0.0, 1.0));

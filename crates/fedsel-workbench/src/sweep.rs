@@ -153,6 +153,16 @@ impl Cell {
 pub fn value_label(v: &toml::Value) -> String {
     match v {
         toml::Value::String(s) => s.clone(),
+        // A round policy (`system.round`): the policy, then its parameters, a duration in
+        // seconds (a key ending in `_s`) with its unit: "overcommit-0.3", "deadline-30s".
+        toml::Value::Table(t) if t.contains_key("policy") => std::iter::once(&t["policy"])
+            .map(value_label)
+            .chain(t.iter().filter(|(k, _)| *k != "policy").map(|(k, v)| {
+                let unit = if k.ends_with("_s") { "s" } else { "" };
+                format!("{}{unit}", value_label(v))
+            }))
+            .collect::<Vec<_>>()
+            .join("-"),
         toml::Value::Table(t) => {
             let mut parts: Vec<String> = Vec::new();
             if let Some(k) = t.get("kind") {
@@ -886,6 +896,32 @@ mod tests {
             Sweep::load(&path, &[]).unwrap().cells().unwrap()[3].dir_name,
             cells[3].dir_name
         );
+    }
+
+    /// Device profiles and round policies are plain axes: `system.kind` a string, and
+    /// `system.round` a table whose label reads as the policy and its parameter, seconds
+    /// marked; each cell's config carries the value.
+    #[test]
+    fn device_profiles_and_round_policies_are_axes_with_readable_labels() {
+        use fedsel::system::{RoundPolicy, SystemKind};
+        let text = "name = \"t\"\n[axes]\nseed = [1]\nset = { \"system.kind\" = [\"lognormal\"], \"system.round\" = [{ policy = \"wait_all\" }, { policy = \"overcommit\", overcommit = 0.3 }, { policy = \"deadline\", deadline_s = 30 }] }\n";
+        let sweep =
+            Sweep::from_toml_str(text, "t", Path::new(""), &[], |_| unreachable!()).unwrap();
+        let cells = sweep.cells().unwrap();
+        let labels: Vec<&str> = cells.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "s1-lognormal-wait_all",
+                "s1-lognormal-overcommit-0.3",
+                "s1-lognormal-deadline-30s"
+            ]
+        );
+        let system = |i: usize| cells[i].config.system.clone().unwrap();
+        assert_eq!(system(0).kind, SystemKind::Lognormal);
+        assert_eq!(system(1).round, RoundPolicy::Overcommit { overcommit: 0.3 });
+        assert_eq!(system(2).round, RoundPolicy::Deadline { deadline_s: 30.0 });
+        assert_eq!(cells[2].parts[2], ("round".into(), "deadline-30s".into()));
     }
 
     #[test]
