@@ -1315,3 +1315,55 @@ fn oort_on_a_clock_prefers_fast_devices() {
     let (o, u) = (mean_round(&rows), mean_round(&uniform));
     assert!(o < 0.8 * u, "Oort {o:.2} s a round, uniform {u:.2} s");
 }
+
+/// FedCS on devices of known speeds (client k at 1 + k ms a sample, 32 kbit/s), with a
+/// deadline between client 9's and client 10's finish times and a budget of 12: it explores
+/// the 30 clients in the first three rounds (12 + 12 + 6 never measured, the greedy filling
+/// the third), and from then on
+/// selects exactly the ten that fit, fastest first; every update arrives, so the round
+/// closes with client 9's. It resumes mid-run exactly.
+#[test]
+fn fedcs_on_a_clock_selects_the_clients_that_fit_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("devices.csv");
+    let rows: String = (0..30).map(|k| format!("{k},{},32\n", 1 + k)).collect();
+    std::fs::write(
+        &path,
+        format!("client,compute_ms_per_sample,bandwidth_kbps\n{rows}"),
+    )
+    .unwrap();
+    let probe = synthetic(&[]);
+    let kbit = probe.layout.total as f64 * 32.0 / 1024.0;
+    let samples = 5.0 * probe.config.train.batch_size as f64;
+    let finish = |k: usize| 2.0 * kbit / 32.0 + 3.0 * samples * (1 + k) as f64 / 1000.0;
+    let deadline = (finish(9) + finish(10)) / 2.0;
+    let set = [
+        "rounds=8".to_string(),
+        "checkpoint_every=5".into(),
+        "train.work={steps=5}".into(),
+        "selection.strategy=\"fedcs\"".into(),
+        "selection.clients_per_round=12".into(),
+        "system.kind=\"csv\"".into(),
+        format!("system.path={:?}", path.display().to_string()),
+        format!("system.round={{policy=\"deadline\", deadline_s={deadline}}}"),
+    ];
+    let config = Config::load(None, &set).unwrap();
+    assert_eq!(config.selection.fedcs.deadline_s, Some(deadline));
+    let exp = Experiment::prepare(config, &locate::data_dir(None, None)).unwrap();
+    let rows = run_in_pool(2, &exp);
+    let mut explored: Vec<usize> = rows[..3].iter().flat_map(|r| r.selected.clone()).collect();
+    explored.sort_unstable();
+    explored.dedup();
+    assert_eq!(explored, (0..30).collect::<Vec<_>>());
+    for r in &rows[3..] {
+        assert_eq!(r.selected, (0..10).collect::<Vec<_>>(), "round {}", r.round);
+        let clock = r.clock.unwrap();
+        assert_eq!(clock.aggregated, 10);
+        assert!(
+            (clock.round_s - finish(9)).abs() < 1e-9,
+            "{}",
+            clock.round_s
+        );
+    }
+    Resumed::run(&exp, 6, 5).assert_same("fedcs");
+}
