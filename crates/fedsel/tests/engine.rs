@@ -1367,3 +1367,53 @@ fn fedcs_on_a_clock_selects_the_clients_that_fit_its_deadline() {
     }
     Resumed::run(&exp, 6, 5).assert_same("fedcs");
 }
+
+/// Pow-d's loss queries are on the clock: on identical devices (1 ms a sample, 32 kbit/s)
+/// every candidate (d = all clients) downloads the model and evaluates its held-out part
+/// before the server selects, so each round lasts longer than uniform selection's by the
+/// slowest candidate's evaluation, kbit / 32 + (largest held-out part) × 1 ms; uniform
+/// queries nothing, and its round is the training phase alone.
+#[test]
+fn pow_d_s_loss_queries_lengthen_the_round_by_the_slowest_candidate() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("devices.csv");
+    let rows: String = (0..30).map(|k| format!("{k},1,32\n")).collect();
+    std::fs::write(
+        &path,
+        format!("client,compute_ms_per_sample,bandwidth_kbps\n{rows}"),
+    )
+    .unwrap();
+    let rounds = |strategy: &str| {
+        let set = [
+            "rounds=3".to_string(),
+            "train.work={steps=5}".into(),
+            format!("selection.strategy=\"{strategy}\""),
+            "selection.powd.d=0".into(),
+            "system.kind=\"csv\"".into(),
+            format!("system.path={:?}", path.display().to_string()),
+        ];
+        let config = Config::load(None, &set).unwrap();
+        let exp = Experiment::prepare(config, &locate::data_dir(None, None)).unwrap();
+        (run_in_pool(2, &exp), exp)
+    };
+    let (powd, exp) = rounds("powd");
+    let (uniform, _) = rounds("uniform");
+    let kbit = exp.layout.total as f64 * 32.0 / 1024.0;
+    let all: Vec<usize> = (0..exp.clients.len()).collect();
+    let largest = exp
+        .holdout_losses(&exp.layout.init(1), &all)
+        .iter()
+        .map(|e| e.examples)
+        .max()
+        .unwrap();
+    let query = kbit / 32.0 + largest as f64 / 1000.0;
+    let training = 2.0 * kbit / 32.0 + 3.0 * 5.0 * exp.config.train.batch_size as f64 / 1000.0;
+    for (p, u) in powd.iter().zip(&uniform) {
+        let (p, u) = (p.clock.unwrap().round_s, u.clock.unwrap().round_s);
+        assert!((u - training).abs() < 1e-9, "uniform {u} ≠ {training}");
+        assert!(
+            (p - (query + training)).abs() < 1e-9,
+            "pow-d {p} ≠ {query} + {training}"
+        );
+    }
+}
