@@ -755,7 +755,8 @@ pub fn run_with(
         let eval = run.evaluate(t);
         let client_acc = eval.and_then(|_| run.client_accuracy());
         let train_loss = trained.mean_loss();
-        let (reported, trained, clock) = run.on_time(&selection.clients, trained, timing);
+        let (reported, trained, clock) =
+            run.on_time(&selection.clients, trained, timing, &mut cost);
         run.feedback(t, &reported, trained);
         let record = RoundRecord {
             round: t,
@@ -1121,18 +1122,20 @@ impl<'a> Run<'a> {
 
     /// The entries the selector hears of, and the round on the clock: updates the round
     /// policy discarded are not reported (the server never used them), though their clients
-    /// keep the optimizer state of the training they did. Without a clock, every entry.
+    /// keep the optimizer state of the training they did, and the trainings wasted are
+    /// booked in `cost`. Without a clock, every entry.
     fn on_time<'s>(
         &self,
         selected: &'s [usize],
         mut trained: Trained,
         timing: Option<RoundTiming>,
+        cost: &mut Ledger,
     ) -> (Cow<'s, [usize]>, Trained, Option<RoundClock>) {
         let (Some(timing), Some(total)) = (timing, &self.summary.clock) else {
             return (Cow::Borrowed(selected), trained, None);
         };
         let kept = &timing.kept;
-        let wasted = trained
+        cost.wasted_trainings += trained
             .distinct
             .iter()
             .filter(|&&c| !selected.iter().zip(kept).any(|(&s, &k)| k && s == c))
@@ -1145,7 +1148,6 @@ impl<'a> Run<'a> {
             round_s: timing.round_s,
             clock_s: total.clock_s + timing.round_s,
             aggregated,
-            wasted_trainings: wasted,
         };
         (
             Cow::Owned(kept_entries(selected.to_vec(), kept)),
@@ -1295,7 +1297,7 @@ impl<'a> Run<'a> {
         summary.cost.add(&record.cost);
         if let (Some(total), Some(c)) = (&mut summary.clock, &record.clock) {
             total.clock_s = c.clock_s;
-            total.wasted_trainings += c.wasted_trainings;
+            total.wasted_trainings = summary.cost.wasted_trainings;
         }
         if let Some(e) = eval {
             if !e.loss.is_finite() {

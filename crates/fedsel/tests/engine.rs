@@ -1083,8 +1083,9 @@ fn a_clock_run_writes_round_and_clock_seconds_and_time_to_target() {
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
     assert_eq!(header[header.len() - 2..], ["round_s", "clock_s"]);
+    assert_eq!(header[header.len() - 3..], fedsel::output::CLOCK_COLUMNS);
     assert_eq!(
-        header[..header.len() - 2],
+        header[..header.len() - 3],
         fedsel::output::metric_columns(),
         "appended after the old columns"
     );
@@ -1119,7 +1120,7 @@ fn a_clock_run_writes_round_and_clock_seconds_and_time_to_target() {
         assert_eq!((r.n_selected, r.budget), (8, 6));
         assert_eq!(r.clock.unwrap().aggregated, 6);
     }
-    let wasted: u64 = c.0.iter().map(|r| r.clock.unwrap().wasted_trainings).sum();
+    let wasted: u64 = c.0.iter().map(|r| r.cost.wasted_trainings).sum();
     let total = summary.clock.as_ref().unwrap();
     assert_eq!(total.wasted_trainings, wasted);
     assert!(wasted > 0 && wasted <= 2 * 25);
@@ -1199,7 +1200,7 @@ fn past_a_deadline_no_update_is_aggregated_and_the_run_goes_on() {
     for r in &c.0 {
         let clock = r.clock.unwrap();
         assert_eq!((clock.round_s, clock.aggregated), (1e-9, 0));
-        assert_eq!(clock.wasted_trainings, r.cost.trainings);
+        assert_eq!(r.cost.wasted_trainings, r.cost.trainings);
         // The model never moves, so every evaluation sees the initial one.
         assert_eq!(r.test_loss, c.0[0].test_loss);
     }
@@ -1416,4 +1417,41 @@ fn pow_d_s_loss_queries_lengthen_the_round_by_the_slowest_candidate() {
             "pow-d {p} ≠ {query} + {training}"
         );
     }
+}
+
+/// Over-commitment's stragglers are booked in the ledger: each round 8 distinct clients are
+/// broadcast to, train and upload (all booked), and the 2 the policy drops are wasted
+/// trainings, in the round's ledger, `metrics.csv`'s clock columns and `summary.json`.
+#[test]
+fn over_committed_stragglers_are_wasted_trainings_in_the_ledger() {
+    let exp = synthetic(&[
+        "rounds=5",
+        "system.kind=\"lognormal\"",
+        "system.round.policy=\"overcommit\"",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(dir.path(), &exp.config).unwrap();
+    let mut c = Collect::default();
+    let summary = engine::run(&exp, &mut c).unwrap();
+    engine::run(&exp, &mut w).unwrap();
+    w.finish(&summary).unwrap();
+    for r in &c.0 {
+        let l = &r.cost;
+        assert_eq!((l.broadcasts, l.uploads, l.trainings), (8, 8, 8));
+        assert_eq!(l.wasted_trainings, 2);
+    }
+    assert_eq!(summary.cost.wasted_trainings, 10);
+    assert_eq!(summary.clock.as_ref().unwrap().wasted_trainings, 10);
+    let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let col = header
+        .iter()
+        .position(|&h| h == "wasted_trainings")
+        .unwrap();
+    for line in text.lines().skip(1) {
+        assert_eq!(line.split(',').nth(col), Some("2"), "{line}");
+    }
+    let json = read_json(&dir.path().join("summary.json"));
+    assert_eq!(json["cost"]["wasted_trainings"], 10);
+    assert_eq!(json["wasted_trainings"], 10);
 }

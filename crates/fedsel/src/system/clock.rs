@@ -42,10 +42,9 @@ pub struct RoundClock {
     pub round_s: f64,
     /// Virtual seconds since the run started, at the round's end.
     pub clock_s: f64,
-    /// Selection entries whose update was aggregated.
+    /// Selection entries whose update was aggregated (the trainings it wasted are in the
+    /// round's ledger).
     pub aggregated: usize,
-    /// Local trainings none of whose entries was aggregated.
-    pub wasted_trainings: u64,
 }
 
 /// The last finish time among the kept entries (0 when none is kept).
