@@ -33,10 +33,10 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
                   work = { steps = N } | { epochs = N }, batch_size, prox_mu, persistent_state,
                   schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
   [server]        aggregation = auto|mean|data_size|selector, optimizer = replace|sgd|adam, lr, beta1, beta2, tau
-  [selection]     strategy = uniform|md|powd|cpowd|rpowd|afl|fedcor|fedgp|fedgs|f3ast|hics|cs1|cs2|divfl|oort,
+  [selection]     strategy = uniform|md|powd|cpowd|rpowd|afl|fedcor|fedgp|fedgs|f3ast|hics|cs1|cs2|divfl|oort|fedcs,
                   clients_per_round (0 = use fraction), fraction, client_size = train|local;
                   per-strategy tables
-                  [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl|oort] (see docs/configuration.md)
+                  [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl|oort|fedcs] (see docs/configuration.md)
   [availability]  kind = always | idl | mdf | ldf | ymf | yc | ln | sln | scarce | home_device | uneven | smartphones | trace
   [budget]        kind = constant | periodic (values, hold) | random (min, max)
   [eval]          every, batch_size, max_test_samples, per_client

@@ -36,7 +36,7 @@ fn options_table(strategy: &str) -> Option<&'static str> {
         "hics" => Some("hics"),
         "divfl" => Some("divfl"),
         "oort" => Some("oort"),
-
+        "fedcs" => Some("fedcs"),
         _ => None,
     }
 }

@@ -364,7 +364,7 @@ pub fn selection_time(
 /// Every strategy [`selection_time`] knows, in the order `fedsel bench` prints them.
 pub const STRATEGIES: &[&str] = &[
     "uniform", "md", "powd", "cpowd", "rpowd", "afl", "f3ast", "fedcor", "fedgp", "cs1", "cs2",
-    "hics", "divfl", "fedgs", "oort",
+    "hics", "divfl", "fedgs", "oort", "fedcs",
 ];
 
 #[cfg(test)]

@@ -530,7 +530,7 @@ const MODELS: &[&str] = &[
 ];
 const STRATEGIES: &[&str] = &[
     "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast", "hics",
-    "cs1", "cs2", "divfl", "oort",
+    "cs1", "cs2", "divfl", "oort", "fedcs",
 ];
 
 /// Floats the Synthetic generator may produce (4 GB): far above every paper's size
@@ -628,6 +628,20 @@ impl Config {
         self.selection.fedgs.sigma2 = Some(sigma2);
         if self.server.aggregation == AggregationRule::Auto {
             self.server.aggregation = crate::select::own_aggregation(&self.selection.strategy);
+        }
+        if let (
+            "fedcs",
+            None,
+            Some(SystemConfig {
+                round: RoundPolicy::Deadline { deadline_s },
+                ..
+            }),
+        ) = (
+            self.selection.strategy.as_str(),
+            self.selection.fedcs.deadline_s,
+            &self.system,
+        ) {
+            self.selection.fedcs.deadline_s = Some(*deadline_s);
         }
     }
 
@@ -868,6 +882,7 @@ impl Config {
         )?;
         sel.divfl.validate()?;
         sel.oort.validate()?;
+        sel.fedcs.validate()?;
         self.validate_availability()?;
         if let Some(system) = &self.system {
             system.validate()?;
@@ -1052,7 +1067,7 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 2] = ["eval.per_client", "selection.oort"];
+const ELIDED_AT_DEFAULT: [&str; 3] = ["eval.per_client", "selection.oort", "selection.fedcs"];
 
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes
 /// none (`kind = "always"`, `"iid"`, `"fmnist"`), so the keys of what was read back are

@@ -31,7 +31,7 @@ use crate::rng::{Purpose, stream};
 use crate::select::guard::{self, AvailableOnly};
 use crate::select::{self, ClientQuery, Feedback, GradientScope, RoundContext, Setup, UpdateKind};
 use crate::summary::{ClockSummary, RunSummary};
-use crate::system::clock::{Clock, RoundClock, RoundTiming};
+use crate::system::clock::{Clock, QueryWork, RoundClock, RoundTiming};
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
 
 /// A prepared run: data, clients, model.
@@ -388,12 +388,22 @@ struct Query<'a> {
     /// The run's aggregation rule, resolved; probes and extra steps use it too.
     rule: AggregationRule,
     ledger: &'a mut Ledger,
+    /// The round's query phase on the clock so far, in virtual seconds.
+    query_s: &'a mut f64,
     round: usize,
     lr: f64,
     sizes: &'a [usize],
 }
 
 impl Query<'_> {
+    /// Adds one query to the round's query phase on the clock: the server waits for the
+    /// slowest of its clients' `work` before it goes on.
+    fn stage(&mut self, work: impl IntoIterator<Item = (usize, QueryWork)>) {
+        if let Some(clock) = &self.exp.clock {
+            *self.query_s += clock.stage_s(work);
+        }
+    }
+
     /// Local trainings a strategy asks for beyond the round's own (probes, FedGP's extra
     /// step, FedGS's graph building), with their broadcasts and uploads: booked as
     /// `extra_trainings` when they feed the global model, as `probe_trainings` otherwise. They draw
@@ -430,6 +440,18 @@ impl Query<'_> {
             self.ledger.probe_trainings += m;
         }
         self.ledger.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
+        let batch = exp.config.train.batch_size as u64;
+        self.stage(clients.iter().zip(&updates).map(|(&k, u)| {
+            let training_samples = u.steps as u64 * batch;
+            (
+                k,
+                QueryWork {
+                    transfers: 2,
+                    training_samples,
+                    ..QueryWork::default()
+                },
+            )
+        }));
         updates
     }
 
@@ -452,20 +474,35 @@ impl Query<'_> {
     }
 }
 
-/// Books client evaluations with their broadcasts and scalar reports, and returns the losses.
-fn booked_losses(ledger: &mut Ledger, evals: Vec<Evaluation>) -> Vec<f64> {
-    let n = evals.len() as u64;
-    ledger.broadcasts += n;
-    ledger.evaluations += n;
-    ledger.scalar_reports += n;
-    ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
-    evals.into_iter().map(|e| e.loss).collect()
+impl Query<'_> {
+    /// Books the evaluations of `clients` with their broadcasts and scalar reports, and
+    /// their stage on the clock, and returns the losses.
+    fn booked_losses(&mut self, clients: &[usize], evals: Vec<Evaluation>) -> Vec<f64> {
+        let n = evals.len() as u64;
+        let ledger = &mut *self.ledger;
+        ledger.broadcasts += n;
+        ledger.evaluations += n;
+        ledger.scalar_reports += n;
+        ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
+        self.stage(clients.iter().zip(&evals).map(|(&k, e)| {
+            let inference_samples = e.examples as u64;
+            (
+                k,
+                QueryWork {
+                    transfers: 1,
+                    inference_samples,
+                    ..QueryWork::default()
+                },
+            )
+        }));
+        evals.into_iter().map(|e| e.loss).collect()
+    }
 }
 
 impl ClientQuery for Query<'_> {
     fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
         let evals = self.exp.holdout_losses(self.global, clients);
-        Ok(booked_losses(self.ledger, evals))
+        Ok(self.booked_losses(clients, evals))
     }
 
     fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>> {
@@ -496,7 +533,7 @@ impl ClientQuery for Query<'_> {
                 )
             })
             .collect();
-        Ok(booked_losses(self.ledger, evals))
+        Ok(self.booked_losses(clients, evals))
     }
 
     fn probe(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>> {
@@ -504,7 +541,7 @@ impl ClientQuery for Query<'_> {
         let delta = self.aggregated_delta(clients, n_clients, false);
         let probe: Vec<f32> = self.global.iter().zip(&delta).map(|(g, d)| g + d).collect();
         let evals = self.exp.holdout_losses(&probe, evaluate);
-        Ok(booked_losses(self.ledger, evals))
+        Ok(self.booked_losses(evaluate, evals))
     }
 
     fn advance(&mut self, clients: &[usize], evaluate: &[usize]) -> Result<Vec<f64>> {
@@ -602,6 +639,17 @@ impl ClientQuery for Query<'_> {
         self.ledger.gradients += m;
         self.ledger.gradient_examples += g.iter().map(|g| g.examples as u64).sum::<u64>();
         self.ledger.uploads += m;
+        self.stage(clients.iter().zip(&g).map(|(&k, g)| {
+            let training_samples = g.examples as u64;
+            (
+                k,
+                QueryWork {
+                    transfers: 2,
+                    training_samples,
+                    ..QueryWork::default()
+                },
+            )
+        }));
         Ok(g.into_iter().map(|g| g.values).collect())
     }
 
@@ -707,7 +755,8 @@ pub fn run_with(
         let eval = run.evaluate(t);
         let client_acc = eval.and_then(|_| run.client_accuracy());
         let train_loss = trained.mean_loss();
-        let (reported, trained, clock) = run.on_time(&selection.clients, trained, timing);
+        let (reported, trained, clock) =
+            run.on_time(&selection.clients, trained, timing, &mut cost);
         run.feedback(t, &reported, trained);
         let record = RoundRecord {
             round: t,
@@ -784,6 +833,9 @@ struct Run<'a> {
     server: Server,
     /// Each client's persistent optimizer state, carried between its trainings.
     states: Vec<Option<OptimizerState>>,
+    /// Virtual seconds of the selector's queries not yet on the clock: the current round's,
+    /// with the initial phase's in round 0.
+    query_s: f64,
     summary: RunSummary,
     /// The virtual second the current round started ([`Run::available`]): the clock's
     /// time, or later when a behave trace had none of the available clients online.
@@ -902,6 +954,7 @@ impl<'a> Run<'a> {
             },
             server: Server::new(&cfg.server),
             states: vec![None; n],
+            query_s: 0.0,
             summary,
             start_s: 0.0,
         })
@@ -950,6 +1003,7 @@ impl<'a> Run<'a> {
             server: &mut self.server,
             rule: self.rule,
             ledger: cost,
+            query_s: &mut self.query_s,
             round: t,
             lr,
             sizes: &self.sizes,
@@ -1067,32 +1121,35 @@ impl<'a> Run<'a> {
     }
 
     /// Each selection entry's finish time on the virtual clock (its client's steps × batch
-    /// samples; what a strategy adds, such as probes or loss queries, is not counted yet),
-    /// and the round policy's verdict for a round of budget `k`. `None` without a clock.
-    fn time(&self, selected: &[usize], trained: &Trained, k: usize) -> Option<RoundTiming> {
+    /// samples, from the training broadcast), and the round policy's verdict for a round of
+    /// budget `k` after the selector's query phase. `None` without a clock.
+    fn time(&mut self, selected: &[usize], trained: &Trained, k: usize) -> Option<RoundTiming> {
+        let query_s = std::mem::take(&mut self.query_s);
         let clock = self.exp.clock.as_ref()?;
         let batch = self.exp.config.train.batch_size as u64;
         let finish: Vec<f64> = selected
             .iter()
             .map(|&c| clock.finish_s(c, trained.of(c).steps as u64 * batch))
             .collect();
-        Some(clock.round(self.start_s, selected, &finish, k))
+        Some(clock.round(self.start_s, query_s, selected, &finish, k))
     }
 
     /// The entries the selector hears of, and the round on the clock: updates the round
     /// policy discarded are not reported (the server never used them), though their clients
-    /// keep the optimizer state of the training they did. Without a clock, every entry.
+    /// keep the optimizer state of the training they did, and the trainings wasted are
+    /// booked in `cost`. Without a clock, every entry.
     fn on_time<'s>(
         &self,
         selected: &'s [usize],
         mut trained: Trained,
         timing: Option<RoundTiming>,
+        cost: &mut Ledger,
     ) -> (Cow<'s, [usize]>, Trained, Option<RoundClock>) {
         let (Some(timing), Some(total)) = (timing, &self.summary.clock) else {
             return (Cow::Borrowed(selected), trained, None);
         };
         let kept = &timing.kept;
-        let wasted = trained
+        cost.wasted_trainings += trained
             .distinct
             .iter()
             .filter(|&&c| !selected.iter().zip(kept).any(|(&s, &k)| k && s == c))
@@ -1107,7 +1164,6 @@ impl<'a> Run<'a> {
             round_s,
             clock_s: total.clock_s + round_s,
             aggregated,
-            wasted_trainings: wasted,
         };
         (
             Cow::Owned(kept_entries(selected.to_vec(), kept)),
@@ -1257,7 +1313,7 @@ impl<'a> Run<'a> {
         summary.cost.add(&record.cost);
         if let (Some(total), Some(c)) = (&mut summary.clock, &record.clock) {
             total.clock_s = c.clock_s;
-            total.wasted_trainings += c.wasted_trainings;
+            total.wasted_trainings = summary.cost.wasted_trainings;
         }
         if let Some(e) = eval {
             if !e.loss.is_finite() {

@@ -37,6 +37,18 @@ pub struct Ledger {
     /// Messages of privacy protocols (FedGS's secure scalar products), each a vector
     /// or scalar sent to or from a client.
     pub protocol_messages: u64,
+    /// Local trainings of the round's own selection none of whose updates the round policy
+    /// aggregated (over-commitment's stragglers, updates past a deadline): paid for, their
+    /// broadcasts and uploads booked above, and unused. Only a clock drops updates, so
+    /// without `[system]` this is 0 and no output shows it: it is not in
+    /// [`Ledger::COLUMNS`] but in the clock's columns of `metrics.csv`, and `summary.json`
+    /// leaves it out at 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub wasted_trainings: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 impl Ledger {
@@ -88,6 +100,7 @@ impl Ledger {
         self.gradients += other.gradients;
         self.gradient_examples += other.gradient_examples;
         self.protocol_messages += other.protocol_messages;
+        self.wasted_trainings += other.wasted_trainings;
     }
 }
 
@@ -111,14 +124,25 @@ mod tests {
             gradients: 9,
             gradient_examples: 10,
             protocol_messages: 11,
+            wasted_trainings: 13,
         };
         assert_eq!(a.values(), [1, 2, 3, 12, 4, 5, 6, 7, 8, 9, 10, 11]);
         let json = serde_json::to_value(a).unwrap();
         for (name, v) in Ledger::COLUMNS.iter().zip(a.values()) {
             assert_eq!(json[name], v, "{name}");
         }
+        assert_eq!(json["wasted_trainings"], 13);
         let mut b = a;
         b.add(&a);
         assert_eq!(b.values(), a.values().map(|v| 2 * v));
+        assert_eq!(b.wasted_trainings, 26);
+        // At 0 (every run without a clock) it is left out, and read back as 0.
+        let plain = Ledger {
+            wasted_trainings: 0,
+            ..a
+        };
+        let json = serde_json::to_value(plain).unwrap();
+        assert!(json.get("wasted_trainings").is_none());
+        assert_eq!(serde_json::from_value::<Ledger>(json).unwrap(), plain);
     }
 }

@@ -64,10 +64,11 @@ pub fn metric_columns() -> Vec<&'static str> {
     c
 }
 
-/// The columns `metrics.csv` appends when `[system]` runs a virtual clock: the round's
-/// virtual seconds and the clock at its end. Without a clock they are absent, so such runs
-/// write the bytes they always did.
-pub const CLOCK_COLUMNS: [&str; 2] = ["round_s", "clock_s"];
+/// The columns `metrics.csv` appends when `[system]` runs a virtual clock: the trainings the
+/// round policy wasted (the ledger's `wasted_trainings`), the round's virtual seconds and
+/// the clock at its end. Without a clock they are absent, so such runs write the bytes they
+/// always did.
+pub const CLOCK_COLUMNS: [&str; 3] = ["wasted_trainings", "round_s", "clock_s"];
 
 impl RunWriter {
     /// Creates `dir` and writes the resolved config and the CSV headers. A directory that
@@ -231,7 +232,11 @@ impl Observer for RunWriter {
         let spread = r.client_acc.map(|c| [c.p10, c.p50, c.p90, c.worst10]);
         row.extend((0..CLIENT_ACC_COLUMNS.len()).map(|i| opt(spread.map(|s| s[i]))));
         if let Some(c) = &r.clock {
-            row.extend([format!("{:.6}", c.round_s), format!("{:.6}", c.clock_s)]);
+            row.extend([
+                r.cost.wasted_trainings.to_string(),
+                format!("{:.6}", c.round_s),
+                format!("{:.6}", c.clock_s),
+            ]);
         }
         let mpath = self.dir.join("metrics.csv");
         self.metrics.write_record(&row).map_err(csv_err(&mpath))?;

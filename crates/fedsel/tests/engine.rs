@@ -1083,8 +1083,9 @@ fn a_clock_run_writes_round_and_clock_seconds_and_time_to_target() {
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
     assert_eq!(header[header.len() - 2..], ["round_s", "clock_s"]);
+    assert_eq!(header[header.len() - 3..], fedsel::output::CLOCK_COLUMNS);
     assert_eq!(
-        header[..header.len() - 2],
+        header[..header.len() - 3],
         fedsel::output::metric_columns(),
         "appended after the old columns"
     );
@@ -1119,7 +1120,7 @@ fn a_clock_run_writes_round_and_clock_seconds_and_time_to_target() {
         assert_eq!((r.n_selected, r.budget), (8, 6));
         assert_eq!(r.clock.unwrap().aggregated, 6);
     }
-    let wasted: u64 = c.0.iter().map(|r| r.clock.unwrap().wasted_trainings).sum();
+    let wasted: u64 = c.0.iter().map(|r| r.cost.wasted_trainings).sum();
     let total = summary.clock.as_ref().unwrap();
     assert_eq!(total.wasted_trainings, wasted);
     assert!(wasted > 0 && wasted <= 2 * 25);
@@ -1199,7 +1200,7 @@ fn past_a_deadline_no_update_is_aggregated_and_the_run_goes_on() {
     for r in &c.0 {
         let clock = r.clock.unwrap();
         assert_eq!((clock.round_s, clock.aggregated), (1e-9, 0));
-        assert_eq!(clock.wasted_trainings, r.cost.trainings);
+        assert_eq!(r.cost.wasted_trainings, r.cost.trainings);
         // The model never moves, so every evaluation sees the initial one.
         assert_eq!(r.test_loss, c.0[0].test_loss);
     }
@@ -1390,7 +1391,7 @@ fn fedscale_pickles_drive_the_clock_and_an_offline_client_is_neither_selected_no
     // Client 1 is selected at 10 s but offline when its update arrives: lost, wasted.
     assert!(r0.selected.contains(&1));
     assert_eq!(clock.aggregated, r0.selected.len() - 1);
-    assert_eq!(clock.wasted_trainings, 1);
+    assert_eq!(r0.cost.wasted_trainings, 1);
     for r in &c.0 {
         assert!(!r.available.contains(&0) && !r.selected.contains(&0));
     }
@@ -1437,4 +1438,143 @@ fn a_resumed_run_on_fedscale_files_equals_an_uninterrupted_one() {
     r.assert_same("fedscale files");
     assert!(r.full.clock.as_ref().unwrap().clock_s > 10.0);
     assert_eq!(r.resumed.clock, r.full.clock);
+}
+
+/// FedCS on devices of known speeds (client k at 1 + k ms a sample, 32 kbit/s), with a
+/// deadline between client 9's and client 10's finish times and a budget of 12: it explores
+/// the 30 clients in the first three rounds (12 + 12 + 6 never measured, the greedy filling
+/// the third), and from then on
+/// selects exactly the ten that fit, fastest first; every update arrives, so the round
+/// closes with client 9's. It resumes mid-run exactly.
+#[test]
+fn fedcs_on_a_clock_selects_the_clients_that_fit_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("devices.csv");
+    let rows: String = (0..30).map(|k| format!("{k},{},32\n", 1 + k)).collect();
+    std::fs::write(
+        &path,
+        format!("client,compute_ms_per_sample,bandwidth_kbps\n{rows}"),
+    )
+    .unwrap();
+    let probe = synthetic(&[]);
+    let kbit = probe.layout.total as f64 * 32.0 / 1024.0;
+    let samples = 5.0 * probe.config.train.batch_size as f64;
+    let finish = |k: usize| 2.0 * kbit / 32.0 + 3.0 * samples * (1 + k) as f64 / 1000.0;
+    let deadline = (finish(9) + finish(10)) / 2.0;
+    let set = [
+        "rounds=8".to_string(),
+        "checkpoint_every=5".into(),
+        "train.work={steps=5}".into(),
+        "selection.strategy=\"fedcs\"".into(),
+        "selection.clients_per_round=12".into(),
+        "system.kind=\"csv\"".into(),
+        format!("system.path={:?}", path.display().to_string()),
+        format!("system.round={{policy=\"deadline\", deadline_s={deadline}}}"),
+    ];
+    let config = Config::load(None, &set).unwrap();
+    assert_eq!(config.selection.fedcs.deadline_s, Some(deadline));
+    let exp = Experiment::prepare(config, &locate::data_dir(None, None)).unwrap();
+    let rows = run_in_pool(2, &exp);
+    let mut explored: Vec<usize> = rows[..3].iter().flat_map(|r| r.selected.clone()).collect();
+    explored.sort_unstable();
+    explored.dedup();
+    assert_eq!(explored, (0..30).collect::<Vec<_>>());
+    for r in &rows[3..] {
+        assert_eq!(r.selected, (0..10).collect::<Vec<_>>(), "round {}", r.round);
+        let clock = r.clock.unwrap();
+        assert_eq!(clock.aggregated, 10);
+        assert!(
+            (clock.round_s - finish(9)).abs() < 1e-9,
+            "{}",
+            clock.round_s
+        );
+    }
+    Resumed::run(&exp, 6, 5).assert_same("fedcs");
+}
+
+/// Pow-d's loss queries are on the clock: on identical devices (1 ms a sample, 32 kbit/s)
+/// every candidate (d = all clients) downloads the model and evaluates its held-out part
+/// before the server selects, so each round lasts longer than uniform selection's by the
+/// slowest candidate's evaluation, kbit / 32 + (largest held-out part) × 1 ms; uniform
+/// queries nothing, and its round is the training phase alone.
+#[test]
+fn pow_d_s_loss_queries_lengthen_the_round_by_the_slowest_candidate() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("devices.csv");
+    let rows: String = (0..30).map(|k| format!("{k},1,32\n")).collect();
+    std::fs::write(
+        &path,
+        format!("client,compute_ms_per_sample,bandwidth_kbps\n{rows}"),
+    )
+    .unwrap();
+    let rounds = |strategy: &str| {
+        let set = [
+            "rounds=3".to_string(),
+            "train.work={steps=5}".into(),
+            format!("selection.strategy=\"{strategy}\""),
+            "selection.powd.d=0".into(),
+            "system.kind=\"csv\"".into(),
+            format!("system.path={:?}", path.display().to_string()),
+        ];
+        let config = Config::load(None, &set).unwrap();
+        let exp = Experiment::prepare(config, &locate::data_dir(None, None)).unwrap();
+        (run_in_pool(2, &exp), exp)
+    };
+    let (powd, exp) = rounds("powd");
+    let (uniform, _) = rounds("uniform");
+    let kbit = exp.layout.total as f64 * 32.0 / 1024.0;
+    let all: Vec<usize> = (0..exp.clients.len()).collect();
+    let largest = exp
+        .holdout_losses(&exp.layout.init(1), &all)
+        .iter()
+        .map(|e| e.examples)
+        .max()
+        .unwrap();
+    let query = kbit / 32.0 + largest as f64 / 1000.0;
+    let training = 2.0 * kbit / 32.0 + 3.0 * 5.0 * exp.config.train.batch_size as f64 / 1000.0;
+    for (p, u) in powd.iter().zip(&uniform) {
+        let (p, u) = (p.clock.unwrap().round_s, u.clock.unwrap().round_s);
+        assert!((u - training).abs() < 1e-9, "uniform {u} ≠ {training}");
+        assert!(
+            (p - (query + training)).abs() < 1e-9,
+            "pow-d {p} ≠ {query} + {training}"
+        );
+    }
+}
+
+/// Over-commitment's stragglers are booked in the ledger: each round 8 distinct clients are
+/// broadcast to, train and upload (all booked), and the 2 the policy drops are wasted
+/// trainings, in the round's ledger, `metrics.csv`'s clock columns and `summary.json`.
+#[test]
+fn over_committed_stragglers_are_wasted_trainings_in_the_ledger() {
+    let exp = synthetic(&[
+        "rounds=5",
+        "system.kind=\"lognormal\"",
+        "system.round.policy=\"overcommit\"",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(dir.path(), &exp.config).unwrap();
+    let mut c = Collect::default();
+    let summary = engine::run(&exp, &mut c).unwrap();
+    engine::run(&exp, &mut w).unwrap();
+    w.finish(&summary).unwrap();
+    for r in &c.0 {
+        let l = &r.cost;
+        assert_eq!((l.broadcasts, l.uploads, l.trainings), (8, 8, 8));
+        assert_eq!(l.wasted_trainings, 2);
+    }
+    assert_eq!(summary.cost.wasted_trainings, 10);
+    assert_eq!(summary.clock.as_ref().unwrap().wasted_trainings, 10);
+    let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let col = header
+        .iter()
+        .position(|&h| h == "wasted_trainings")
+        .unwrap();
+    for line in text.lines().skip(1) {
+        assert_eq!(line.split(',').nth(col), Some("2"), "{line}");
+    }
+    let json = read_json(&dir.path().join("summary.json"));
+    assert_eq!(json["cost"]["wasted_trainings"], 10);
+    assert_eq!(json["wasted_trainings"], 10);
 }

@@ -17,6 +17,7 @@ pub mod clustered;
 pub mod divfl;
 pub mod f3ast;
 pub mod fedcor;
+pub mod fedcs;
 pub mod fedgs;
 pub mod guard;
 pub mod hics;
@@ -35,6 +36,7 @@ use afl::AflConfig;
 use divfl::DivflConfig;
 use f3ast::F3astConfig;
 use fedcor::FedCorConfig;
+use fedcs::FedCsConfig;
 use fedgs::FedGsConfig;
 use hics::HicsConfig;
 use md::MdConfig;
@@ -46,7 +48,7 @@ use powd::PowdConfig;
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
     /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
-    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl` or `oort`.
+    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort` or `fedcs`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -74,6 +76,10 @@ pub struct SelectionConfig {
     /// configs from before the table keep their hash (sweep cells, checkpoints).
     #[serde(skip_serializing_if = "OortConfig::is_default")]
     pub oort: OortConfig,
+    /// FedCS settings (`fedcs`), written out only when they differ from the defaults (as
+    /// Oort's).
+    #[serde(skip_serializing_if = "FedCsConfig::is_default")]
+    pub fedcs: FedCsConfig,
 }
 
 impl Default for SelectionConfig {
@@ -92,6 +98,7 @@ impl Default for SelectionConfig {
             hics: HicsConfig::default(),
             divfl: DivflConfig::default(),
             oort: OortConfig::default(),
+            fedcs: FedCsConfig::default(),
         }
     }
 }
@@ -502,6 +509,7 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         ))),
         "divfl" => Ok(Box::new(divfl::DivFl::new(cfg.divfl.clone()))),
         "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
+        "fedcs" => Ok(Box::new(fedcs::FedCs::new(cfg.fedcs.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),

@@ -13,6 +13,19 @@
 //! updates that arrive, and waiting for all waits for those that arrive (the server sees
 //! the client drop). Under a deadline a lost update is a missing one, so the round lasts
 //! the whole deadline, as for a late update. Lost updates are booked as wasted trainings.
+//!
+//! **What a strategy adds.** A selector's queries (Pow-d's loss queries, FedCor's probes,
+//! DivFL's gradients, FedGS's graph building) happen before the round's training: the
+//! server waits for the answers before it selects. Each query is a stage that lasts as
+//! long as its slowest client's download, compute and upload ([`QueryWork`]); stages run
+//! one after the other, as the selector asks them, and together they are the round's
+//! query phase. So round_s = query phase + the training phase under the round policy,
+//! whose finish times (and deadline) count from the training broadcast. An evaluation
+//! costs inference only (one forward pass a sample); a gradient or a training costs
+//! `augmentation` × that a sample; a loss report or a protocol message carries a few
+//! numbers, which the bandwidth model (no latency) does not charge. The selector's
+//! initial phase (before round 0) is round 0's query phase, as its costs are round 0's.
+//! A strategy that queries nothing has no query phase.
 
 use crate::system::behave::Activity;
 use crate::system::profile::Profile;
@@ -23,7 +36,8 @@ use crate::system::{RoundPolicy, SystemConfig};
 pub struct RoundTiming {
     /// Per selection entry, whether its update is aggregated.
     pub kept: Vec<bool>,
-    /// Virtual seconds from the broadcast until the server closes the round.
+    /// Virtual seconds from the round's start (its query phase, then the training
+    /// broadcast) until the server closes it.
     pub round_s: f64,
     /// Per selection entry, virtual seconds from the broadcast until its update arrives:
     /// what a server measures, and Oort's system utility reads.
@@ -37,10 +51,9 @@ pub struct RoundClock {
     pub round_s: f64,
     /// Virtual seconds since the run started, at the round's end.
     pub clock_s: f64,
-    /// Selection entries whose update was aggregated.
+    /// Selection entries whose update was aggregated (the trainings it wasted are in the
+    /// round's ledger).
     pub aggregated: usize,
-    /// Local trainings none of whose entries was aggregated.
-    pub wasted_trainings: u64,
 }
 
 /// The last finish time among the kept entries (0 when none is kept).
@@ -100,6 +113,17 @@ pub fn deadline(finish: &[f64], arrives: &[bool], deadline_s: f64) -> RoundTimin
         round_s,
         finish: finish.to_vec(),
     }
+}
+
+/// What one client does to answer one query of a selector.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueryWork {
+    /// Models sent to or from the client (a loss report is not a model).
+    pub transfers: u64,
+    /// Samples passed forward only (evaluations).
+    pub inference_samples: u64,
+    /// Samples passed forward and backward (gradients, trainings).
+    pub training_samples: u64,
 }
 
 /// The clients' devices and the round policy, with what every client's time shares.
@@ -163,6 +187,22 @@ impl Clock {
         transfer + compute + transfer
     }
 
+    /// Seconds client `k` takes to do `work`.
+    pub fn query_s(&self, k: usize, work: QueryWork) -> f64 {
+        let p = &self.profiles[k];
+        let transfer = self.model_kbit / p.bandwidth_kbps;
+        let samples =
+            work.inference_samples as f64 + self.augmentation * work.training_samples as f64;
+        work.transfers as f64 * transfer + samples * p.compute_ms_per_sample / 1000.0
+    }
+
+    /// Seconds one query lasts: until the slowest of its clients answers (0 for none).
+    pub fn stage_s(&self, work: impl IntoIterator<Item = (usize, QueryWork)>) -> f64 {
+        work.into_iter()
+            .map(|(k, w)| self.query_s(k, w))
+            .fold(0.0, f64::max)
+    }
+
     /// The budget handed to the selector for a round whose budget is `k` with `available`
     /// clients: ⌈(1 + o)·k⌉ under over-commitment, capped at the available clients but
     /// never below `k`; `k` otherwise.
@@ -176,23 +216,33 @@ impl Clock {
         }
     }
 
-    /// Applies the round policy to the entries' finish times (seconds after the broadcast
-    /// at `start_s`), `k` being the round's own budget (before over-commitment). An entry
-    /// of `clients` offline when its update would arrive is lost.
-    pub fn round(&self, start_s: f64, clients: &[usize], finish: &[f64], k: usize) -> RoundTiming {
+    /// Applies the round policy to the entries' finish times (seconds after the training
+    /// broadcast), `k` being the round's own budget (before over-commitment), for a round
+    /// that started at `start_s` with a query phase of `query_s` seconds. An entry of
+    /// `clients` offline when its update would arrive is lost.
+    pub fn round(
+        &self,
+        start_s: f64,
+        query_s: f64,
+        clients: &[usize],
+        finish: &[f64],
+        k: usize,
+    ) -> RoundTiming {
         let arrives: Vec<bool> = match &self.behave {
             Some(behave) => clients
                 .iter()
                 .zip(finish)
-                .map(|(&c, &f)| behave[c].is_active(start_s + f))
+                .map(|(&c, &f)| behave[c].is_active(start_s + query_s + f))
                 .collect(),
             None => vec![true; finish.len()],
         };
-        match self.policy {
+        let mut r = match self.policy {
             RoundPolicy::WaitAll => wait_all(finish, &arrives),
             RoundPolicy::Overcommit { .. } => overcommit(finish, &arrives, k),
             RoundPolicy::Deadline { deadline_s } => deadline(finish, &arrives, deadline_s),
-        }
+        };
+        r.round_s += query_s;
+        r
     }
 }
 
@@ -238,7 +288,7 @@ mod tests {
             assert!(close(*got, want), "{got} ≠ {want}");
         }
         // wait_all: everyone, until the slowest (4.3 s).
-        let r = clock.round(0.0, &[0, 1, 2], &f, 3);
+        let r = clock.round(0.0, 0.0, &[0, 1, 2], &f, 3);
         assert_eq!(r.kept, [true, true, true]);
         assert!(close(r.round_s, 4.3));
 
@@ -251,13 +301,13 @@ mod tests {
             2,
             "capped at the available clients"
         );
-        let r = clock.round(0.0, &[0, 1, 2], &f, 2);
+        let r = clock.round(0.0, 0.0, &[0, 1, 2], &f, 2);
         assert_eq!(r.kept, [true, true, false]);
         assert!(close(r.round_s, 4.0));
 
         // deadline 4.1 s: client 2 (4.3 s) misses it, so the round waits the whole 4.1 s.
         let clock = three_clients(RoundPolicy::Deadline { deadline_s: 4.1 });
-        let r = clock.round(0.0, &[0, 1, 2], &f, 3);
+        let r = clock.round(0.0, 0.0, &[0, 1, 2], &f, 3);
         assert_eq!(r.kept, [true, true, false]);
         assert!(close(r.round_s, 4.1));
         // deadline 5 s: everyone arrives, the round closes with the last at 4.3 s.
@@ -269,6 +319,56 @@ mod tests {
         let r = deadline(&f, &all, 1.0);
         assert_eq!(r.kept, [false, false, false]);
         assert!(close(r.round_s, 1.0));
+    }
+
+    /// A Pow-d-like query on the three clients: each downloads the model (32 kbit) and
+    /// evaluates 20 samples; client 2 trains 10 samples more for a probe and uploads.
+    ///
+    /// | client | transfers (s) | compute (s)                     | query (s) |
+    /// |--------|---------------|---------------------------------|-----------|
+    /// | 0      | 32/32 = 1     | 20·1/1000 = 0.02                | 1.02      |
+    /// | 1      | 32/64 = 0.5   | 20·10/1000 = 0.2                | 0.7       |
+    /// | 2      | 2 · 32/16 = 4 | (20 + 3·10)·2/1000 = 0.1        | 4.1       |
+    ///
+    /// The query lasts 4.1 s and wait_all's round 4.1 + 4.3 s; without queries the round
+    /// is exactly what it was.
+    #[test]
+    fn the_query_phase_is_the_slowest_answer_before_the_training_phase() {
+        let clock = three_clients(RoundPolicy::WaitAll);
+        let eval = QueryWork {
+            transfers: 1,
+            inference_samples: 20,
+            training_samples: 0,
+        };
+        let probe = QueryWork {
+            transfers: 2,
+            training_samples: 10,
+            ..eval
+        };
+        for (k, w, want) in [(0, eval, 1.02), (1, eval, 0.7), (2, probe, 4.1)] {
+            let got = clock.query_s(k, w);
+            assert!(close(got, want), "client {k}: {got} ≠ {want}");
+        }
+        let q = clock.stage_s([(0, eval), (1, eval), (2, probe)]);
+        assert!(close(q, 4.1));
+        assert_eq!(clock.stage_s([]), 0.0);
+        let f = finish(&clock);
+        assert!(close(
+            clock.round(0.0, q, &[0, 1, 2], &f, 3).round_s,
+            4.1 + 4.3
+        ));
+        assert_eq!(
+            clock.round(0.0, 0.0, &[0, 1, 2], &f, 3),
+            wait_all(&f, &[true; 3])
+        );
+        let clock = three_clients(RoundPolicy::Deadline { deadline_s: 4.1 });
+        let r = clock.round(0.0, q, &[0, 1, 2], &f, 3);
+        assert_eq!(
+            r.kept,
+            [true, true, false],
+            "the deadline counts from the broadcast"
+        );
+        assert!(close(r.round_s, 4.1 + 4.1));
     }
 
     #[test]
@@ -292,7 +392,7 @@ mod tests {
         let entries = [0, 1, 2];
         let at = |policy, start_s, k| {
             let clock = three_clients(policy).with_behave(behave.clone());
-            clock.round(start_s, &entries, &finish(&clock), k)
+            clock.round(start_s, 0.0, &entries, &finish(&clock), k)
         };
         // wait_all: clients 0 and 2 are aggregated, the round waits for 2 (4.3 s).
         let r = at(RoundPolicy::WaitAll, 0.0, 3);
