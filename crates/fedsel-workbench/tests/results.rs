@@ -16,8 +16,10 @@ fn cell(
     acc: f64,
     rounds: Option<u64>,
 ) -> serde_json::Value {
-    let mut config = Config::default();
-    config.seed = seed;
+    let mut config = Config {
+        seed,
+        ..Config::default()
+    };
     // As loading does before a sweep hashes and writes a cell's config.
     config.resolve();
     let dir_name = format!("{strategy}-s{seed}");
@@ -125,8 +127,10 @@ fn collect_render_and_check_round_trip_and_catch_drift() {
         .find(|r| r.method == "powd" && r.seed == 3 && r.metric == "rounds_to_target")
         .unwrap();
     assert!(r.censored && r.value == 40.0 && !r.planned);
-    let mut config = Config::default();
-    config.seed = 1;
+    let mut config = Config {
+        seed: 1,
+        ..Config::default()
+    };
     config.resolve();
     assert_eq!(data.rows[0].config_hash, config.hash());
 
