@@ -105,6 +105,13 @@ enum Command {
         #[arg(long, value_name = "WINDOW")]
         smooth: Option<usize>,
     },
+    /// The per-seed results behind docs/results.md: collect a sweep's rows into results/,
+    /// render the page's verdict tables from them, or check that it still matches
+    /// (docs/reproducing.md states the verdict rule).
+    Results {
+        #[command(subcommand)]
+        action: ResultsAction,
+    },
     /// List the datasets and whether their files were found.
     Datasets {
         /// Dataset directory.
@@ -921,6 +928,119 @@ where
     status
 }
 
+#[derive(Subcommand)]
+enum ResultsAction {
+    /// Add one row per finished cell of a sweep (its seed's value of --metric) to
+    /// RESULTS/SECTION.csv.
+    Collect {
+        /// The sweep's output directory.
+        dir: PathBuf,
+        /// The page's section the rows belong to (the CSV's and the block's name).
+        #[arg(long)]
+        section: String,
+        /// The paper's table the cells are from.
+        #[arg(long)]
+        table: String,
+        /// rounds_to_target, final_acc, final_loss, best_acc or best_loss.
+        #[arg(long)]
+        metric: String,
+        /// For rounds_to_target: the target, when the runs have several.
+        #[arg(long)]
+        target: Option<f64>,
+        /// The commit the sweep ran at (runs record only the version).
+        #[arg(long)]
+        commit: String,
+        /// The command that ran the sweep.
+        #[arg(long)]
+        command: String,
+        /// A method added after the comparison was planned: its rows explain and are never
+        /// counted (repeatable).
+        #[arg(long, value_name = "METHOD")]
+        unplanned: Vec<String>,
+        /// The results directory.
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
+    },
+    /// Rewrite the page's generated blocks from the results directory (appending a block
+    /// for each section the page lacks).
+    Render {
+        /// The results directory.
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
+        /// The page.
+        #[arg(long, default_value = "docs/results.md")]
+        doc: PathBuf,
+    },
+    /// Fail when the page's blocks no longer match the results directory, or a section's
+    /// code paths changed after the commit that ran it without a note.
+    Check {
+        /// The results directory.
+        #[arg(long, default_value = "results")]
+        results: PathBuf,
+        /// The page.
+        #[arg(long, default_value = "docs/results.md")]
+        doc: PathBuf,
+    },
+}
+
+fn results(action: ResultsAction) -> Result<()> {
+    use fedsel_workbench::results;
+    match action {
+        ResultsAction::Collect {
+            dir,
+            section,
+            table,
+            metric,
+            target,
+            commit,
+            command,
+            unplanned,
+            results: out,
+        } => {
+            let args = results::CollectArgs {
+                section,
+                table,
+                metric,
+                target,
+                command,
+                commit,
+                unplanned,
+            };
+            let c = results::collect(&dir, &out, &args)?;
+            println!("{} rows added to {}", c.added, c.file.display());
+            if !c.unfinished.is_empty() {
+                eprintln!("left out, not finished: {}", c.unfinished.join(", "));
+            }
+            Ok(())
+        }
+        ResultsAction::Render { results: dir, doc } => {
+            let r = results::render_doc(&dir, &doc)?;
+            println!(
+                "{}: {} blocks rewritten{}",
+                doc.display(),
+                r.updated.len(),
+                if r.appended.is_empty() {
+                    String::new()
+                } else {
+                    format!(", appended at the end: {}", r.appended.join(", "))
+                }
+            );
+            Ok(())
+        }
+        ResultsAction::Check { results: dir, doc } => {
+            let problems = results::check(&dir, &doc)?;
+            if problems.is_empty() {
+                println!("{} matches {}", doc.display(), dir.display());
+                return Ok(());
+            }
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            anyhow::bail!("{} results problems", problems.len())
+        }
+    }
+}
+
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         None => run(RunArgs::default()),
@@ -952,6 +1072,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             eprintln!("report: {}", file.display());
             Ok(())
         }
+        Some(Command::Results { action }) => results(action),
         Some(Command::Datasets { data_dir }) => {
             datasets(data_dir);
             Ok(())

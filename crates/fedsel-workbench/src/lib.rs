@@ -7,5 +7,7 @@ pub mod fuzzing;
 pub mod inspect;
 pub mod plot;
 pub mod report;
+pub mod results;
 pub mod stats;
 pub mod sweep;
+pub mod verdict;

@@ -1,0 +1,492 @@
+//! Judging one cell of a results page against the paper's value, and one paired claim.
+//!
+//! **The rule** (fixed before the runs it judges; `docs/reproducing.md` states it for readers):
+//!
+//! - *Cell.* The per-seed values of one metric for one (paper, table, setting, method),
+//!   beside the paper's mean (with its std and seed count where the paper gives them).
+//! - *Margin.* Each cell has an equivalence margin m, with its source:
+//!   the paper's own std for that cell where it gives one; otherwise half the distance from
+//!   the cell's paper mean to the nearest different paper mean of another method in the same
+//!   column (same table, setting and metric). Half that distance is the widest margin for which
+//!   no two methods' windows overlap, so a cell that agrees with one method's value cannot
+//!   also agree with another's: the verdict can tell the paper's methods apart. A column with
+//!   one method and no std has no margin, and its cell is judged "no margin", never "agrees".
+//!   Accuracy, loss and rounds take the same rule; there is no fixed tolerance.
+//! - *Interval.* The two-sided 95 % Student t-interval of our mean over seeds,
+//!   mean ± t(0.975, n − 1)·s/√n. Unlike a percentile bootstrap of 3 to 5 values, which is
+//!   about [min, max], it widens with few seeds and can exclude a value lying between our
+//!   worst and best seed.
+//! - *Seeds.* Below [`MIN_SEEDS`] seeds the verdict is "too few seeds", whatever the values.
+//! - *Verdict.* With window W = [paper − m, paper + m]: **agrees** when the interval lies inside
+//!   W (equivalence, as two one-sided tests at 2.5 % each); **differs** when the interval and
+//!   W do not meet; **inconclusive** otherwise.
+//! - *Censored.* A cell with any censored seed (rounds to a target never reached) is judged
+//!   "censored": its mean is unknown, and a median would be compared with the paper's mean.
+//!   It is shown with the count of censored seeds and never counted as agreeing.
+//!
+//! **Claims** ("A is faster than B"): over seeds paired on the same data and availability, the
+//! effect is the mean paired difference a − b or the mean log-ratio ln(a/b), with its 95 %
+//! t-interval and the exact Wilcoxon signed-rank p of the paired differences
+//! ([`crate::stats::wilcoxon`]). The claim is **reproduced** when the interval excludes 0 on
+//! the claimed side, **not reproduced** otherwise, and **too few seeds** below [`MIN_SEEDS`]
+//! pairs.
+
+use fedsel::error::ConfigError;
+
+use crate::stats::{Obs, mean_std, wilcoxon};
+
+/// Fewest seeds a cell or a claim needs for any verdict but "too few seeds".
+pub const MIN_SEEDS: usize = 5;
+
+/// Two-sided coverage of every interval.
+pub const LEVEL: f64 = 0.95;
+
+/// Where a cell's equivalence margin comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MarginSource {
+    /// The paper's std of this cell.
+    PaperStd,
+    /// Half the distance to the nearest other method's paper mean in the same column.
+    HalfNearestGap,
+}
+
+/// A cell's equivalence margin.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Margin {
+    /// Half-width of the window around the paper's mean.
+    pub value: f64,
+    /// Its source.
+    pub source: MarginSource,
+}
+
+/// The margin of a cell under the rule: the paper's `std` when it gives one (and it is
+/// positive), otherwise half the distance from `mean` to the nearest different value among
+/// `others`, the paper means of the other methods in the same column. `None` when neither
+/// exists.
+pub fn margin(mean: f64, std: Option<f64>, others: &[f64]) -> Option<Margin> {
+    if let Some(s) = std.filter(|s| *s > 0.0 && s.is_finite()) {
+        return Some(Margin {
+            value: s,
+            source: MarginSource::PaperStd,
+        });
+    }
+    others
+        .iter()
+        .map(|o| (o - mean).abs())
+        .filter(|g| *g > 0.0 && g.is_finite())
+        .min_by(f64::total_cmp)
+        .map(|g| Margin {
+            value: g / 2.0,
+            source: MarginSource::HalfNearestGap,
+        })
+}
+
+/// A cell's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verdict {
+    /// Our interval lies inside the paper's window.
+    Agrees,
+    /// Our interval and the paper's window do not meet.
+    Differs,
+    /// Neither: the seeds cannot decide.
+    Inconclusive,
+    /// Fewer than [`MIN_SEEDS`] seeds.
+    TooFewSeeds,
+    /// A seed is censored: its value is only a bound.
+    Censored,
+    /// The paper gives no std and no other method in the column.
+    NoMargin,
+}
+
+impl Verdict {
+    /// Every verdict, in the order the counts list them.
+    pub const ALL: [Verdict; 6] = [
+        Verdict::Agrees,
+        Verdict::Differs,
+        Verdict::Inconclusive,
+        Verdict::TooFewSeeds,
+        Verdict::Censored,
+        Verdict::NoMargin,
+    ];
+
+    /// The verdict as a results table writes it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Agrees => "agrees",
+            Verdict::Differs => "differs",
+            Verdict::Inconclusive => "inconclusive",
+            Verdict::TooFewSeeds => "too few seeds",
+            Verdict::Censored => "censored",
+            Verdict::NoMargin => "no margin",
+        }
+    }
+}
+
+/// The judgement of one cell, with what a table shows of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Seeds.
+    pub n: usize,
+    /// Censored seeds.
+    pub censored: usize,
+    /// Our mean over seeds (with censored seeds at their bound: then a lower bound).
+    pub mean: f64,
+    /// Our 95 % t-interval of the mean, when n ≥ 2 and no seed is censored.
+    pub interval: Option<(f64, f64)>,
+    /// The paper's window, paper mean ± margin, when the cell has a margin.
+    pub window: Option<(f64, f64)>,
+}
+
+/// The quantile of Student's t distribution with `df` degrees of freedom at probability `p`
+/// (0.5 < p < 1), exact to about 1e-12: the distribution function for integer df has a
+/// closed form (Abramowitz & Stegun 26.7.3-4), inverted by bisection.
+pub fn t_quantile(p: f64, df: usize) -> Result<f64, ConfigError> {
+    if df == 0 {
+        return Err(ConfigError::invalid(
+            "df",
+            "the t distribution needs at least 1 degree of freedom",
+        ));
+    }
+    if !(p > 0.5 && p < 1.0) {
+        return Err(ConfigError::invalid(
+            "p",
+            format!("{p}: a t quantile here is for 0.5 < p < 1"),
+        ));
+    }
+    // P(|T| ≤ t) = 2p − 1.
+    let target = 2.0 * p - 1.0;
+    let mut hi = 1.0;
+    while t_central(hi, df) < target {
+        hi *= 2.0;
+    }
+    let mut lo = 0.0;
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if t_central(mid, df) < target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+        if hi - lo <= 1e-14 * hi {
+            break;
+        }
+    }
+    Ok(0.5 * (lo + hi))
+}
+
+/// P(|T| ≤ t) for Student's t with `df` ≥ 1 degrees of freedom (A&S 26.7.3-4).
+fn t_central(t: f64, df: usize) -> f64 {
+    let theta = (t / (df as f64).sqrt()).atan();
+    let (s, c) = theta.sin_cos();
+    let c2 = c * c;
+    if df % 2 == 1 {
+        // (2/π)·[θ + sin θ·(cos θ + (2/3)cos³θ + … + (2·4…(df−3))/(1·3…(df−2))·cos^(df−2)θ)]
+        let mut sum = 0.0;
+        if df > 1 {
+            let mut term = c;
+            sum = term;
+            let mut k = 2;
+            while k < df - 1 {
+                term *= c2 * k as f64 / (k + 1) as f64;
+                sum += term;
+                k += 2;
+            }
+        }
+        std::f64::consts::FRAC_2_PI * (theta + s * sum)
+    } else {
+        // sin θ·(1 + (1/2)cos²θ + (1·3)/(2·4)cos⁴θ + … + (1·3…(df−3))/(2·4…(df−2))·cos^(df−2)θ)
+        let mut term = 1.0;
+        let mut sum = 1.0;
+        let mut k = 1;
+        while k < df - 1 {
+            term *= c2 * k as f64 / (k + 1) as f64;
+            sum += term;
+            k += 2;
+        }
+        s * sum
+    }
+}
+
+/// The mean of `xs` and its two-sided 95 % t-interval; `None` with fewer than 2 values.
+pub fn t_interval(xs: &[f64]) -> Option<(f64, (f64, f64))> {
+    if xs.len() < 2 {
+        return None;
+    }
+    let (m, s) = mean_std(xs);
+    let t = t_quantile(0.5 + LEVEL / 2.0, xs.len() - 1).expect("df ≥ 1 and p in range");
+    let h = t * s / (xs.len() as f64).sqrt();
+    Some((m, (m - h, m + h)))
+}
+
+/// Judges one cell: our per-seed `values` against the paper's `paper_mean` and the cell's
+/// [`margin`] (see the module doc for the rule and its order: seeds, censoring, margin,
+/// interval). `values` must not be empty.
+pub fn judge(values: &[Obs], paper_mean: f64, margin: Option<Margin>) -> Judgement {
+    let bounds: Vec<f64> = values
+        .iter()
+        .map(|o| match o {
+            Obs::Value(x) | Obs::Above(x) => *x,
+        })
+        .collect();
+    let censored = values.iter().filter(|o| matches!(o, Obs::Above(_))).count();
+    let n = values.len();
+    let window = margin.map(|m| (paper_mean - m.value, paper_mean + m.value));
+    let interval = if censored == 0 {
+        t_interval(&bounds).map(|(_, i)| i)
+    } else {
+        None
+    };
+    let verdict = match (interval, window) {
+        _ if n < MIN_SEEDS => Verdict::TooFewSeeds,
+        _ if censored > 0 => Verdict::Censored,
+        (_, None) => Verdict::NoMargin,
+        (Some((lo, hi)), Some((wlo, whi))) => {
+            if lo >= wlo && hi <= whi {
+                Verdict::Agrees
+            } else if hi < wlo || lo > whi {
+                Verdict::Differs
+            } else {
+                Verdict::Inconclusive
+            }
+        }
+        (None, Some(_)) => unreachable!("n ≥ MIN_SEEDS ≥ 2 uncensored values have an interval"),
+    };
+    Judgement {
+        verdict,
+        n,
+        censored,
+        mean: mean_std(&bounds).0,
+        interval,
+        window,
+    }
+}
+
+/// How a claim measures the effect of A against B.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// a − b, in the metric's units.
+    Difference,
+    /// ln(a / b): for positive metrics whose spread grows with their size (rounds to a
+    /// target), so that "34 % faster" is one number across settings.
+    LogRatio,
+}
+
+/// The side a claim puts A on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// A's value is claimed lower than B's (fewer rounds, lower loss).
+    Lower,
+    /// A's value is claimed higher than B's (higher accuracy).
+    Higher,
+}
+
+/// A claim's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The effect's interval excludes 0 on the claimed side.
+    Reproduced,
+    /// It does not.
+    NotReproduced,
+    /// Fewer than [`MIN_SEEDS`] pairs.
+    TooFewSeeds,
+}
+
+impl ClaimOutcome {
+    /// The outcome as a results table writes it.
+    pub fn label(self) -> &'static str {
+        match self {
+            ClaimOutcome::Reproduced => "reproduced",
+            ClaimOutcome::NotReproduced => "not reproduced",
+            ClaimOutcome::TooFewSeeds => "too few seeds",
+        }
+    }
+}
+
+/// The test of one paired claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// Pairs.
+    pub n: usize,
+    /// The mean paired effect.
+    pub effect: f64,
+    /// Its 95 % t-interval, when n ≥ 2.
+    pub interval: Option<(f64, f64)>,
+    /// The exact two-sided Wilcoxon signed-rank p of the paired effects; `None` when every
+    /// effect is zero.
+    pub wilcoxon_p: Option<f64>,
+    /// The outcome.
+    pub outcome: ClaimOutcome,
+}
+
+/// Tests the claim that A's values lie on `direction`'s side of B's: `a[i]` and `b[i]` are
+/// the same seed's values (same data and availability). Only uncensored values can be
+/// paired this way. Errors name the value that cannot be used.
+pub fn claim(
+    a: &[f64],
+    b: &[f64],
+    effect: Effect,
+    direction: Direction,
+) -> Result<Claim, ConfigError> {
+    if a.len() != b.len() {
+        return Err(ConfigError::invalid(
+            "claim",
+            format!(
+                "A has {} values and B {}: a claim pairs the same seeds",
+                a.len(),
+                b.len()
+            ),
+        ));
+    }
+    let d: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .enumerate()
+        .map(|(i, (&x, &y))| match effect {
+            _ if !x.is_finite() || !y.is_finite() => Err(ConfigError::invalid(
+                "claim",
+                format!("pair {i}: {x} and {y} must both be finite"),
+            )),
+            Effect::Difference => Ok(x - y),
+            Effect::LogRatio if x > 0.0 && y > 0.0 => Ok((x / y).ln()),
+            Effect::LogRatio => Err(ConfigError::invalid(
+                "claim",
+                format!("pair {i}: {x} and {y} must both be positive for a log-ratio"),
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    let n = d.len();
+    let interval = t_interval(&d).map(|(_, i)| i);
+    let outcome = match interval {
+        _ if n < MIN_SEEDS => ClaimOutcome::TooFewSeeds,
+        Some((_, hi)) if direction == Direction::Lower && hi < 0.0 => ClaimOutcome::Reproduced,
+        Some((lo, _)) if direction == Direction::Higher && lo > 0.0 => ClaimOutcome::Reproduced,
+        _ => ClaimOutcome::NotReproduced,
+    };
+    Ok(Claim {
+        n,
+        effect: if n == 0 { f64::NAN } else { mean_std(&d).0 },
+        interval,
+        wilcoxon_p: wilcoxon(&d),
+        outcome,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(xs: &[f64]) -> Vec<Obs> {
+        xs.iter().map(|&x| Obs::Value(x)).collect()
+    }
+
+    fn std_margin(m: f64) -> Option<Margin> {
+        Some(Margin {
+            value: m,
+            source: MarginSource::PaperStd,
+        })
+    }
+
+    #[test]
+    fn t_quantiles_match_the_tables() {
+        for (df, t) in [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (19, 2.093)] {
+            let q = t_quantile(0.975, df).unwrap();
+            assert!((q - t).abs() < 5e-4, "df {df}: {q}");
+        }
+        // df = 1 is the Cauchy distribution: tan(π(p − ½)) exactly.
+        let q = t_quantile(0.975, 1).unwrap();
+        assert!(
+            (q - (std::f64::consts::PI * 0.475).tan()).abs() < 1e-9,
+            "{q}"
+        );
+        // df = 2 has a closed form too: (2p − 1)·√(2 / (4p(1 − p))).
+        let p: f64 = 0.9;
+        let exact = (2.0 * p - 1.0) * (2.0 / (4.0 * p * (1.0 - p))).sqrt();
+        assert!((t_quantile(p, 2).unwrap() - exact).abs() < 1e-9);
+        // Large df tends to the normal's 1.959964.
+        assert!((t_quantile(0.975, 10_000).unwrap() - 1.960_20).abs() < 1e-4);
+    }
+
+    #[test]
+    fn bad_quantile_arguments_are_named() {
+        assert!(
+            t_quantile(0.975, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("`df`")
+        );
+        assert!(t_quantile(0.4, 3).unwrap_err().to_string().contains("`p`"));
+    }
+
+    #[test]
+    fn hand_computed_agree_differ_inconclusive() {
+        // 10..14: mean 12, s = √2.5, half-width 2.776445·√2.5/√5 = 1.96324.
+        let xs = values(&[10.0, 11.0, 12.0, 13.0, 14.0]);
+        let j = judge(&xs, 12.0, std_margin(2.5));
+        let (lo, hi) = j.interval.unwrap();
+        assert!((lo - 10.036_76).abs() < 1e-4 && (hi - 13.963_24).abs() < 1e-4);
+        assert_eq!(j.verdict, Verdict::Agrees);
+        assert_eq!(j.window, Some((9.5, 14.5)));
+        assert_eq!(
+            judge(&xs, 12.0, std_margin(1.0)).verdict,
+            Verdict::Inconclusive
+        );
+        assert_eq!(judge(&xs, 20.0, std_margin(2.5)).verdict, Verdict::Differs);
+        assert_eq!(judge(&xs, 12.0, None).verdict, Verdict::NoMargin);
+    }
+
+    #[test]
+    fn three_seeds_are_too_few_even_when_they_match_exactly() {
+        let j = judge(&values(&[12.0, 12.0, 12.0]), 12.0, std_margin(5.0));
+        assert_eq!(j.verdict, Verdict::TooFewSeeds);
+    }
+
+    #[test]
+    fn five_seeds_can_exclude_a_paper_value_between_their_min_and_max() {
+        // Mean 10.4, s = √0.08, half-width 2.776445·0.28284/√5 = 0.35119: [10.0488, 10.7512]
+        // leaves out 10.0, which lies inside [9.9, 10.6].
+        let seeds = [9.9, 10.5, 10.5, 10.5, 10.6];
+        let j = judge(&values(&seeds), 10.0, std_margin(0.02));
+        let (lo, hi) = j.interval.unwrap();
+        assert!((lo - 10.048_81).abs() < 1e-4 && (hi - 10.751_19).abs() < 1e-4);
+        let min = seeds.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = seeds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        assert!(min < 10.0 && 10.0 < max && lo > 10.0);
+        assert_eq!(j.verdict, Verdict::Differs);
+    }
+
+    #[test]
+    fn any_censored_seed_makes_the_cell_censored() {
+        let mut xs = values(&[10.0, 11.0, 12.0, 13.0]);
+        xs.push(Obs::Above(500.0));
+        let j = judge(&xs, 12.0, std_margin(1000.0));
+        assert_eq!(j.verdict, Verdict::Censored);
+        assert_eq!((j.censored, j.interval), (1, None));
+    }
+
+    #[test]
+    fn margins_come_from_the_std_or_half_the_nearest_gap() {
+        assert_eq!(margin(10.0, Some(3.0), &[11.0]), std_margin(3.0));
+        let m = margin(10.0, None, &[16.0, 7.0, 10.0, 30.0]).unwrap();
+        assert_eq!((m.value, m.source), (1.5, MarginSource::HalfNearestGap));
+        assert_eq!(margin(10.0, Some(0.0), &[10.0]), None);
+    }
+
+    #[test]
+    fn a_claim_needs_the_interval_on_its_side() {
+        // a − b = −3, −2, −4, −3, −3: mean −3, s = √0.5, half-width 0.878; p = 2/32.
+        let b = [100.0, 90.0, 80.0, 70.0, 60.0];
+        let a = [97.0, 88.0, 76.0, 67.0, 57.0];
+        let c = claim(&a, &b, Effect::Difference, Direction::Lower).unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::Reproduced);
+        assert!((c.effect + 3.0).abs() < 1e-12);
+        assert!((c.wilcoxon_p.unwrap() - 0.0625).abs() < 1e-12);
+        let c = claim(&a, &b, Effect::Difference, Direction::Higher).unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::NotReproduced);
+        let c = claim(&a[..3], &b[..3], Effect::LogRatio, Direction::Lower).unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::TooFewSeeds);
+        assert!(claim(&a, &b[..4], Effect::Difference, Direction::Lower).is_err());
+        assert!(claim(&[0.0; 5], &b, Effect::LogRatio, Direction::Lower).is_err());
+    }
+}
