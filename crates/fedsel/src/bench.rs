@@ -477,8 +477,10 @@ mod tests {
     /// ⌈1.3 · 6⌉ = 8 of the default synthetic federation's clients where the others train 6.
     #[test]
     fn the_clock_benchmark_times_all_three_variants() {
-        let mut config = crate::config::Config::default();
-        config.rounds = 3;
+        let config = crate::config::Config {
+            rounds: 3,
+            ..Default::default()
+        };
         let dir = crate::data::locate::data_dir(None, None);
         let t = clock_overhead(&config, &dir, 1).unwrap();
         assert_eq!(t.trained, (6, 8));
