@@ -104,6 +104,7 @@ STRATEGIES = {
     "divfl": {},
     "fedgs": {"graph": "sspp"},
     "oort": {},
+    "fedcs": {"deadline_s": 3.0},
 }
 
 
@@ -227,3 +228,19 @@ def test_oort_learns_measured_durations_and_refuses_impossible_ones():
     assert [state["reward"][k] for k in chosen] == [
         SIZES[chosen[0]] * 0.5, SIZES[chosen[1]], SIZES[chosen[2]] * 0.5
     ]
+
+
+def test_fedcs_selects_the_measured_clients_that_fit_its_deadline():
+    # Client k takes 1 + k % 5 s; the deadline is 3 s. Never-measured clients come first,
+    # then the greedy takes the fastest that fit, ties by client id.
+    sel = make("fedcs")
+    everyone = list(range(N))
+    seen, t = set(), 0
+    while len(seen) < N:
+        chosen = sel.select(t, everyone, M, Toy())
+        sel.observe(chosen, train_losses=[1.0] * len(chosen),
+                    durations=[1.0 + k % 5 for k in chosen])
+        seen.update(chosen)
+        t += 1
+    fit = sorted((k for k in everyone if 1 + k % 5 <= 3), key=lambda k: (1 + k % 5, k))
+    assert sel.select(t, everyone, N, Toy()) == fit

@@ -168,7 +168,7 @@ def test_hics_needs_no_oracle_by_default_and_says_why_when_asked():
 # --- the property test -----------------------------------------------------------------
 
 ALL = ["uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs",
-       "f3ast", "hics", "cs1", "cs2", "divfl", "oort"]
+       "f3ast", "hics", "cs1", "cs2", "divfl", "oort", "fedcs"]
 OPTIONS = {"fedcor": {"warmup": 1}, "fedgp": {"warmup": 1}, "fedgs": {"graph": "sspp"}}
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)

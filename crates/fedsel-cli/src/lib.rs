@@ -138,6 +138,10 @@ enum Command {
         /// `--clients` size.
         #[arg(long)]
         selection_only: bool,
+        /// Time only the virtual clock's cost: the FedCor FMNIST workload's rounds with and
+        /// without `[system] kind = "lognormal"`.
+        #[arg(long, conflicts_with_all = ["selection_only", "steps_only"])]
+        clock_only: bool,
         /// Client counts of the selection timings.
         #[arg(long, value_delimiter = ',', default_values_t = [100, 1000, 10_000])]
         clients: Vec<usize>,
@@ -853,18 +857,10 @@ fn bench(
         return Ok(());
     }
     selection_bench(clients, strategies)?;
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
-    let dir = locate::data_dir(data_dir, None);
-    if !fmnist::available(&dir.join(fmnist::DIR)) {
-        println!(
-            "round fedcor fmnist 2spc: skipped, Fashion-MNIST not found under {}",
-            dir.display()
-        );
+    let Some((config, dir)) = fedcor_fmnist(rounds, data_dir)? else {
         return Ok(());
-    }
-    let config = Config::load(Some(&path), &[format!("rounds={rounds}")])?;
-    let exp = Experiment::prepare(config, &dir)?;
+    };
+    let exp = Experiment::prepare(config.clone(), &dir)?;
     struct Nothing;
     impl Observer for Nothing {
         fn on_round(&mut self, _: &RoundRecord) -> fedsel::error::Result<()> {
@@ -875,6 +871,55 @@ fn bench(
     println!(
         "round fedcor fmnist 2spc (5 clients x 20 steps x 64 + 10k test eval): {:.1} ms/round over {rounds} rounds",
         s.wall_s * 1e3 / rounds as f64
+    );
+    print_clock_overhead(&config, &dir)
+}
+
+/// The FedCor FMNIST workload of the round timing, or `None` (said) without Fashion-MNIST.
+fn fedcor_fmnist(rounds: usize, data_dir: Option<PathBuf>) -> Result<Option<(Config, PathBuf)>> {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/fedcor/fmnist_2spc_rand.toml");
+    let dir = locate::data_dir(data_dir, None);
+    if !fmnist::available(&dir.join(fmnist::DIR)) {
+        println!(
+            "round fedcor fmnist 2spc: skipped, Fashion-MNIST not found under {}",
+            dir.display()
+        );
+        return Ok(None);
+    }
+    Ok(Some((
+        Config::load(Some(&path), &[format!("rounds={rounds}")])?,
+        dir,
+    )))
+}
+
+/// `fedsel bench --clock-only`.
+fn clock_bench(rounds: usize, data_dir: Option<PathBuf>) -> Result<()> {
+    match fedcor_fmnist(rounds, data_dir)? {
+        Some((config, dir)) => print_clock_overhead(&config, &dir),
+        None => Ok(()),
+    }
+}
+
+/// The clock's cost on the FedCor FMNIST workload: median ms per round with and without
+/// log-normal devices, 7 runs of each, alternating (issue 30: at most 2 %).
+fn print_clock_overhead(config: &Config, dir: &Path) -> Result<()> {
+    let reps = 7;
+    let t = fedsel::bench::clock_overhead(config, dir, reps)?;
+    println!(
+        "clock fedcor fmnist 2spc, median ms/round of {reps} x {} rounds: no clock {:.2}, lognormal wait_all {:.2} ({:+.2} %; paired runs {:+.2} %)",
+        config.rounds,
+        t.plain_ms,
+        t.wait_all_ms,
+        (t.wait_all_ms / t.plain_ms - 1.0) * 100.0,
+        (t.paired_ratio - 1.0) * 100.0
+    );
+    let (k, more) = t.trained;
+    println!(
+        "clock lognormal overcommit 0.3: {:.2} ms/round training {more} clients instead of {k} ({:.2} vs {:.2} ms per trained client)",
+        t.overcommit_ms,
+        t.overcommit_ms / more as f64,
+        t.plain_ms / k as f64
     );
     Ok(())
 }
@@ -1083,6 +1128,12 @@ fn dispatch(cli: Cli) -> Result<()> {
             strategies,
             ..
         }) => selection_bench(&clients, &strategies),
+        Some(Command::Bench {
+            clock_only: true,
+            rounds,
+            data_dir,
+            ..
+        }) => clock_bench(rounds, data_dir),
         Some(Command::Bench {
             rounds,
             data_dir,

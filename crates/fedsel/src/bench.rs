@@ -361,6 +361,92 @@ pub fn selection_time(
     })
 }
 
+/// Wall time per round of one workload with and without the virtual clock.
+#[derive(Debug, Clone, Copy)]
+pub struct ClockOverhead {
+    /// Median milliseconds per round without `[system]`.
+    pub plain_ms: f64,
+    /// Median milliseconds per round with log-normal devices and `wait_all` rounds: the
+    /// same trainings as the plain run, plus the clock's bookkeeping.
+    pub wait_all_ms: f64,
+    /// Median milliseconds per round with log-normal devices and over-commitment (0.3),
+    /// which trains ⌈1.3·K⌉ clients a round instead of K.
+    pub overcommit_ms: f64,
+    /// The median over the repetitions of wait_all's median over the plain run's median,
+    /// each pair run back to back: steadier than the ratio of the overall medians when
+    /// the machine's load drifts.
+    pub paired_ratio: f64,
+    /// Clients trained per round without over-commitment, and with it.
+    pub trained: (usize, usize),
+}
+
+/// Times `config`'s rounds (its own, which must have no `[system]`) as given, with
+/// log-normal devices under `wait_all`, and under over-commitment: `reps` runs of each,
+/// alternating, so that a loaded machine slows all three alike; each figure is the median
+/// over every round of its runs (a round's wall time is the difference of successive
+/// rounds' `elapsed_s`).
+pub fn clock_overhead(
+    config: &crate::config::Config,
+    data_dir: &std::path::Path,
+    reps: usize,
+) -> crate::error::Result<ClockOverhead> {
+    use crate::engine::{self, Experiment, Observer, RoundRecord};
+    use crate::system::{RoundPolicy, SystemConfig, SystemKind};
+
+    /// Each round's wall seconds, and the clients it trained.
+    #[derive(Default)]
+    struct Rounds(Vec<f64>, f64, usize);
+    impl Observer for Rounds {
+        fn on_round(&mut self, r: &RoundRecord) -> crate::error::Result<()> {
+            self.0.push(r.elapsed_s - self.1);
+            self.1 = r.elapsed_s;
+            self.2 = r.n_selected;
+            Ok(())
+        }
+    }
+    let with = |round| -> crate::error::Result<Experiment> {
+        let mut c = config.clone();
+        c.system = Some(SystemConfig {
+            kind: SystemKind::Lognormal,
+            round,
+            ..SystemConfig::default()
+        });
+        Experiment::prepare(c, data_dir)
+    };
+    let exps = [
+        Experiment::prepare(config.clone(), data_dir)?,
+        with(RoundPolicy::WaitAll)?,
+        with(RoundPolicy::Overcommit { overcommit: 0.3 })?,
+    ];
+    let median = |t: &[f64]| {
+        let mut t = t.to_vec();
+        t.sort_by(f64::total_cmp);
+        t.get(t.len() / 2).copied().unwrap_or(0.0)
+    };
+    let mut times: [Vec<f64>; 3] = Default::default();
+    let mut trained = [0; 3];
+    let mut ratios = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let mut medians = [0.0; 3];
+        for (i, exp) in exps.iter().enumerate() {
+            let mut r = Rounds::default();
+            engine::run(exp, &mut r)?;
+            medians[i] = median(&r.0);
+            times[i].extend(r.0);
+            trained[i] = r.2;
+        }
+        ratios.push(medians[1] / medians[0]);
+    }
+    let [plain, wait_all, overcommit] = times.map(|t| median(&t) * 1e3);
+    Ok(ClockOverhead {
+        plain_ms: plain,
+        wait_all_ms: wait_all,
+        overcommit_ms: overcommit,
+        paired_ratio: median(&ratios),
+        trained: (trained[0], trained[2]),
+    })
+}
+
 /// Every strategy [`selection_time`] knows, in the order `fedsel bench` prints them.
 pub const STRATEGIES: &[&str] = &[
     "uniform", "md", "powd", "cpowd", "rpowd", "afl", "f3ast", "fedcor", "fedgp", "cs1", "cs2",
@@ -385,5 +471,23 @@ mod tests {
             assert!(t.mean_ms >= 0.0 && t.max_ms >= t.mean_ms, "{s}: {t:?}");
         }
         assert!(selection_time("nope", w).is_err());
+    }
+
+    /// The clock benchmark runs the three variants of a workload; over-commitment trains
+    /// ⌈1.3 · 6⌉ = 8 of the default synthetic federation's clients where the others train 6.
+    #[test]
+    fn the_clock_benchmark_times_all_three_variants() {
+        let config = crate::config::Config {
+            rounds: 3,
+            ..Default::default()
+        };
+        let dir = crate::data::locate::data_dir(None, None);
+        let t = clock_overhead(&config, &dir, 1).unwrap();
+        assert_eq!(t.trained, (6, 8));
+        assert!(
+            t.plain_ms > 0.0 && t.wait_all_ms > 0.0 && t.overcommit_ms > 0.0,
+            "{t:?}"
+        );
+        assert!(t.paired_ratio > 0.0, "{t:?}");
     }
 }

@@ -441,17 +441,8 @@ impl Query<'_> {
         }
         self.ledger.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
         let batch = exp.config.train.batch_size as u64;
-        self.stage(clients.iter().zip(&updates).map(|(&k, u)| {
-            let training_samples = u.steps as u64 * batch;
-            (
-                k,
-                QueryWork {
-                    transfers: 2,
-                    training_samples,
-                    ..QueryWork::default()
-                },
-            )
-        }));
+        let work = |u: &train::LocalUpdate| QueryWork::training(u.steps as u64 * batch);
+        self.stage(clients.iter().zip(&updates).map(|(&k, u)| (k, work(u))));
         updates
     }
 
@@ -472,9 +463,7 @@ impl Query<'_> {
         let w = aggregate::weights(rule, clients, self.sizes, None);
         aggregate::delta(self.global, &locals, &w)
     }
-}
 
-impl Query<'_> {
     /// Books the evaluations of `clients` with their broadcasts and scalar reports, and
     /// their stage on the clock, and returns the losses.
     fn booked_losses(&mut self, clients: &[usize], evals: Vec<Evaluation>) -> Vec<f64> {
@@ -484,17 +473,8 @@ impl Query<'_> {
         ledger.evaluations += n;
         ledger.scalar_reports += n;
         ledger.eval_examples += evals.iter().map(|e| e.examples as u64).sum::<u64>();
-        self.stage(clients.iter().zip(&evals).map(|(&k, e)| {
-            let inference_samples = e.examples as u64;
-            (
-                k,
-                QueryWork {
-                    transfers: 1,
-                    inference_samples,
-                    ..QueryWork::default()
-                },
-            )
-        }));
+        let work = |e: &Evaluation| QueryWork::evaluation(e.examples as u64);
+        self.stage(clients.iter().zip(&evals).map(|(&k, e)| (k, work(e))));
         evals.into_iter().map(|e| e.loss).collect()
     }
 }
@@ -639,17 +619,8 @@ impl ClientQuery for Query<'_> {
         self.ledger.gradients += m;
         self.ledger.gradient_examples += g.iter().map(|g| g.examples as u64).sum::<u64>();
         self.ledger.uploads += m;
-        self.stage(clients.iter().zip(&g).map(|(&k, g)| {
-            let training_samples = g.examples as u64;
-            (
-                k,
-                QueryWork {
-                    transfers: 2,
-                    training_samples,
-                    ..QueryWork::default()
-                },
-            )
-        }));
+        let work = |g: &train::Gradient| QueryWork::training(g.examples as u64);
+        self.stage(clients.iter().zip(&g).map(|(&k, g)| (k, work(g))));
         Ok(g.into_iter().map(|g| g.values).collect())
     }
 

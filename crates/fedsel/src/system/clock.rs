@@ -116,7 +116,7 @@ pub fn deadline(finish: &[f64], arrives: &[bool], deadline_s: f64) -> RoundTimin
 }
 
 /// What one client does to answer one query of a selector.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueryWork {
     /// Models sent to or from the client (a loss report is not a model).
     pub transfers: u64,
@@ -124,6 +124,26 @@ pub struct QueryWork {
     pub inference_samples: u64,
     /// Samples passed forward and backward (gradients, trainings).
     pub training_samples: u64,
+}
+
+impl QueryWork {
+    /// An evaluation of `samples` samples: the model down, a loss (uncharged) up.
+    pub fn evaluation(samples: u64) -> Self {
+        Self {
+            transfers: 1,
+            inference_samples: samples,
+            training_samples: 0,
+        }
+    }
+
+    /// A training or a gradient over `samples` samples: the model down, a model up.
+    pub fn training(samples: u64) -> Self {
+        Self {
+            transfers: 2,
+            inference_samples: 0,
+            training_samples: samples,
+        }
+    }
 }
 
 /// The clients' devices and the round policy, with what every client's time shares.
@@ -335,15 +355,10 @@ mod tests {
     #[test]
     fn the_query_phase_is_the_slowest_answer_before_the_training_phase() {
         let clock = three_clients(RoundPolicy::WaitAll);
-        let eval = QueryWork {
-            transfers: 1,
-            inference_samples: 20,
-            training_samples: 0,
-        };
+        let eval = QueryWork::evaluation(20);
         let probe = QueryWork {
-            transfers: 2,
-            training_samples: 10,
-            ..eval
+            inference_samples: 20,
+            ..QueryWork::training(10)
         };
         for (k, w, want) in [(0, eval, 1.02), (1, eval, 0.7), (2, probe, 4.1)] {
             let got = clock.query_s(k, w);
