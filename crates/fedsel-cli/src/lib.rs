@@ -986,10 +986,10 @@ enum ResultsAction {
         /// The paper's table the cells are from.
         #[arg(long)]
         table: String,
-        /// rounds_to_target, final_acc, final_loss, best_acc or best_loss.
+        /// rounds_to_target, time_to_target_s, final_acc, final_loss, best_acc or best_loss.
         #[arg(long)]
         metric: String,
-        /// For rounds_to_target: the target, when the runs have several.
+        /// For rounds_to_target and time_to_target_s: the target, when the runs have several.
         #[arg(long)]
         target: Option<f64>,
         /// The commit the sweep ran at (runs record only the version).

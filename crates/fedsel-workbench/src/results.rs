@@ -32,8 +32,9 @@ pub const PAPER_FILE: &str = "paper.csv";
 pub const SECTIONS_FILE: &str = "sections.toml";
 
 /// The metrics `collect` reads from a run's `summary.json`.
-pub const METRICS: [&str; 5] = [
+pub const METRICS: [&str; 6] = [
     "rounds_to_target",
+    "time_to_target_s",
     "final_acc",
     "final_loss",
     "best_acc",
@@ -177,7 +178,7 @@ pub struct CollectArgs {
     pub table: String,
     /// One of [`METRICS`].
     pub metric: String,
-    /// For `rounds_to_target`: which target, when a run has several.
+    /// For `rounds_to_target` and `time_to_target_s`: which target, when a run has several.
     pub target: Option<f64>,
     /// The command that ran the sweep (runs do not record it).
     pub command: String,
@@ -320,21 +321,27 @@ pub fn collect(sweep_dir: &Path, results_dir: &Path, args: &CollectArgs) -> Resu
     })
 }
 
-/// The value of `args.metric` in a run's summary, and whether it is censored.
+/// The value of `args.metric` in a run's summary, and whether it is censored: a target
+/// never reached counts at the run's last round (`rounds_to_target`) or its last clock
+/// reading (`time_to_target_s`, virtual seconds).
 fn metric_value(
     summary: &serde_json::Value,
     path: &Path,
     args: &CollectArgs,
 ) -> Result<(f64, bool)> {
-    if args.metric != "rounds_to_target" {
+    let (censor_key, on_clock) = match args.metric.as_str() {
+        "rounds_to_target" => ("rounds", false),
+        "time_to_target_s" => ("clock_s", true),
+        _ => ("", false),
+    };
+    if censor_key.is_empty() {
         return summary[&args.metric]
             .as_f64()
             .map(|v| (v, false))
             .ok_or_else(|| bad(path, format!("no value of `{}`", args.metric)));
     }
-    let entries: Vec<(f64, Option<u64>)> =
-        serde_json::from_value(summary["rounds_to_target"].clone())
-            .map_err(|e| bad(path, format!("`rounds_to_target`: {e}")))?;
+    let entries: Vec<(f64, Option<f64>)> = serde_json::from_value(summary[&args.metric].clone())
+        .map_err(|e| bad(path, format!("`{}`: {e}", args.metric)))?;
     let targets: Vec<f64> = entries.iter().map(|e| e.0).collect();
     let entry = match args.target {
         Some(t) => entries
@@ -359,11 +366,18 @@ fn metric_value(
         }
     };
     match entry.1 {
-        Some(r) => Ok((r as f64, false)),
-        None => summary["rounds"]
-            .as_u64()
-            .map(|r| (r as f64, true))
-            .ok_or_else(|| bad(path, "no `rounds`")),
+        Some(v) => Ok((v, false)),
+        None => summary[censor_key]
+            .as_f64()
+            .map(|v| (v, true))
+            .ok_or_else(|| {
+                let why = if on_clock {
+                    " (a run without `[system]`?)"
+                } else {
+                    ""
+                };
+                bad(path, format!("no `{censor_key}`{why}"))
+            }),
     }
 }
 
@@ -474,7 +488,7 @@ impl Status {
 }
 
 fn num(metric: &str, x: f64) -> String {
-    if metric.starts_with("rounds") {
+    if metric.starts_with("rounds") || metric.starts_with("time") {
         format!("{x:.1}")
     } else {
         format!("{x:.4}")
@@ -927,4 +941,51 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(metric: &str, target: Option<f64>) -> CollectArgs {
+        CollectArgs {
+            section: "s".into(),
+            table: "t".into(),
+            metric: metric.into(),
+            target,
+            command: "c".into(),
+            commit: "abc".into(),
+            unplanned: Vec::new(),
+        }
+    }
+
+    /// A clock run that reached 0.5 after 812.5 virtual seconds and never 0.7, in 40
+    /// rounds and 1,930.25 s: reached targets read as they are, a missed one is censored at
+    /// the run's last round or clock reading.
+    #[test]
+    fn times_to_target_are_read_and_censored_at_the_last_clock_reading() {
+        let s = serde_json::json!({
+            "rounds": 40,
+            "clock_s": 1930.25,
+            "rounds_to_target": [[0.5, 12], [0.7, null]],
+            "time_to_target_s": [[0.5, 812.5], [0.7, null]],
+        });
+        let p = Path::new("run/summary.json");
+        let v = |m, t| metric_value(&s, p, &args(m, Some(t))).unwrap();
+        assert_eq!(v("time_to_target_s", 0.5), (812.5, false));
+        assert_eq!(v("time_to_target_s", 0.7), (1930.25, true));
+        assert_eq!(v("rounds_to_target", 0.5), (12.0, false));
+        assert_eq!(v("rounds_to_target", 0.7), (40.0, true));
+        let clockless = serde_json::json!({
+            "rounds": 40,
+            "time_to_target_s": [[0.7, null]],
+        });
+        let err = metric_value(&clockless, p, &args("time_to_target_s", None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("run/summary.json") && err.contains("clock_s"),
+            "{err}"
+        );
+    }
 }
