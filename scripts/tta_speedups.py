@@ -66,7 +66,7 @@ def main():
     print("| setting | method | seeds | rounds speed-up (95 % CI) | time speed-up (95 % CI) "
           "| censored (method / Random) | verdict |")
     print("|---|---|---|---|---|---|---|")
-    fmt = lambda ci: "N/A" if ci is None else f"{ci[0]:.2f} ({ci[1]:.2f}–{ci[2]:.2f})"
+    fmt = lambda ci: "N/A" if ci is None else f"{ci[0]:.3f} ({ci[1]:.3f}–{ci[2]:.3f})"
     for s in settings:
         for m in methods:
             out = {}
