@@ -294,7 +294,7 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
     // S2: the censored seed enters at its bound (500 / 100) and the row says so; that pair's
     // ln(1/5) = −1.609 beside −0.29 … −0.41 widens the interval across 0.
     assert!(
-        block.contains("| S2 | fedcor vs powd, rounds_to_target | 5 (1 censored) |")
+        block.contains("| `fedcor-faster` | 〃 | 〃 | 〃 | S2 | fedcor vs powd, rounds_to_target | 5 (1 censored) |")
             && block.contains("| 0.0625 | not reproduced |"),
         "{block}"
     );

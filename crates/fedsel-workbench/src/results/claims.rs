@@ -378,13 +378,18 @@ pub fn render(claims: &[ClaimSpec], rows: &[Row]) -> Result<String> {
     let mut table = String::new();
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for spec in claims {
-        let row = |setting: &str, ab: &str, pairs: &str, effect: &str, p: &str, v: &str| {
+        // A claim's later settings leave its paper, statement and place to its first row.
+        let mut first = true;
+        let mut row = |setting: &str, ab: &str, pairs: &str, effect: &str, p: &str, v: &str| {
+            let (paper, claimed, place) = if first {
+                (cell(&spec.paper), cell(&spec.claimed), cell(&spec.place))
+            } else {
+                ("〃".into(), "〃".into(), "〃".into())
+            };
+            first = false;
             format!(
-                "| `{}` | {} | {} | {} | {setting} | {ab} | {pairs} | {effect} | {p} | {v} |\n",
-                spec.id,
-                cell(&spec.paper),
-                cell(&spec.claimed),
-                cell(&spec.place)
+                "| `{}` | {paper} | {claimed} | {place} | {setting} | {ab} | {pairs} | {effect} | {p} | {v} |\n",
+                spec.id
             )
         };
         match &spec.test {
