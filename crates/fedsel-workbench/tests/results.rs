@@ -395,3 +395,19 @@ fn a_bad_claim_is_named_with_its_file() {
     let e = err(&TESTED.replace("id = \"fedcor-cifar\"", "id = \"FedCor CIFAR\""));
     assert!(e.contains("kebab-case"), "{e}");
 }
+
+#[test]
+fn the_committed_page_holds_its_claims_and_sections_as_rendered() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let data = results::load(&root.join("results")).unwrap();
+    assert!(!data.claims.is_empty());
+    let page = std::fs::read_to_string(root.join("docs/results.md")).unwrap();
+    for (name, body) in results::render(&data).unwrap() {
+        assert!(
+            page.contains(&format!(
+                "<!-- results:{name} begin -->\n{body}<!-- results:{name} end -->"
+            )),
+            "block `{name}`: rerun `fedsel results render`"
+        );
+    }
+}
