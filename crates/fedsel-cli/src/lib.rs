@@ -1006,8 +1006,8 @@ enum ResultsAction {
         #[arg(long, default_value = "results")]
         results: PathBuf,
     },
-    /// Rewrite the page's generated blocks from the results directory (appending a block
-    /// for each section the page lacks).
+    /// Rewrite the page's generated blocks from the results directory, the claims block
+    /// from its claims/*.toml included (appending a block for each section the page lacks).
     Render {
         /// The results directory.
         #[arg(long, default_value = "results")]
@@ -1016,8 +1016,9 @@ enum ResultsAction {
         #[arg(long, default_value = "docs/results.md")]
         doc: PathBuf,
     },
-    /// Fail when the page's blocks no longer match the results directory, or a section's
-    /// code paths changed after the commit that ran it without a note.
+    /// Fail when the page's blocks (the claims block included) no longer match the results
+    /// directory, or a section's code paths changed after the commit that ran it without a
+    /// note.
     Check {
         /// The results directory.
         #[arg(long, default_value = "results")]

@@ -9,6 +9,9 @@
 //! - `sections.toml`: per section, the code paths its runs depend on and notes
 //!   ([`SectionInfo`]).
 //!
+//! - `claims/*.toml`: the papers' headline claims, each tested by a paired comparison over a
+//!   section's rows ([`claims`]).
+//!
 //! A page holds each section's generated text between `<!-- results:NAME begin -->` and
 //! `<!-- results:NAME end -->`. [`render`] rewrites those blocks from the CSVs; [`check`] says
 //! where the page no longer matches them, or where a section's code paths changed after the
@@ -24,6 +27,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::stats::Obs;
 use crate::verdict::{self, Judgement, MarginSource, Verdict};
+
+pub mod claims;
 
 /// The file of paper values in a results directory.
 pub const PAPER_FILE: &str = "paper.csv";
@@ -234,6 +239,16 @@ pub fn collect(sweep_dir: &Path, results_dir: &Path, args: &CollectArgs) -> Resu
             return Err(ConfigError::invalid(name, "must not be empty").into());
         }
     }
+    if args.section == claims::BLOCK {
+        return Err(ConfigError::invalid(
+            "--section",
+            format!(
+                "`{}` names the page's block of claims; pick another name",
+                args.section
+            ),
+        )
+        .into());
+    }
     if args
         .section
         .contains(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
@@ -390,6 +405,8 @@ pub struct Data {
     pub paper: Vec<PaperRow>,
     /// `sections.toml`.
     pub sections: BTreeMap<String, SectionInfo>,
+    /// `claims/*.toml`, checked against the rows.
+    pub claims: Vec<claims::ClaimSpec>,
 }
 
 impl Data {
@@ -403,9 +420,11 @@ impl Data {
     }
 }
 
-/// Reads a results directory: every `*.csv` (rows), `paper.csv` and `sections.toml` (both
-/// may be absent). Errors name the file and what is wrong: a value that is not finite, a
-/// (cell, seed) recorded twice, a cell the paper file gives twice.
+/// Reads a results directory: every `*.csv` (rows), `paper.csv`, `sections.toml` and
+/// `claims/*.toml` (all three may be absent). Errors name the file and what is wrong: a value
+/// that is not finite, a (cell, seed) recorded twice, a cell the paper file gives twice, a
+/// section named like the claims block, a claim that is incomplete or names what the rows
+/// lack ([`claims::load`]).
 pub fn load(dir: &Path) -> Result<Data> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io(dir))?
@@ -426,6 +445,12 @@ pub fn load(dir: &Path) -> Result<Data> {
                     format!("seed {} of {:?}: value {}", r.seed, r.key(), r.value),
                 ));
             }
+            if r.section == claims::BLOCK {
+                return Err(bad(
+                    f,
+                    format!("section `{}` is the name of the claims block", r.section),
+                ));
+            }
             if let Some(other) = seen.insert((r.key(), r.seed), f.clone()) {
                 return Err(bad(
                     f,
@@ -444,6 +469,12 @@ pub fn load(dir: &Path) -> Result<Data> {
     if paper.is_file() {
         let mut keys = BTreeSet::new();
         for p in read_csv::<PaperRow>(&paper)? {
+            if p.section == claims::BLOCK {
+                return Err(bad(
+                    &paper,
+                    format!("section `{}` is the name of the claims block", p.section),
+                ));
+            }
             if !keys.insert(p.key()) {
                 return Err(bad(&paper, format!("{:?} is given twice", p.key())));
             }
@@ -463,6 +494,7 @@ pub fn load(dir: &Path) -> Result<Data> {
         let text = std::fs::read_to_string(&sections).map_err(io(&sections))?;
         data.sections = toml::from_str(&text).map_err(|e| bad(&sections, e))?;
     }
+    data.claims = claims::load(dir, &data.rows, &data.paper)?;
     Ok(data)
 }
 
@@ -628,8 +660,9 @@ fn table_row(
 /// The generated text of every section with rows or paper values: its verdict table over
 /// the planned cells (those in `paper.csv`), the counts computed from it, the unplanned arms
 /// and the cells without a paper value below it (shown, never counted), and where the rows
-/// came from.
-pub fn render(data: &Data) -> BTreeMap<String, String> {
+/// came from; and, when the directory has claims, the `claims` block ([`claims::render`]).
+/// Errors name a claim whose values cannot be tested.
+pub fn render(data: &Data) -> Result<BTreeMap<String, String>> {
     let mut by_cell: BTreeMap<CellKey, Vec<&Row>> = BTreeMap::new();
     for r in &data.rows {
         by_cell.entry(r.key()).or_default().push(r);
@@ -736,7 +769,13 @@ pub fn render(data: &Data) -> BTreeMap<String, String> {
         }
         out.insert(section, s);
     }
-    out
+    if !data.claims.is_empty() {
+        out.insert(
+            claims::BLOCK.to_string(),
+            claims::render(&data.claims, &data.rows)?,
+        );
+    }
+    Ok(out)
 }
 
 fn begin(name: &str) -> String {
@@ -801,7 +840,7 @@ pub struct Rendered {
 /// results directory `dir`, and appends a block for each section the page lacks (move it
 /// where it belongs; later renders keep it there).
 pub fn render_doc(dir: &Path, doc: &Path) -> Result<Rendered> {
-    let rendered = render(&load(dir)?);
+    let rendered = render(&load(dir)?)?;
     let text = std::fs::read_to_string(doc).map_err(io(doc))?;
     let found = blocks(&text, doc)?;
     let mut ranges: Vec<(&String, &std::ops::Range<usize>)> = found.iter().collect();
@@ -850,7 +889,7 @@ pub fn render_doc(dir: &Path, doc: &Path) -> Result<Rendered> {
 /// in the repository that holds `dir`.
 pub fn check(dir: &Path, doc: &Path) -> Result<Vec<String>> {
     let data = load(dir)?;
-    let rendered = render(&data);
+    let rendered = render(&data)?;
     let text = std::fs::read_to_string(doc).map_err(io(doc))?;
     let found = blocks(&text, doc)?;
     let mut problems = Vec::new();

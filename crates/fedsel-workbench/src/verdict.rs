@@ -263,8 +263,9 @@ pub fn judge(values: &[Obs], paper_mean: f64, margin: Option<Margin>) -> Judgeme
     }
 }
 
-/// How a claim measures the effect of A against B.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a claim measures the effect of A against B (`effect` in a claims file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Effect {
     /// a − b, in the metric's units.
     Difference,
@@ -273,8 +274,9 @@ pub enum Effect {
     LogRatio,
 }
 
-/// The side a claim puts A on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The side a claim puts A on (`direction` in a claims file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Direction {
     /// A's value is claimed lower than B's (fewer rounds, lower loss).
     Lower,

@@ -1,6 +1,7 @@
 //! `fedsel results`: collecting a sweep's rows, rendering the page's blocks, and the check
 //! that fails when the page or the code moved on without the CSVs.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
@@ -211,9 +212,202 @@ fn the_committed_example_matches_its_page() {
     let data = results::load(&root).unwrap();
     assert_eq!(data.rows.len(), 45);
     let page = std::fs::read_to_string(root.join("results.md")).unwrap();
-    let body = results::render(&data).remove("example").unwrap();
+    let body = results::render(&data).unwrap().remove("example").unwrap();
     assert!(
         page.contains(&body),
         "rerun `fedsel results render --results results/example --doc results/example/results.md`"
     );
+}
+
+/// A results directory with one section, `demo`, of rounds to a target: fedcor and powd over
+/// seeds 1-5 in setting S1, and in S2 with powd's seed 5 censored at 500 rounds.
+fn claims_dir(claims: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut csv = String::from(
+        "section,table,setting,method,metric,seed,value,censored,planned,command,commit,config_hash\n",
+    );
+    let s1 = [
+        ("fedcor", [80.0, 50.0, 100.0, 40.0, 64.0]),
+        ("powd", [100.0, 80.0, 125.0, 50.0, 80.0]),
+    ];
+    let s2 = [
+        ("fedcor", [60.0, 70.0, 80.0, 90.0, 100.0]),
+        ("powd", [90.0, 100.0, 110.0, 120.0, 500.0]),
+    ];
+    for (setting, arms) in [("S1", s1), ("S2", s2)] {
+        for (method, values) in arms {
+            for (i, v) in values.iter().enumerate() {
+                let censored = setting == "S2" && method == "powd" && i == 4;
+                let _ = writeln!(
+                    csv,
+                    "demo,T1,{setting},{method},rounds_to_target,{},{v},{censored},true,fedsel sweep x,abc1234,h",
+                    i + 1
+                );
+            }
+        }
+    }
+    std::fs::write(dir.path().join("demo.csv"), csv).unwrap();
+    std::fs::write(dir.path().join("sections.toml"), "[demo]\npaths = []\n").unwrap();
+    std::fs::create_dir_all(dir.path().join("claims")).unwrap();
+    std::fs::write(dir.path().join("claims/paper.toml"), claims).unwrap();
+    dir
+}
+
+const TESTED: &str = r#"
+[[claim]]
+id = "fedcor-faster"
+paper = "FedCor"
+quote = "FedCor achieves the specified accuracy faster than Pow-d"
+place = "Sec. 5.2"
+claimed = "fewer rounds than Pow-d"
+section = "demo"
+metric = "rounds_to_target"
+settings = ["S1", "S2"]
+a = "fedcor"
+b = "powd"
+effect = "log_ratio"
+direction = "lower"
+
+[[claim]]
+id = "fedcor-cifar"
+paper = "FedCor"
+quote = "26% ~ 51% on CIFAR-10"
+place = "Abstract"
+claimed = "fewer rounds than Pow-d on CIFAR-10"
+not_testable = "needs the CIFAR-10 CNN at 2,000 rounds"
+"#;
+
+#[test]
+fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
+    let dir = claims_dir(TESTED);
+    let data = results::load(dir.path()).unwrap();
+    assert_eq!(data.claims.len(), 2);
+    let block = results::render(&data).unwrap().remove("claims").unwrap();
+    // S1: b/a = 1.25, 1.6, 1.25, 1.25, 1.25. ln(a/b) has mean −0.272516 and s = 0.110399, so
+    // the 95 % t half-width is 2.776445·0.110399/√5 = 0.137079; the geometric-mean ratio is
+    // e^0.272516 = 1.313 within [e^0.135437, e^0.409594] = [1.145, 1.506]. Every pair favours
+    // fedcor: the exact Wilcoxon p is 2/2^5 = 0.0625.
+    assert!(
+        block.contains("| `fedcor-faster` | FedCor | fewer rounds than Pow-d | Sec. 5.2 | S1 | fedcor vs powd, rounds_to_target | 5 | b/a = 1.313 [1.145, 1.506] | 0.0625 | reproduced |"),
+        "{block}"
+    );
+    // S2: the censored seed enters at its bound (500 / 100) and the row says so; that pair's
+    // ln(1/5) = −1.609 beside −0.29 … −0.41 widens the interval across 0.
+    assert!(
+        block.contains("| `fedcor-faster` | 〃 | 〃 | 〃 | S2 | fedcor vs powd, rounds_to_target | 5 (1 censored) |")
+            && block.contains("| 0.0625 | not reproduced |"),
+        "{block}"
+    );
+    assert!(
+        block.contains("| `fedcor-cifar` | FedCor | fewer rounds than Pow-d on CIFAR-10 | Abstract | — | — | — | — | — | not testable on CPU: needs the CIFAR-10 CNN at 2,000 rounds |"),
+        "{block}"
+    );
+    assert!(
+        block.contains(
+            "**Counts** (computed): 1 reproduced, 1 not reproduced, 0 too few seeds, 1 not testable on CPU, of 3 tests of 2 claims."
+        ),
+        "{block}"
+    );
+    assert!(block.contains("- `fedcor-cifar` (FedCor, Abstract): “26% ~ 51% on CIFAR-10”"));
+
+    // The other way round the same pairs do not reproduce; four pairs are too few.
+    let flipped = TESTED.replace("direction = \"lower\"", "direction = \"higher\"");
+    let data = results::load(claims_dir(&flipped).path()).unwrap();
+    let block = results::render(&data).unwrap().remove("claims").unwrap();
+    assert!(block.contains("2 not reproduced"), "{block}");
+    let dir = claims_dir(TESTED);
+    let csv = std::fs::read_to_string(dir.path().join("demo.csv")).unwrap();
+    let without_seed_5: String = csv
+        .lines()
+        .filter(|l| !l.contains("fedcor,rounds_to_target,5,"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(dir.path().join("demo.csv"), without_seed_5).unwrap();
+    let block = results::render(&results::load(dir.path()).unwrap())
+        .unwrap()
+        .remove("claims")
+        .unwrap();
+    assert!(block.contains("| 4 | b/a = "), "{block}");
+    assert!(
+        block.contains("0 reproduced, 0 not reproduced, 2 too few seeds"),
+        "{block}"
+    );
+
+    // The block goes where the page has it, and check compares it like any section.
+    let dir = claims_dir(TESTED);
+    let doc = dir.path().join("page.md");
+    std::fs::write(
+        &doc,
+        "# Page\n\n<!-- results:claims begin -->\n<!-- results:claims end -->\n\n<!-- results:demo begin -->\n<!-- results:demo end -->\n",
+    )
+    .unwrap();
+    let p = results::check(dir.path(), &doc).unwrap();
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(
+        p.iter()
+            .any(|p| p.contains("block `claims` no longer matches"))
+    );
+    results::render_doc(dir.path(), &doc).unwrap();
+    assert_eq!(
+        results::check(dir.path(), &doc).unwrap(),
+        Vec::<String>::new()
+    );
+    let page = std::fs::read_to_string(&doc).unwrap();
+    assert!(page.starts_with("# Page\n\n<!-- results:claims begin -->\n_Generated"));
+}
+
+#[test]
+fn a_bad_claim_is_named_with_its_file() {
+    let err = |claims: &str| {
+        results::load(claims_dir(claims).path())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(&TESTED.replace("section = \"demo\"\n", ""));
+    assert!(
+        e.contains("paper.toml") && e.contains("claim `fedcor-faster`: no `section`"),
+        "{e}"
+    );
+    let e = err(&TESTED.replace("section = \"demo\"", "section = \"nope\""));
+    assert!(
+        e.contains("claim `fedcor-faster`: section `nope` has no rows or paper values"),
+        "{e}"
+    );
+    let e = err(&TESTED.replace("\"S2\"]", "\"S3\"]"));
+    assert!(
+        e.contains("setting `S3` is no setting of section `demo` (settings: S1, S2)"),
+        "{e}"
+    );
+    let e = err(&TESTED.replace("b = \"powd\"", "b = \"afl\""));
+    assert!(
+        e.contains("`b` = `afl` is no method of section `demo` (methods: fedcor, powd)"),
+        "{e}"
+    );
+    let e = err(&TESTED.replace("not_testable", "a = \"x\"\nnot_testable"));
+    assert!(
+        e.contains("claim `fedcor-cifar`: has both `not_testable` and `a`"),
+        "{e}"
+    );
+    let e = err(&TESTED.replace("effect = \"log_ratio\"", "effect = \"ratio\""));
+    assert!(e.contains("paper.toml") && e.contains("ratio"), "{e}");
+    let e = err(&TESTED.replace("id = \"fedcor-cifar\"", "id = \"fedcor-faster\""));
+    assert!(e.contains("claim `fedcor-faster` is also in"), "{e}");
+    let e = err(&TESTED.replace("id = \"fedcor-cifar\"", "id = \"FedCor CIFAR\""));
+    assert!(e.contains("kebab-case"), "{e}");
+}
+
+#[test]
+fn the_committed_page_holds_its_claims_and_sections_as_rendered() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let data = results::load(&root.join("results")).unwrap();
+    assert!(!data.claims.is_empty());
+    let page = std::fs::read_to_string(root.join("docs/results.md")).unwrap();
+    for (name, body) in results::render(&data).unwrap() {
+        assert!(
+            page.contains(&format!(
+                "<!-- results:{name} begin -->\n{body}<!-- results:{name} end -->"
+            )),
+            "block `{name}`: rerun `fedsel results render`"
+        );
+    }
 }
