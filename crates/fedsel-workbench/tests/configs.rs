@@ -244,7 +244,7 @@ fn f3ast_table9_has_both_normalisations_and_the_step_size_control() {
     let root =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/f3ast/table9_synthetic.toml");
     let cells = Sweep::load(&root, &[]).unwrap().cells().unwrap();
-    assert_eq!(cells.len(), 3 * 4 * 3);
+    assert_eq!(cells.len(), 3 * 4 * 10);
     let cell = |label: &str| &cells.iter().find(|c| c.label == label).unwrap().config;
     let (code, paper) = (cell("alpha0-f3ast-s1"), cell("alpha0-f3ast-paper-s1"));
     assert_eq!(code.selection.f3ast.protocol, Protocol::Code);
