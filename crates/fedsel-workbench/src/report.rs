@@ -533,6 +533,17 @@ fn compare(
     }
 }
 
+/// A run's targets, as the column that names them when a group's runs do not share theirs.
+fn targets_cell(run: &Run) -> V {
+    let targets: Vec<String> = run
+        .summary
+        .rounds_to_target
+        .iter()
+        .map(|t| pct(t.0))
+        .collect();
+    V::text(targets.join(" "))
+}
+
 fn pct(t: f64) -> String {
     format!("{:.0}%", t * 100.0)
 }
@@ -1432,13 +1443,7 @@ fn tables(g: &Gathered) -> Result<Vec<Table>> {
                 row.push(compare(runs, base_runs, is_base, get, Test::Sign, 1));
             }
             if !shared_targets {
-                let targets: Vec<String> = runs[0]
-                    .summary
-                    .rounds_to_target
-                    .iter()
-                    .map(|t| pct(t.0))
-                    .collect();
-                row.push(V::text(targets.join(" ")));
+                row.push(targets_cell(&runs[0]));
             }
             rtt.rows.push(row);
             let (fa, fl) = (
@@ -1642,13 +1647,7 @@ fn time_table(g: &Gathered, target_titles: &[String], vs: &dyn Fn(&str) -> Strin
                 row.push(compare(runs, base, is_base, secs, Test::Sign, 1));
             }
             if !g.shared_targets {
-                let targets: Vec<String> = runs[0]
-                    .summary
-                    .rounds_to_target
-                    .iter()
-                    .map(|t| pct(t.0))
-                    .collect();
-                row.push(V::text(targets.join(" ")));
+                row.push(targets_cell(&runs[0]));
             }
             table.rows.push(row);
         }
