@@ -22,6 +22,8 @@
 //! matrix see that structure: the bound of [`spectral_bound`] is 0.78 there,
 //! in a few milliseconds.
 
+use rayon::prelude::*;
+
 /// One instance.
 #[derive(Debug, Clone)]
 pub struct Problem<'a> {
@@ -93,7 +95,9 @@ impl Problem<'_> {
 
     /// prefix[i][m] = sum of the m largest distances from i to other items.
     fn row_prefix(&self) -> Vec<Vec<f64>> {
+        // Rows in parallel: each is sorted and summed on its own.
         (0..self.n())
+            .into_par_iter()
             .map(|i| {
                 let mut row: Vec<f64> = (0..self.n())
                     .filter(|&j| j != i)
@@ -288,11 +292,10 @@ fn local_search(p: &Problem<'_>, first: Option<usize>, swap_budget: usize) -> Ve
 
 struct Search<'a> {
     p: &'a Problem<'a>,
-    /// Each item's other items by decreasing distance.
+    /// Each item's other items by decreasing distance (ties by index), each named by its
+    /// position in `order`: items at positions ≥ the node's are still open.
     neighbours: Vec<Vec<(f64, usize)>>,
     order: Vec<usize>,
-    /// Position of each item in `order`: items at positions ≥ the node's are still open.
-    rank: Vec<usize>,
     /// The linear terms in `order`.
     linear: Vec<f64>,
     /// Row j·n..(j+1)·n holds D(order[x], j) at x: what item j's inclusion adds to each
@@ -334,11 +337,11 @@ impl Search<'_> {
         for (x, &j) in self.order[pos..].iter().enumerate() {
             let mut total = 0.0;
             let mut found = 1;
-            for &(d, i) in &self.neighbours[j] {
+            for &(d, at) in &self.neighbours[j] {
                 if found >= k {
                     break;
                 }
-                if self.rank[i] >= pos {
+                if at >= pos {
                     total += d;
                     sums[found * len + x] = total;
                     found += 1;
@@ -462,13 +465,16 @@ pub fn solve(p: &Problem<'_>, limits: Limits) -> Solution {
     for (pos, &i) in order.iter().enumerate() {
         rank[i] = pos;
     }
+    // Rows in parallel: each is sorted on its own, the same whatever the thread count.
     let neighbours = (0..n)
+        .into_par_iter()
         .map(|j| {
             let mut row: Vec<(f64, usize)> = (0..n)
                 .filter(|&i| i != j)
                 .map(|i| (p.dist[j][i], i))
                 .collect();
             row.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            row.iter_mut().for_each(|(_, i)| *i = rank[*i]);
             row
         })
         .collect();
@@ -483,7 +489,6 @@ pub fn solve(p: &Problem<'_>, limits: Limits) -> Solution {
         p,
         neighbours,
         order,
-        rank,
         linear,
         columns,
         best: value,
