@@ -18,8 +18,13 @@
 //! code). Stochastic greedy evaluates a random subset of max(m, ⌊fraction·n⌋)
 //! candidates per step.
 
+mod distances;
+
 use rand::seq::index::sample;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+pub use distances::gradient_distances;
 
 use super::{ClientQuery, GradientScope, RoundContext, Selection, Selector, Setup};
 use crate::error::{ConfigError, Error};
@@ -98,11 +103,16 @@ pub fn facility_location(
             }
             _ => left,
         };
-        let cost =
-            |j: usize| -> f64 { nearest.iter().zip(&dist[j]).map(|(&a, &b)| a.min(b)).sum() };
+        // Each candidate's cost is one sequential sum, whatever thread computes it; the
+        // choice among them is made in candidate order.
+        let costs: Vec<f64> = candidates
+            .par_iter()
+            .map(|&j| nearest.iter().zip(&dist[j]).map(|(&a, &b)| a.min(b)).sum())
+            .collect();
         let best = candidates
             .iter()
-            .map(|&j| (j, cost(j)))
+            .copied()
+            .zip(costs)
             .fold(None, |best: Option<(usize, f64)>, (j, c)| match best {
                 Some((_, bc)) if bc <= c => best,
                 _ => Some((j, c)),
@@ -116,52 +126,6 @@ pub fn facility_location(
         }
     }
     chosen
-}
-
-/// Dot products [`gradient_distances`] computes side by side.
-const LANES: usize = 4;
-
-/// Pairwise Euclidean distances of gradient vectors.
-pub fn gradient_distances(g: &[&[f32]]) -> Vec<Vec<f64>> {
-    use rayon::prelude::*;
-    let n = g.len();
-    let sq: Vec<f64> = g
-        .iter()
-        .map(|v| v.iter().map(|x| f64::from(*x).powi(2)).sum())
-        .collect();
-    let rows: Vec<Vec<f64>> = (0..n)
-        .into_par_iter()
-        .map(|i| {
-            let mut row = vec![0.0; n];
-            // Four dot products at once: each still sums its products in order, so every
-            // distance is bit for bit the one-at-a-time sum, but the four independent
-            // chains of additions keep the core busy where one chain waits on each add
-            // (issue 23: 3.6× at 1,000 clients).
-            let mut j = i + 1;
-            while j < n {
-                let w = (n - j).min(LANES);
-                let mut dot = [-0.0f64; LANES];
-                for (k, &a) in g[i].iter().enumerate() {
-                    let a = f64::from(a);
-                    for (lane, acc) in dot.iter_mut().enumerate().take(w) {
-                        *acc += a * f64::from(g[j + lane][k]);
-                    }
-                }
-                for (lane, d) in dot.iter().enumerate().take(w) {
-                    row[j + lane] = (sq[i] + sq[j + lane] - 2.0 * d).max(0.0).sqrt();
-                }
-                j += w;
-            }
-            row
-        })
-        .collect();
-    (0..n)
-        .map(|i| {
-            (0..n)
-                .map(|j| if j >= i { rows[i][j] } else { rows[j][i] })
-                .collect()
-        })
-        .collect()
 }
 
 /// The DivFL selector.

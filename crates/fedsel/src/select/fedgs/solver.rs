@@ -22,6 +22,8 @@
 //! matrix see that structure: the bound of [`spectral_bound`] is 0.78 there,
 //! in a few milliseconds.
 
+use rayon::prelude::*;
+
 /// One instance.
 #[derive(Debug, Clone)]
 pub struct Problem<'a> {
@@ -93,7 +95,9 @@ impl Problem<'_> {
 
     /// prefix[i][m] = sum of the m largest distances from i to other items.
     fn row_prefix(&self) -> Vec<Vec<f64>> {
+        // Rows in parallel: each is sorted and summed on its own.
         (0..self.n())
+            .into_par_iter()
             .map(|i| {
                 let mut row: Vec<f64> = (0..self.n())
                     .filter(|&j| j != i)
@@ -288,11 +292,16 @@ fn local_search(p: &Problem<'_>, first: Option<usize>, swap_budget: usize) -> Ve
 
 struct Search<'a> {
     p: &'a Problem<'a>,
-    /// Each item's other items by decreasing distance.
+    /// Each item's other items by decreasing distance (ties by index), each named by its
+    /// position in `order`: items at positions ≥ the node's are still open.
     neighbours: Vec<Vec<(f64, usize)>>,
     order: Vec<usize>,
-    /// Position of each item in `order`: items at positions ≥ the node's are still open.
-    rank: Vec<usize>,
+    /// The linear terms in `order`.
+    linear: Vec<f64>,
+    /// Row j·n..(j+1)·n holds D(order[x], j) at x: what item j's inclusion adds to each
+    /// item's distance to the chosen, laid out as `to_chosen`, so that the update reads
+    /// one contiguous row instead of a column of the distances, one cache line an item.
+    columns: Vec<f64>,
     best: f64,
     best_set: Vec<usize>,
     nodes: usize,
@@ -302,13 +311,16 @@ struct Search<'a> {
     /// Largest bound of a node left unexplored when the budget ran out.
     open_bound: f64,
     chosen: Vec<usize>,
+    /// Σ_{i∈chosen} D(order[x], i) at x: indexed by position, so that the open items'
+    /// entries order[pos..] are one contiguous run.
     to_chosen: Vec<f64>,
     scratch: Vec<f64>,
     /// partners[pos], once a node at `pos` needed it: for the open item order[pos + x],
-    /// entries x·k + m hold the sum of its m largest distances to other open items
+    /// entry m·(n − pos) + x holds the sum of its m largest distances to other open items
     /// (m < k). The open items at a position are order[pos..] on every branch, so each
     /// position's sums are computed once instead of at every node; per node the bound
-    /// is then O(n), not O(n·k) scans through rows of n neighbours (issue 23).
+    /// is then O(n), not O(n·k) scans through rows of n neighbours (issue 23). Laid out
+    /// by m so that a node's bound reads the one run it needs, contiguous.
     partners: Vec<Vec<f64>>,
 }
 
@@ -320,24 +332,24 @@ impl Search<'_> {
             return;
         }
         let k = self.p.k;
-        let mut sums = Vec::with_capacity((self.order.len() - pos) * k);
-        for &j in &self.order[pos..] {
+        let len = self.order.len() - pos;
+        let mut sums = vec![0.0; len * k];
+        for (x, &j) in self.order[pos..].iter().enumerate() {
             let mut total = 0.0;
-            sums.push(total);
             let mut found = 1;
-            for &(d, i) in &self.neighbours[j] {
+            for &(d, at) in &self.neighbours[j] {
                 if found >= k {
                     break;
                 }
-                if self.rank[i] >= pos {
+                if at >= pos {
                     total += d;
-                    sums.push(total);
+                    sums[found * len + x] = total;
                     found += 1;
                 }
             }
             // Fewer than k − 1 open partners: the sum stops growing.
-            for _ in found..k {
-                sums.push(total);
+            for m in found..k {
+                sums[m * len + x] = total;
             }
         }
         self.partners[pos] = sums;
@@ -357,14 +369,17 @@ impl Search<'_> {
             return f64::NEG_INFINITY;
         }
         let w = self.p.pair_weight;
-        let k = self.p.k;
         self.partner_sums(pos);
+        let len = self.order.len() - pos;
+        let partners = &self.partners[pos][(r - 1) * len..r * len];
         self.scratch.clear();
-        for (x, &j) in self.order[pos..].iter().enumerate() {
-            let partners = self.partners[pos][x * k + r - 1];
-            self.scratch
-                .push(self.p.linear[j] + w * self.to_chosen[j] + 0.5 * w * partners);
-        }
+        self.scratch.extend(
+            self.linear[pos..]
+                .iter()
+                .zip(&self.to_chosen[pos..])
+                .zip(partners)
+                .map(|((&c, &t), &s)| c + w * t + 0.5 * w * s),
+        );
         self.scratch
             .select_nth_unstable_by(r - 1, |a, b| b.total_cmp(a));
         value + self.scratch[..r].iter().sum::<f64>()
@@ -389,15 +404,24 @@ impl Search<'_> {
         self.nodes += 1;
         self.work += self.order.len() - pos;
         let j = self.order[pos];
+        let n = self.order.len();
         // Include j first: good sets are found early.
-        let gain = self.p.linear[j] + self.p.pair_weight * self.to_chosen[j];
+        let gain = self.linear[pos] + self.p.pair_weight * self.to_chosen[pos];
         self.chosen.push(j);
-        for (i, t) in self.to_chosen.iter_mut().enumerate() {
-            *t += self.p.dist[i][j];
+        for (t, d) in self
+            .to_chosen
+            .iter_mut()
+            .zip(&self.columns[j * n..(j + 1) * n])
+        {
+            *t += d;
         }
         self.dfs(pos + 1, value + gain);
-        for (i, t) in self.to_chosen.iter_mut().enumerate() {
-            *t -= self.p.dist[i][j];
+        for (t, d) in self
+            .to_chosen
+            .iter_mut()
+            .zip(&self.columns[j * n..(j + 1) * n])
+        {
+            *t -= d;
         }
         self.chosen.pop();
         self.dfs(pos + 1, value);
@@ -441,21 +465,32 @@ pub fn solve(p: &Problem<'_>, limits: Limits) -> Solution {
     for (pos, &i) in order.iter().enumerate() {
         rank[i] = pos;
     }
+    // Rows in parallel: each is sorted on its own, the same whatever the thread count.
     let neighbours = (0..n)
+        .into_par_iter()
         .map(|j| {
             let mut row: Vec<(f64, usize)> = (0..n)
                 .filter(|&i| i != j)
                 .map(|i| (p.dist[j][i], i))
                 .collect();
             row.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            row.iter_mut().for_each(|(_, i)| *i = rank[*i]);
             row
         })
         .collect();
+    let linear = order.iter().map(|&i| p.linear[i]).collect();
+    let mut columns = vec![0.0; n * n];
+    for (x, &i) in order.iter().enumerate() {
+        for (j, &d) in p.dist[i].iter().enumerate() {
+            columns[j * n + x] = d;
+        }
+    }
     let mut s = Search {
         p,
         neighbours,
         order,
-        rank,
+        linear,
+        columns,
         best: value,
         best_set: heuristic,
         nodes: 0,
@@ -766,5 +801,96 @@ mod tests {
             started.elapsed().as_secs_f64() * 1e3
         );
         assert!(s.proven || gap < 0.01, "gap {gap}");
+    }
+    /// The branch-and-bound's layout (positions, contiguous rows) leaves every sum as it
+    /// was: on instances where the node and the work budget bind, the answer, the bound
+    /// and the nodes visited are the ones recorded before it (commit 7db5836), bit for bit.
+    #[test]
+    fn budgeted_searches_are_the_recorded_ones() {
+        type Record = (u64, usize, usize, f64, [usize; 10], usize, u64, u64, bool);
+        let recorded: [Record; 5] = [
+            (
+                3,
+                150,
+                usize::MAX,
+                0.05,
+                [5, 27, 44, 67, 75, 89, 121, 129, 136, 143],
+                756,
+                0x3fe1339642076905,
+                0x3fe1339642076905,
+                true,
+            ),
+            (
+                5,
+                400,
+                2_000_000,
+                0.05,
+                [0, 34, 62, 88, 118, 132, 133, 149, 182, 394],
+                2368,
+                0x3ff06808dd56dac4,
+                0x3ff06808dd56dac4,
+                true,
+            ),
+            (
+                8,
+                1000,
+                3_000_000,
+                0.05,
+                [34, 69, 311, 332, 486, 551, 663, 710, 902, 984],
+                3054,
+                0x3ff677f4347eb9b6,
+                0x4001035c4dc71760,
+                false,
+            ),
+            (
+                9,
+                120,
+                usize::MAX,
+                1.0,
+                [16, 19, 29, 35, 42, 47, 55, 61, 91, 119],
+                20_000,
+                0x403d31fb67229d50,
+                0x404512626e12082e,
+                false,
+            ),
+            (
+                10,
+                600,
+                4_000_000,
+                0.5,
+                [34, 57, 107, 138, 160, 332, 397, 451, 514, 573],
+                7147,
+                0x402f9a9c1e2adb84,
+                0x4036177a03af954e,
+                false,
+            ),
+        ];
+        for (seed, n, work_budget, pair_weight, chosen, nodes, value, bound, proven) in recorded {
+            let (d, c) = random_instance(n, seed);
+            let p = Problem {
+                dist: &d,
+                pair_weight,
+                linear: &c,
+                k: 10,
+            };
+            let s = solve(
+                &p,
+                Limits {
+                    work_budget,
+                    ..limits(20_000, 2, 0)
+                },
+            );
+            assert_eq!(
+                (
+                    s.chosen,
+                    s.nodes,
+                    s.value.to_bits(),
+                    s.upper_bound.to_bits(),
+                    s.proven
+                ),
+                (chosen.to_vec(), nodes, value, bound, proven),
+                "seed {seed}, n = {n}"
+            );
+        }
     }
 }

@@ -1,0 +1,390 @@
+//! DivFL's pairwise gradient distances, ‖g_i − g_j‖ = √(‖g_i‖² + ‖g_j‖² − 2 g_i·g_j),
+//! with every dot product the plain sequential f64 sum over the parameters in order, so
+//! that the selections stay bit for bit the ones of the one-at-a-time loop.
+//!
+//! A blocked matrix product would reorder the sums; this one keeps each sum's order and
+//! blocks the rest. The gradients are cut into panels of [`PANEL`] clients and the
+//! parameters into blocks of [`DEPTH`]; per block the gradients are widened to f64 and
+//! interleaved (panel p, parameter t, lane l at (p·depth + t)·PANEL + l), and each tile of
+//! one row panel against up to [`GROUP`] column panels carries its PANEL × GROUP·PANEL
+//! running sums in registers through the block, then back to memory for the next block:
+//! each sum still adds its products in parameter order, but the gradients are read from
+//! cache, not memory, and 24 (AVX-512) or 12 (AVX2) independent chains of additions keep
+//! the core's vector units busy. A product of two widened f32 is exact in f64 (24 + 24
+//! significant bits), so a fused multiply-add rounds once where mul-then-add rounds once:
+//! the same bits. Tiles of the same row panel share their running sums' memory; row
+//! panels run in parallel, each tile's sums in a fixed order whatever the thread count.
+
+use rayon::prelude::*;
+
+/// Clients per panel: one AVX-512 vector of f64.
+const PANEL: usize = 8;
+/// Column panels per tile: 8 × 3 accumulator vectors fill 24 of AVX-512's 32 registers.
+const GROUP: usize = 3;
+/// Parameters per block: a block of 1,000 clients' gradients is 1 MB, within L2.
+const DEPTH: usize = 128;
+/// Running sums of one row panel against one column panel.
+const BLOCK: usize = PANEL * PANEL;
+
+/// The tile kernel a CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kernel {
+    /// Any CPU: plain loops the compiler vectorises for the baseline target.
+    Portable,
+    /// x86-64 with AVX2 and FMA.
+    Avx2,
+    /// x86-64 with AVX-512F.
+    Avx512,
+}
+
+impl Kernel {
+    /// The widest kernel this CPU runs (checked at run time: the binary is built for
+    /// baseline x86-64, and `is_x86_feature_detected!` caches its answer).
+    pub(super) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                return Self::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Self::Avx2;
+            }
+        }
+        Self::Portable
+    }
+
+    /// Every kernel this CPU runs.
+    #[cfg(test)]
+    pub(super) fn available() -> Vec<Self> {
+        [Self::Portable, Self::Avx2, Self::Avx512]
+            .into_iter()
+            .filter(|k| match (k, Self::detect()) {
+                (Self::Portable, _) => true,
+                (Self::Avx2, d) => d != Self::Portable,
+                (Self::Avx512, d) => d == Self::Avx512,
+            })
+            .collect()
+    }
+}
+
+/// Pairwise Euclidean distances of gradient vectors (all of one length).
+pub fn gradient_distances(g: &[&[f32]]) -> Vec<Vec<f64>> {
+    distances_with(g, Kernel::detect())
+}
+
+/// [`gradient_distances`] with the given kernel.
+pub(super) fn distances_with(g: &[&[f32]], kernel: Kernel) -> Vec<Vec<f64>> {
+    let n = g.len();
+    let params = g.first().map_or(0, |v| v.len());
+    assert!(
+        g.iter().all(|v| v.len() == params),
+        "DivFL gradients of one length"
+    );
+    let panels = n.div_ceil(PANEL);
+    // dots[p]: row panel p against column panels p.., BLOCK sums each, entry
+    // (q − p)·BLOCK + r·PANEL + l the dot of clients p·PANEL + r and q·PANEL + l. The sums
+    // start at −0.0 as `Iterator::sum` does.
+    let mut dots: Vec<Vec<f64>> = (0..panels)
+        .map(|p| vec![-0.0; (panels - p) * BLOCK])
+        .collect();
+    let mut packed = vec![0.0; panels * DEPTH * PANEL];
+    for start in (0..params).step_by(DEPTH) {
+        let depth = DEPTH.min(params - start);
+        let stride = depth * PANEL;
+        let packed = &mut packed[..panels * stride];
+        packed
+            .par_chunks_mut(stride)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for l in 0..PANEL {
+                    // Lanes past the last client are left as they are: their sums are never read.
+                    if let Some(v) = g.get(p * PANEL + l) {
+                        for (t, &x) in v[start..start + depth].iter().enumerate() {
+                            panel[t * PANEL + l] = f64::from(x);
+                        }
+                    }
+                }
+            });
+        let packed = &*packed;
+        dots.par_iter_mut().enumerate().for_each(|(p, sums)| {
+            let rows = &packed[p * stride..(p + 1) * stride];
+            for q in (p..panels).step_by(GROUP) {
+                let width = GROUP.min(panels - q);
+                let tile = &mut sums[(q - p) * BLOCK..(q - p + width) * BLOCK];
+                let cols = &packed[q * stride..(q + width) * stride];
+                accumulate(kernel, tile, rows, cols, depth);
+            }
+        });
+    }
+    let dot = |i: usize, j: usize| {
+        dots[i / PANEL][(j / PANEL - i / PANEL) * BLOCK + i % PANEL * PANEL + j % PANEL]
+    };
+    let sq: Vec<f64> = (0..n).map(|i| dot(i, i)).collect();
+    let mut dist = vec![vec![0.0; n]; n];
+    for i in 0..n {
+        for j in i + 1..n {
+            let d = (sq[i] + sq[j] - 2.0 * dot(i, j)).max(0.0).sqrt();
+            dist[i][j] = d;
+            dist[j][i] = d;
+        }
+    }
+    dist
+}
+
+/// Adds, for every parameter of the block in order, row r's value times column c's to
+/// `tile[c / PANEL · BLOCK + r · PANEL + c % PANEL]`: `rows` is one packed panel, `cols`
+/// `tile.len() / BLOCK` consecutive ones, `depth` parameters each.
+fn accumulate(kernel: Kernel, tile: &mut [f64], rows: &[f64], cols: &[f64], depth: usize) {
+    let width = tile.len() / BLOCK;
+    assert!(
+        (1..=GROUP).contains(&width)
+            && tile.len() == width * BLOCK
+            && rows.len() == depth * PANEL
+            && cols.len() == width * depth * PANEL,
+        "a tile of whole panels"
+    );
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => {
+            // SAFETY: `Avx512` is only chosen where the CPU has AVX-512F, and the lengths
+            // were checked above.
+            unsafe {
+                match width {
+                    1 => avx512::<1>(tile.as_mut_ptr(), rows.as_ptr(), cols.as_ptr(), depth),
+                    2 => avx512::<2>(tile.as_mut_ptr(), rows.as_ptr(), cols.as_ptr(), depth),
+                    _ => avx512::<3>(tile.as_mut_ptr(), rows.as_ptr(), cols.as_ptr(), depth),
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => {
+            // SAFETY: `Avx2` is only chosen where the CPU has AVX2 and FMA, and the
+            // lengths were checked above.
+            unsafe {
+                match width {
+                    1 => avx2::<1>(tile.as_mut_ptr(), rows.as_ptr(), cols.as_ptr(), depth),
+                    2 => avx2::<2>(tile.as_mut_ptr(), rows.as_ptr(), cols.as_ptr(), depth),
+                    _ => avx2::<3>(tile.as_mut_ptr(), rows.as_ptr(), cols.as_ptr(), depth),
+                }
+            }
+        }
+        _ => portable(tile, rows, cols, depth),
+    }
+}
+
+/// One row at a time against the tile's column panels side by side.
+fn portable(tile: &mut [f64], rows: &[f64], cols: &[f64], depth: usize) {
+    let width = tile.len() / BLOCK;
+    let stride = depth * PANEL;
+    for r in 0..PANEL {
+        let mut acc = [[0.0; PANEL]; GROUP];
+        for (c, a) in acc.iter_mut().enumerate().take(width) {
+            a.copy_from_slice(&tile[c * BLOCK + r * PANEL..c * BLOCK + (r + 1) * PANEL]);
+        }
+        for t in 0..depth {
+            let x = rows[t * PANEL + r];
+            for (c, a) in acc.iter_mut().enumerate().take(width) {
+                let col = &cols[c * stride + t * PANEL..c * stride + (t + 1) * PANEL];
+                for (s, &y) in a.iter_mut().zip(col) {
+                    *s += x * y;
+                }
+            }
+        }
+        for (c, a) in acc.iter().enumerate().take(width) {
+            tile[c * BLOCK + r * PANEL..c * BLOCK + (r + 1) * PANEL].copy_from_slice(a);
+        }
+    }
+}
+
+/// The AVX-512 tile: per parameter, `W` column vectors and one broadcast per row feed
+/// 8·W fused multiply-adds into accumulators that stay in registers for the whole block.
+///
+/// # Safety
+/// The CPU has AVX-512F; `tile` points to `W·BLOCK` writable entries, `rows` to
+/// `depth·PANEL` readable ones and `cols` to `W·depth·PANEL`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512<const W: usize>(tile: *mut f64, rows: *const f64, cols: *const f64, depth: usize) {
+    use std::arch::x86_64::{_mm512_fmadd_pd, _mm512_loadu_pd, _mm512_set1_pd, _mm512_storeu_pd};
+    let stride = depth * PANEL;
+    // SAFETY: every pointer stays inside the ranges the caller vouches for.
+    unsafe {
+        let mut acc = [[_mm512_set1_pd(0.0); W]; PANEL];
+        for (r, a) in acc.iter_mut().enumerate() {
+            for (c, v) in a.iter_mut().enumerate() {
+                *v = _mm512_loadu_pd(tile.add(c * BLOCK + r * PANEL));
+            }
+        }
+        for t in 0..depth {
+            let mut y = [_mm512_set1_pd(0.0); W];
+            for (c, v) in y.iter_mut().enumerate() {
+                *v = _mm512_loadu_pd(cols.add(c * stride + t * PANEL));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_pd(*rows.add(t * PANEL + r));
+                for (v, &y) in a.iter_mut().zip(&y) {
+                    *v = _mm512_fmadd_pd(x, y, *v);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (c, &v) in a.iter().enumerate() {
+                _mm512_storeu_pd(tile.add(c * BLOCK + r * PANEL), v);
+            }
+        }
+    }
+}
+
+/// The AVX2 tile: two rows at a time against `W` column panels (two vectors each), 4·W
+/// accumulators in registers for the whole block.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `tile` points to `W·BLOCK` writable entries, `rows` to
+/// `depth·PANEL` readable ones and `cols` to `W·depth·PANEL`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2<const W: usize>(tile: *mut f64, rows: *const f64, cols: *const f64, depth: usize) {
+    use std::arch::x86_64::{
+        __m256d, _mm256_broadcast_sd, _mm256_fmadd_pd, _mm256_loadu_pd, _mm256_setzero_pd,
+        _mm256_storeu_pd,
+    };
+    const ROWS: usize = 2;
+    let stride = depth * PANEL;
+    // SAFETY: every pointer stays inside the ranges the caller vouches for.
+    unsafe {
+        for r0 in (0..PANEL).step_by(ROWS) {
+            let mut acc = [[[_mm256_setzero_pd(); 2]; W]; ROWS];
+            for (r, a) in acc.iter_mut().enumerate() {
+                for (c, v) in a.iter_mut().enumerate() {
+                    let at = tile.add(c * BLOCK + (r0 + r) * PANEL);
+                    *v = [_mm256_loadu_pd(at), _mm256_loadu_pd(at.add(4))];
+                }
+            }
+            for t in 0..depth {
+                let mut y: [[__m256d; 2]; W] = [[_mm256_setzero_pd(); 2]; W];
+                for (c, v) in y.iter_mut().enumerate() {
+                    let at = cols.add(c * stride + t * PANEL);
+                    *v = [_mm256_loadu_pd(at), _mm256_loadu_pd(at.add(4))];
+                }
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let x = _mm256_broadcast_sd(&*rows.add(t * PANEL + r0 + r));
+                    for (v, y) in a.iter_mut().zip(&y) {
+                        v[0] = _mm256_fmadd_pd(x, y[0], v[0]);
+                        v[1] = _mm256_fmadd_pd(x, y[1], v[1]);
+                    }
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                for (c, v) in a.iter().enumerate() {
+                    let at = tile.add(c * BLOCK + (r0 + r) * PANEL);
+                    _mm256_storeu_pd(at, v[0]);
+                    _mm256_storeu_pd(at.add(4), v[1]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{Purpose, stream};
+    use rand::Rng as _;
+
+    /// The straightforward distances: each dot product and squared norm summed one
+    /// product at a time, in parameter order, as DivFL computed them before the tiles.
+    fn reference(g: &[Vec<f32>]) -> Vec<Vec<f64>> {
+        let sq: Vec<f64> = g
+            .iter()
+            .map(|v| v.iter().map(|x| f64::from(*x).powi(2)).sum())
+            .collect();
+        (0..g.len())
+            .map(|i| {
+                (0..g.len())
+                    .map(|j| {
+                        if i == j {
+                            return 0.0;
+                        }
+                        let dot: f64 = g[i]
+                            .iter()
+                            .zip(&g[j])
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum();
+                        (sq[i] + sq[j] - 2.0 * dot).max(0.0).sqrt()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Gradients with values of very different scales, so that a reordered sum would
+    /// round differently, and some exact zeros of both signs and f32 subnormals.
+    fn gradients(n: usize, params: usize, seed: u64) -> Vec<Vec<f32>> {
+        let mut rng = stream(seed, Purpose::Strategy, 0, 0);
+        (0..n)
+            .map(|_| {
+                (0..params)
+                    .map(|_| match rng.random_range(0..20) {
+                        0 => 0.0,
+                        1 => -0.0,
+                        2 => f32::MIN_POSITIVE / 3.0,
+                        _ => rng.random_range(-1.0f32..1.0) * 10f32.powi(rng.random_range(-6..6)),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn assert_same_bits(got: &[Vec<f64>], want: &[Vec<f64>], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            for (j, (x, y)) in a.iter().zip(b).enumerate() {
+                assert_eq!(x.to_bits(), y.to_bits(), "{what}: ({i}, {j}) {x} vs {y}");
+            }
+        }
+    }
+
+    /// Every kernel this CPU runs gives the one-at-a-time sums bit for bit: for client
+    /// counts with every remainder modulo the panel and the group (partial panels, tiles
+    /// of one, two and three panels), and parameter counts below, at and across the
+    /// block depth.
+    #[test]
+    fn every_kernel_equals_the_sequential_sums_bit_for_bit() {
+        let kernels = Kernel::available();
+        assert!(kernels.contains(&Kernel::Portable));
+        for (seed, n) in [0usize, 1, 2, 7, 8, 9, 16, 17, 23, 24, 25, 41]
+            .into_iter()
+            .enumerate()
+        {
+            for params in [0, 1, 37, DEPTH, 2 * DEPTH + 45] {
+                let g = gradients(n, params, seed as u64);
+                let refs: Vec<&[f32]> = g.iter().map(Vec::as_slice).collect();
+                let want = reference(&g);
+                for &kernel in &kernels {
+                    assert_same_bits(
+                        &distances_with(&refs, kernel),
+                        &want,
+                        &format!("{kernel:?}, n = {n}, {params} parameters"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// One thread or several, the same bits: each sum's order is fixed by its tile.
+    #[test]
+    fn the_thread_count_does_not_change_a_bit() {
+        let g = gradients(70, 300, 5);
+        let refs: Vec<&[f32]> = g.iter().map(Vec::as_slice).collect();
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a thread pool")
+                .install(|| gradient_distances(&refs))
+        };
+        let one = run(1);
+        assert_same_bits(&one, &reference(&g), "one thread");
+        assert_same_bits(&run(3), &one, "three threads");
+    }
+}
