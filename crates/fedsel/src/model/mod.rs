@@ -202,6 +202,16 @@ pub trait Architecture: Send + Sync {
     fn fused_logits(&self) -> Option<&dyn FusedLogits> {
         None
     }
+
+    /// A forward pass without burn for evaluation whose logits are bit-identical to
+    /// [`Architecture::forward`]'s without dropout (the same `gemm` calls on the same
+    /// shapes, the same elementwise operations), where the architecture has one. Unlike
+    /// [`Architecture::fused_logits`], evaluation still reduces them with burn's loss,
+    /// so taking this path changes no result; it saves burn's forward pass and the copy
+    /// of the parameters into tensors.
+    fn exact_logits(&self) -> Option<&dyn FusedLogits> {
+        None
+    }
 }
 
 /// Logits without burn, for evaluation.
@@ -404,8 +414,7 @@ pub fn build(cfg: &ModelConfig, data: &Dataset) -> Result<Box<dyn Architecture>,
 /// Gathers examples `idx` of `data` into a batch on `device`.
 pub fn batch(data: &Dataset, idx: &[usize], device: &Device) -> (Batch, Tensor<1, Int>) {
     let b = idx.len();
-    let labels: Vec<i32> = idx.iter().map(|&i| data.labels[i] as i32).collect();
-    let y = Tensor::<1, Int>::from_data(TensorData::new(labels, [b]), device);
+    let y = labels(data, idx, device);
     let x = match &data.inputs {
         Inputs::Dense { values, .. } => {
             let row = data.inputs.row_len();
@@ -430,6 +439,12 @@ pub fn batch(data: &Dataset, idx: &[usize], device: &Device) -> (Batch, Tensor<1
         }
     };
     (x, y)
+}
+
+/// The labels of examples `idx` of `data` on `device`, as [`batch`] gives them.
+pub fn labels(data: &Dataset, idx: &[usize], device: &Device) -> Tensor<1, Int> {
+    let labels: Vec<i32> = idx.iter().map(|&i| data.labels[i] as i32).collect();
+    Tensor::<1, Int>::from_data(TensorData::new(labels, [idx.len()]), device)
 }
 
 /// Mean cross-entropy of `logits` against `labels`.
@@ -473,19 +488,25 @@ pub fn loss_and_correct_of(logits: &[f32], labels: &[i64]) -> (f64, usize) {
     let classes = logits.len() / labels.len();
     for (row, &y) in logits.chunks_exact(classes).zip(labels) {
         let y = usize::try_from(y).expect("labels are class indices");
-        let (mut best, mut arg) = (row[0], 0);
-        for (j, &z) in row.iter().enumerate().skip(1) {
-            if !best.is_nan() && (z.is_nan() || z > best) {
-                best = z;
-                arg = j;
-            }
-        }
-        correct += usize::from(arg == y);
+        correct += usize::from(argmax(row) == y);
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let sum: f32 = row.iter().map(|z| (z - max).exp()).sum();
         loss += f64::from(max + sum.ln() - row[y]);
     }
     (loss, correct)
+}
+
+/// The index of the first largest entry of `row`, or of its first NaN, as burn's
+/// `argmax` picks the prediction.
+pub(crate) fn argmax(row: &[f32]) -> usize {
+    let (mut best, mut arg) = (row[0], 0);
+    for (j, &z) in row.iter().enumerate().skip(1) {
+        if !best.is_nan() && (z.is_nan() || z > best) {
+            best = z;
+            arg = j;
+        }
+    }
+    arg
 }
 
 pub(crate) fn dense(x: Batch) -> Tensor<2> {
