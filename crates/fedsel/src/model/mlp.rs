@@ -121,6 +121,40 @@ fn matmul(out: &mut [f32], a: View<'_>, b: View<'_>) {
     gemm_into(out, b.cols, a, b, false);
 }
 
+/// `out = a·b` for the two products that carry nearly all of a training step's work
+/// (`x·W₁` and `xᵀ·δa₁`), cut into pieces that a thread with nothing left to do can take
+/// (rayon runs them in place otherwise): the round's 5 clients on 2 cores leave one core
+/// idle while the other trains the fifth, a sixth of the training phase.
+///
+/// The pieces are fixed by the shape, so the bits do not depend on the thread count,
+/// and each piece's `gemm` call sums over k in the same blocks as the whole product's:
+/// up to k = 512 in one block either way ([`super::matmul::matmul`]'s pieces, none of
+/// them a tiny product with its own kernel), and beyond in blocks that depend on whether
+/// both sides of the product are at most 64, so the rows are halved only where both
+/// halves stay on the whole's side of that rule (pinned by a test).
+fn matmul_shared(out: &mut [f32], a: View<'_>, b: View<'_>) {
+    assert_eq!(out.len(), a.rows * b.cols, "output size");
+    let (m, k) = (a.rows, a.cols);
+    if k <= 512 {
+        super::matmul::matmul(out, a, b, false);
+        return;
+    }
+    let h = m / 2;
+    let same_side = if m <= 64 { h >= 8 } else { h > 64 };
+    if !same_side {
+        matmul(out, a, b);
+        return;
+    }
+    let (top, bottom) = out.split_at_mut(h * b.cols);
+    let upper = View { rows: h, ..a };
+    let lower = View {
+        data: &a.data[h * a.rs..],
+        rows: m - h,
+        ..a
+    };
+    rayon::join(|| matmul(top, upper, b), || matmul(bottom, lower, b));
+}
+
 /// `Σ_r m[r, ·]` of row-major `m`, row by row in order.
 fn column_sums(out: &mut [f32], m: &[f32]) {
     out.fill(0.0);
@@ -202,7 +236,7 @@ impl Mlp {
         let (m1, m2) = masks.unzip();
 
         let mut a1 = vec![0.0; b * H1];
-        matmul(&mut a1, View::new(x, b, n), View::new(p(0), n, H1));
+        matmul_shared(&mut a1, View::new(x, b, n), View::new(p(0), n, H1));
         let r1 = bias_dropout_relu(&mut a1, p(1), m1);
         let mut a2 = vec![0.0; b * H2];
         matmul(&mut a2, View::new(&r1, b, H1), View::new(p(2), H1, H2));
@@ -239,7 +273,7 @@ impl Mlp {
         let mut d1 = vec![0.0; b * H1];
         matmul(&mut d1, View::new(&d2, b, H2), View::new(p(2), H1, H2).t());
         relu_dropout_back(&mut d1, &a1, m1);
-        matmul(g1, View::new(x, b, n).t(), View::new(&d1, b, H1));
+        matmul_shared(g1, View::new(x, b, n).t(), View::new(&d1, b, H1));
         column_sums(gb1, &d1);
         ((loss / b as f64) as f32, grad)
     }
@@ -389,6 +423,33 @@ mod tests {
             let got = exact.logits(&params, &crate::model::dense_rows(&data, &idx).0, b);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "batch {b}");
+        }
+    }
+
+    /// The shared products are the single `gemm` call's, bit for bit, for the first
+    /// layer's product and its weight gradient at batch sizes on both sides of every
+    /// rule `matmul_shared` follows.
+    #[test]
+    fn the_shared_products_are_the_whole_products_to_the_bit() {
+        let data = random_dataset(&[784], None, 700, 10);
+        let Inputs::Dense { values, .. } = &data.inputs else {
+            unreachable!()
+        };
+        let w: Vec<f32> = values[..784 * H1].iter().map(|v| v - 0.5).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for b in [1, 7, 15, 16, 17, 32, 63, 64, 65, 100, 129, 130, 200, 600] {
+            let x = &values[..b * 784];
+            let d: Vec<f32> = values[b * 784..b * 784 + b * H1].to_vec();
+            for (a, w) in [
+                (View::new(x, b, 784), View::new(&w, 784, H1)),
+                (View::new(x, b, 784).t(), View::new(&d, b, H1)),
+            ] {
+                let mut whole = vec![0.0; a.rows * w.cols];
+                matmul(&mut whole, a, w);
+                let mut shared = vec![1.0; a.rows * w.cols];
+                matmul_shared(&mut shared, a, w);
+                assert_eq!(bits(&shared), bits(&whole), "batch {b}, {} rows", a.rows);
+            }
         }
     }
 
