@@ -6,12 +6,13 @@
 //! comes from the client's own stream, so the result is the same whichever
 //! thread runs it.
 
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::seq::SliceRandom;
+use rayon::prelude::*;
 
 use crate::config::{LocalOptimizer, LocalWork, TrainConfig};
-use crate::data::Dataset;
-use crate::model::{self, Architecture, Dropout, LossGradient, ParamLayout};
+use crate::data::{Dataset, Inputs};
+use crate::model::{self, Architecture, Dropout, FusedLogits, LossGradient, ParamLayout};
 use crate::rng::Rng;
 use crate::select::GradientScope;
 
@@ -476,6 +477,109 @@ pub fn evaluate(
         .map(|chunk| model::batch(data, chunk, device))
         .collect();
     evaluate_batches(arch, params, &batches)
+}
+
+/// Evaluates the flat parameters `params` on examples `idx` of `data` in batches of
+/// `batch_size`, with the result of [`evaluate`] on `layout`'s tensors, to the bit. An
+/// architecture with [`Architecture::exact_logits`] computes each batch's logits on the
+/// host, the batches side by side, and burn reduces them to the batch's loss as in
+/// [`evaluate`]: no copy of the parameters into tensors and no burn forward pass.
+pub fn evaluate_flat(
+    arch: &dyn Architecture,
+    layout: &ParamLayout,
+    params: &[f32],
+    data: &Dataset,
+    idx: &[usize],
+    batch_size: usize,
+    device: &Device,
+) -> Evaluation {
+    let Some(exact) = host_logits(arch, data, device) else {
+        let p = layout.to_tensors(params, device);
+        return evaluate(arch, &p, data, idx, batch_size, device);
+    };
+    let batches: Vec<(f64, usize)> = idx
+        .par_chunks(batch_size)
+        .map(|chunk| {
+            let z = exact_batch(exact, params, data, chunk);
+            let classes = z.len() / chunk.len();
+            let z = Tensor::<2>::from_data(TensorData::new(z, [chunk.len(), classes]), device);
+            model::loss_and_correct(z, model::labels(data, chunk, device))
+        })
+        .collect();
+    // Summed in batch order, as `evaluate_batches` does.
+    let (mut loss, mut correct) = (0.0, 0);
+    for (l, c) in batches {
+        loss += l;
+        correct += c;
+    }
+    let n = idx.len().max(1) as f64;
+    Evaluation {
+        loss: loss / n,
+        accuracy: correct as f64 / n,
+        examples: idx.len(),
+    }
+}
+
+/// The fraction of examples `idx` of `data` that the flat `params` classify correctly:
+/// [`evaluate_flat`]'s accuracy, without its loss where the architecture has
+/// [`Architecture::exact_logits`] (the per-client accuracies of every evaluation round
+/// need no loss).
+pub fn accuracy_flat(
+    arch: &dyn Architecture,
+    layout: &ParamLayout,
+    params: &[f32],
+    data: &Dataset,
+    idx: &[usize],
+    batch_size: usize,
+    device: &Device,
+) -> f64 {
+    let Some(exact) = host_logits(arch, data, device) else {
+        return evaluate_flat(arch, layout, params, data, idx, batch_size, device).accuracy;
+    };
+    let correct: usize = idx
+        .par_chunks(batch_size)
+        .map(|chunk| {
+            let z = exact_batch(exact, params, data, chunk);
+            z.chunks_exact(z.len() / chunk.len())
+                .zip(chunk)
+                .filter(|&(row, &i)| model::argmax(row) == data.labels[i] as usize)
+                .count()
+        })
+        .sum();
+    correct as f64 / idx.len().max(1) as f64
+}
+
+/// Whether [`evaluate_flat`] evaluates `arch` on `data` on host slices, without
+/// tensors.
+pub fn evaluates_on_host(arch: &dyn Architecture, data: &Dataset, device: &Device) -> bool {
+    host_logits(arch, data, device).is_some()
+}
+
+/// The architecture's exact logits, where it has them, the device is the CPU (see
+/// [`on_host`]) and the inputs are rows of numbers.
+fn host_logits<'a>(
+    arch: &'a dyn Architecture,
+    data: &Dataset,
+    device: &Device,
+) -> Option<&'a dyn FusedLogits> {
+    arch.exact_logits()
+        .filter(|_| on_host(device) && matches!(data.inputs, Inputs::Dense { .. }))
+}
+
+/// The logits of the examples `chunk` (not empty) of the dense `data`, read in place
+/// where they are consecutive rows (a whole test set) and gathered otherwise.
+fn exact_batch(f: &dyn FusedLogits, params: &[f32], data: &Dataset, chunk: &[usize]) -> Vec<f32> {
+    let Inputs::Dense { values, .. } = &data.inputs else {
+        unreachable!("host_logits admits dense inputs only")
+    };
+    let row = data.inputs.row_len();
+    let first = chunk[0];
+    if chunk.iter().enumerate().all(|(j, &i)| i == first + j) {
+        let rows = &values[first * row..(first + chunk.len()) * row];
+        f.logits(params, rows, chunk.len())
+    } else {
+        f.logits(params, &model::dense_rows(data, chunk).0, chunk.len())
+    }
 }
 
 /// Evaluates parameters on batches already on the device (the server's test set is
@@ -960,6 +1064,35 @@ mod tests {
             if optimizer == LocalOptimizer::Adam {
                 assert!(relative_error(&a.v, &b.v) < 1e-4, "second moment");
             }
+        }
+    }
+
+    /// Evaluation through the MLP's exact logits gives burn's loss and accuracy to the
+    /// bit, on consecutive rows read in place and on gathered ones, with a last batch
+    /// short of the rest; the accuracy alone is the same.
+    #[test]
+    fn host_evaluation_is_burns_to_the_bit() {
+        use crate::model::mlp::Mlp;
+        let net = Mlp {
+            inputs: 784,
+            classes: 10,
+            dropout: 0.5,
+        };
+        let layout = ParamLayout::of(&net);
+        let data = crate::bench::random_dataset(&[784], None, 700, 10);
+        let device = Device::flex();
+        assert!(evaluates_on_host(&net, &data, &device));
+        let params = layout.init(3);
+        let p = layout.to_tensors(&params, &device);
+        let consecutive: Vec<usize> = (0..700).collect();
+        let gathered: Vec<usize> = (0..650).map(|i| (i * 11) % 700).collect();
+        for idx in [consecutive, gathered] {
+            let want = evaluate(&net, &p, &data, &idx, 300, &device);
+            let got = evaluate_flat(&net, &layout, &params, &data, &idx, 300, &device);
+            assert_eq!(got.loss.to_bits(), want.loss.to_bits());
+            assert_eq!((got.accuracy, got.examples), (want.accuracy, want.examples));
+            let acc = accuracy_flat(&net, &layout, &params, &data, &idx, 300, &device);
+            assert_eq!(acc, want.accuracy);
         }
     }
 

@@ -14,7 +14,9 @@ use crate::model::matmul::{View, gemm_into};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
 
-use super::{Architecture, Batch, Dropout, LossGradient, ParamLayout, ParamSpec, dense};
+use super::{
+    Architecture, Batch, Dropout, FusedLogits, LossGradient, ParamLayout, ParamSpec, dense,
+};
 use crate::data::{Dataset, Inputs};
 
 /// Two hidden layers of 64 and 30 units.
@@ -68,6 +70,46 @@ impl Architecture for Mlp {
     fn loss_gradient(&self) -> Option<&dyn LossGradient> {
         Some(self)
     }
+
+    fn exact_logits(&self) -> Option<&dyn FusedLogits> {
+        Some(self)
+    }
+}
+
+/// Burn's forward pass on plain slices, to the bit: each product is the `gemm` call
+/// burn-flex makes for it, on the same shapes and strides. burn lets `gemm` spread a
+/// product of 192³ multiply-adds or more over its threads, which splits the output and
+/// leaves each entry's sum over k in the same order; here every product runs on the
+/// calling thread, and evaluation runs batches side by side instead.
+impl FusedLogits for Mlp {
+    fn logits(&self, params: &[f32], x: &[f32], batch: usize) -> Vec<f32> {
+        let [w1, b1, w2, b2, w3, b3] = self.parts(params);
+        let (n, c) = (self.inputs, self.classes);
+        assert_eq!(x.len(), batch * n, "input size");
+        let mut h1 = vec![0.0; batch * H1];
+        matmul(&mut h1, View::new(x, batch, n), View::new(w1, n, H1));
+        bias_relu(&mut h1, b1);
+        let mut h2 = vec![0.0; batch * H2];
+        matmul(&mut h2, View::new(&h1, batch, H1), View::new(w2, H1, H2));
+        bias_relu(&mut h2, b2);
+        let mut z = vec![0.0; batch * c];
+        matmul(&mut z, View::new(&h2, batch, H2), View::new(w3, H2, c));
+        for row in z.chunks_exact_mut(c) {
+            row.iter_mut().zip(b3).for_each(|(v, b)| *v += b);
+        }
+        z
+    }
+}
+
+/// `a = relu(a + bias)` row by row, with burn-flex's ReLU: NaN passes, and everything
+/// else not above zero becomes +0.
+fn bias_relu(a: &mut [f32], bias: &[f32]) {
+    for row in a.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            let z = *v + b;
+            *v = if z.is_nan() || z > 0.0 { z } else { 0.0 };
+        }
+    }
 }
 
 /// `out = a·b`, `out` row-major `a.rows × b.cols`.
@@ -77,6 +119,40 @@ impl Architecture for Mlp {
 fn matmul(out: &mut [f32], a: View<'_>, b: View<'_>) {
     assert_eq!(out.len(), a.rows * b.cols, "output size");
     gemm_into(out, b.cols, a, b, false);
+}
+
+/// `out = a·b` for the two products that carry nearly all of a training step's work
+/// (`x·W₁` and `xᵀ·δa₁`), cut into pieces that a thread with nothing left to do can take
+/// (rayon runs them in place otherwise): the round's 5 clients on 2 cores leave one core
+/// idle while the other trains the fifth, a sixth of the training phase.
+///
+/// The pieces are fixed by the shape, so the bits do not depend on the thread count,
+/// and each piece's `gemm` call sums over k in the same blocks as the whole product's:
+/// up to k = 512 in one block either way ([`super::matmul::matmul`]'s pieces, none of
+/// them a tiny product with its own kernel), and beyond in blocks that depend on whether
+/// both sides of the product are at most 64, so the rows are halved only where both
+/// halves stay on the whole's side of that rule (pinned by a test).
+fn matmul_shared(out: &mut [f32], a: View<'_>, b: View<'_>) {
+    assert_eq!(out.len(), a.rows * b.cols, "output size");
+    let (m, k) = (a.rows, a.cols);
+    if k <= 512 {
+        super::matmul::matmul(out, a, b, false);
+        return;
+    }
+    let h = m / 2;
+    let same_side = if m <= 64 { h >= 8 } else { h > 64 };
+    if !same_side {
+        matmul(out, a, b);
+        return;
+    }
+    let (top, bottom) = out.split_at_mut(h * b.cols);
+    let upper = View { rows: h, ..a };
+    let lower = View {
+        data: &a.data[h * a.rs..],
+        rows: m - h,
+        ..a
+    };
+    rayon::join(|| matmul(top, upper, b), || matmul(bottom, lower, b));
 }
 
 /// `Σ_r m[r, ·]` of row-major `m`, row by row in order.
@@ -116,6 +192,19 @@ fn relu_dropout_back(d: &mut [f32], pre: &[f32], mask: Option<&[f32]>) {
 }
 
 impl Mlp {
+    /// The six parameter blocks of the flat `params`, in the order of [`Mlp::params`].
+    fn parts<'a>(&self, params: &'a [f32]) -> [&'a [f32]; 6] {
+        let (n, c) = (self.inputs, self.classes);
+        let sizes = [n * H1, H1, H1 * H2, H2, H2 * c, c];
+        assert_eq!(params.len(), sizes.iter().sum::<usize>(), "parameter count");
+        let mut rest = params;
+        sizes.map(|len| {
+            let (head, tail) = rest.split_at(len);
+            rest = tail;
+            head
+        })
+    }
+
     /// Mean cross-entropy of `labels` and its gradient in the layout of `params`, for
     /// the row-major `batch × inputs` matrix `x`, with the dropout multipliers of the
     /// two hidden layers when training.
@@ -147,7 +236,7 @@ impl Mlp {
         let (m1, m2) = masks.unzip();
 
         let mut a1 = vec![0.0; b * H1];
-        matmul(&mut a1, View::new(x, b, n), View::new(p(0), n, H1));
+        matmul_shared(&mut a1, View::new(x, b, n), View::new(p(0), n, H1));
         let r1 = bias_dropout_relu(&mut a1, p(1), m1);
         let mut a2 = vec![0.0; b * H2];
         matmul(&mut a2, View::new(&r1, b, H1), View::new(p(2), H1, H2));
@@ -184,7 +273,7 @@ impl Mlp {
         let mut d1 = vec![0.0; b * H1];
         matmul(&mut d1, View::new(&d2, b, H2), View::new(p(2), H1, H2).t());
         relu_dropout_back(&mut d1, &a1, m1);
-        matmul(g1, View::new(x, b, n).t(), View::new(&d1, b, H1));
+        matmul_shared(g1, View::new(x, b, n).t(), View::new(&d1, b, H1));
         column_sums(gb1, &d1);
         ((loss / b as f64) as f32, grad)
     }
@@ -305,6 +394,62 @@ mod tests {
             assert!(want[r.clone()].iter().any(|&g| g != 0.0), "{}", spec.name);
             let err = relative_error(&grad[r.clone()], &want[r]);
             assert!(err < 1e-4, "{}: relative error {err:e}", spec.name);
+        }
+    }
+
+    /// The exact logits are burn's forward pass to the bit, at batch sizes on both sides
+    /// of gemm's small-matrix path (64 rows) and of burn's threaded products (192³
+    /// multiply-adds, here from 141 rows on).
+    #[test]
+    fn the_exact_logits_are_burns_to_the_bit() {
+        let net = Mlp {
+            inputs: 784,
+            classes: 10,
+            dropout: 0.5,
+        };
+        let layout = ParamLayout::of(&net);
+        let params = layout.init(7);
+        let device = Device::flex();
+        let p = layout.to_tensors(&params, &device);
+        let data = random_dataset(&[784], None, 1000, 10);
+        let exact = net.exact_logits().unwrap();
+        for b in [1, 7, 64, 65, 120, 141, 1000] {
+            let idx: Vec<usize> = (0..b).map(|i| (i * 7) % 1000).collect();
+            let want: Vec<f32> = net
+                .forward(&p, batch(&data, &idx, &device).0, None)
+                .into_data()
+                .try_into_vec()
+                .unwrap();
+            let got = exact.logits(&params, &crate::model::dense_rows(&data, &idx).0, b);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "batch {b}");
+        }
+    }
+
+    /// The shared products are the single `gemm` call's, bit for bit, for the first
+    /// layer's product and its weight gradient at batch sizes on both sides of every
+    /// rule `matmul_shared` follows.
+    #[test]
+    fn the_shared_products_are_the_whole_products_to_the_bit() {
+        let data = random_dataset(&[784], None, 700, 10);
+        let Inputs::Dense { values, .. } = &data.inputs else {
+            unreachable!()
+        };
+        let w: Vec<f32> = values[..784 * H1].iter().map(|v| v - 0.5).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for b in [1, 7, 15, 16, 17, 32, 63, 64, 65, 100, 129, 130, 200, 600] {
+            let x = &values[..b * 784];
+            let d: Vec<f32> = values[b * 784..b * 784 + b * H1].to_vec();
+            for (a, w) in [
+                (View::new(x, b, 784), View::new(&w, 784, H1)),
+                (View::new(x, b, 784).t(), View::new(&d, b, H1)),
+            ] {
+                let mut whole = vec![0.0; a.rows * w.cols];
+                matmul(&mut whole, a, w);
+                let mut shared = vec![1.0; a.rows * w.cols];
+                matmul_shared(&mut shared, a, w);
+                assert_eq!(bits(&shared), bits(&whole), "batch {b}, {} rows", a.rows);
+            }
         }
     }
 
