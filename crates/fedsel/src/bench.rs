@@ -39,22 +39,11 @@ pub fn random_dataset(shape: &[usize], tokens: Option<usize>, n: usize, classes:
     }
 }
 
-/// Median time of one SGD step at `batch`, over `reps` timed runs of `steps` steps after a warm-up.
-pub fn step_time(
-    arch: &dyn Architecture,
-    data: &Dataset,
-    batch: usize,
-    steps: usize,
-    reps: usize,
-    device: &Device,
-) -> Duration {
-    step_times(&[arch], data, batch, steps, reps, device)[0]
-}
-
-/// [`step_time`], and the floating-point operations of one step, counted during the
-/// warm-up in the fused paths' matrix products (2·m·n·k each; the elementwise work
-/// around them is left out). Zero for an architecture trained through burn's ops,
-/// which are not counted.
+/// Median time of one SGD step at `batch`, over `reps` timed runs of `steps` steps after
+/// a warm-up, and the floating-point operations of one step, counted during the warm-up
+/// in the fused paths' matrix products (2·m·n·k each; the elementwise work around them
+/// is left out). Zero FLOPs for an architecture trained through burn's ops, which are
+/// not counted.
 pub fn step_time_and_flops(
     arch: &dyn Architecture,
     data: &Dataset,
@@ -66,7 +55,7 @@ pub fn step_time_and_flops(
     timed_steps(&[arch], data, batch, steps, reps, device)[0]
 }
 
-/// Median time of one SGD step of each architecture, as [`step_time`], with the
+/// Median time of one SGD step of each architecture, as [`step_time_and_flops`], with the
 /// architectures' runs alternating rep by rep: on a loaded machine the load then falls
 /// on all of them alike, and their ratio means something where separate runs' times
 /// would not.
