@@ -16,10 +16,17 @@ thread_local! {
     static FLOPS: Cell<u64> = const { Cell::new(0) };
 }
 
+/// Adds `n` floating-point operations to this thread's count, for products computed
+/// outside this module (the char-LSTM's packed-panel kernel).
+pub(crate) fn count_flops(n: usize) {
+    FLOPS.with(|f| f.set(f.get() + n as u64));
+}
+
 /// Floating-point operations of every product run so far (2·m·n·k each: a multiply
 /// and an add per term) on the calling thread and the threads of its rayon pool:
 /// `fedsel bench` divides a step's count by its time. Only products through this
-/// module count, not the elementwise work around them nor burn's own ops.
+/// module or reported by [`count_flops`] count, not the elementwise work around them
+/// nor burn's own ops.
 pub(crate) fn flops_counted() -> u64 {
     let pool: u64 = rayon::broadcast(|_| FLOPS.with(Cell::get))
         .into_iter()
@@ -130,7 +137,7 @@ pub(crate) unsafe fn gemm_raw(
     if m == 0 || n == 0 {
         return;
     }
-    FLOPS.with(|f| f.set(f.get() + 2 * (m * n * k) as u64));
+    count_flops(2 * m * n * k);
     // SAFETY: the caller's contract.
     unsafe {
         gemm(
