@@ -26,7 +26,9 @@
 //! single-threaded `gemm` call. Convolution weight gradients are summed over fixed
 //! chunks of [`CHUNK`] images (one task each, images in order) and the chunks' partial
 //! sums are added in chunk order. Dense products are split into blocks fixed by their
-//! shape. So no sum depends on the number of threads.
+//! shape. So no sum depends on the number of threads. Across CPU kinds the bits may
+//! differ: the loops here give the same bits on SSE2, AVX2 and AVX-512 ([`Isa`]), but
+//! `gemm` picks its kernels (and their blocking) by instruction set.
 
 use std::cell::RefCell;
 
@@ -37,7 +39,7 @@ use rayon::prelude::*;
 /// ReLU, pooling, bias sums) are compiled for, chosen once per call at run time.
 ///
 /// One binary serves every x86-64 CPU: the glue functions are compiled three times
-/// (baseline SSE2, AVX2+FMA, AVX-512) by [`dispatch!`] and the widest the CPU has runs.
+/// (baseline SSE2, AVX2+FMA, AVX-512) by `dispatch!` and the widest the CPU has runs.
 /// They are elementwise work, copies and sums each kept in its sequential order, so the
 /// bits are the same whichever version runs (only `gemm`'s own kernels, which pick
 /// their blocking by instruction set, may round differently on another CPU kind).

@@ -4,7 +4,9 @@
 //! Every product is cut into pieces fixed by its shape, each piece one single-threaded
 //! `gemm` call, and rayon only schedules the pieces: each output entry's sum over k runs
 //! in the same order whatever the number of threads, so the fused paths keep fedsel's
-//! bit-identical results across thread counts.
+//! bit-identical results across thread counts. Not across CPU kinds: `gemm` dispatches
+//! at run time to AVX-512 (its `x86-v4` feature), AVX2+FMA or scalar kernels, which
+//! block the sums differently.
 
 use std::cell::Cell;
 
