@@ -731,7 +731,7 @@ fn bench(
     clients: &[usize],
     strategies: &[String],
 ) -> Result<()> {
-    use fedsel::bench::{random_dataset, step_time};
+    use fedsel::bench::{random_dataset, step_time_and_flops};
     use fedsel::model::{
         cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
         lstm::CharLstm, mlp::Mlp,
@@ -741,6 +741,21 @@ fn bench(
     println!(
         "fedsel {} bench, flex backend, {threads} rayon threads",
         fedsel::VERSION
+    );
+    let kernels = fedsel::bench::kernels();
+    println!("kernels: glue {}, gemm {}", kernels.glue, kernels.gemm);
+    let peak = fedsel::bench::peak();
+    let peak_flops = peak.per_core * threads as f64;
+    println!(
+        "peak: {:.0} GFLOP/s = {:.1} GFLOP/s per core (measured: {}-lane f32 FMA chains, best of 5) x {threads} threads{}",
+        peak_flops / 1e9,
+        peak.per_core / 1e9,
+        peak.lanes,
+        match (peak.nominal_ghz, peak.fma_per_cycle()) {
+            (Some(ghz), Some(per_cycle)) =>
+                format!("; {per_cycle:.1} FMAs per cycle of the nominal {ghz:.2} GHz clock"),
+            _ => String::new(),
+        }
     );
     let cases: Vec<(
         &str,
@@ -813,9 +828,19 @@ fn bench(
         .filter(|c| only.is_none_or(|o| c.0.contains(o)))
         .collect();
     for (name, arch, data, batch) in &cases {
-        let t = step_time(arch.as_ref(), data, *batch, 5, 5, &device);
+        let (t, flops) = step_time_and_flops(arch.as_ref(), data, *batch, 5, 5, &device);
+        let rate = if flops == 0 {
+            "burn ops, FLOPs not counted".to_string()
+        } else {
+            let gflops = flops as f64 / t.as_secs_f64() / 1e9;
+            format!(
+                "{:.1} MFLOP in products, {gflops:.1} GFLOP/s, {:.0} % of peak",
+                flops as f64 / 1e6,
+                1e11 * gflops / peak_flops
+            )
+        };
         println!(
-            "step  {name:<18} batch {batch:>3}: {:>8.3} ms",
+            "step  {name:<18} batch {batch:>3}: {:>8.3} ms  ({rate})",
             t.as_secs_f64() * 1e3
         );
     }

@@ -39,19 +39,23 @@ pub fn random_dataset(shape: &[usize], tokens: Option<usize>, n: usize, classes:
     }
 }
 
-/// Median time of one SGD step at `batch`, over `reps` timed runs of `steps` steps after a warm-up.
-pub fn step_time(
+/// Median time of one SGD step at `batch`, over `reps` timed runs of `steps` steps after
+/// a warm-up, and the floating-point operations of one step, counted during the warm-up
+/// in the fused paths' matrix products (2·m·n·k each; the elementwise work around them
+/// is left out). Zero FLOPs for an architecture trained through burn's ops, which are
+/// not counted.
+pub fn step_time_and_flops(
     arch: &dyn Architecture,
     data: &Dataset,
     batch: usize,
     steps: usize,
     reps: usize,
     device: &Device,
-) -> Duration {
-    step_times(&[arch], data, batch, steps, reps, device)[0]
+) -> (Duration, u64) {
+    timed_steps(&[arch], data, batch, steps, reps, device)[0]
 }
 
-/// Median time of one SGD step of each architecture, as [`step_time`], with the
+/// Median time of one SGD step of each architecture, as [`step_time_and_flops`], with the
 /// architectures' runs alternating rep by rep: on a loaded machine the load then falls
 /// on all of them alike, and their ratio means something where separate runs' times
 /// would not.
@@ -63,6 +67,21 @@ pub fn step_times(
     reps: usize,
     device: &Device,
 ) -> Vec<Duration> {
+    timed_steps(archs, data, batch, steps, reps, device)
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect()
+}
+
+/// [`step_times`] with each architecture's FLOPs per step, as [`step_time_and_flops`].
+fn timed_steps(
+    archs: &[&dyn Architecture],
+    data: &Dataset,
+    batch: usize,
+    steps: usize,
+    reps: usize,
+    device: &Device,
+) -> Vec<(Duration, u64)> {
     let cfg = TrainConfig {
         work: LocalWork::Steps(steps),
         batch_size: batch,
@@ -85,9 +104,15 @@ pub fn step_times(
     let params: Vec<Vec<f32>> = layouts.iter().map(|l| l.init(0)).collect();
     let idx: Vec<usize> = (0..data.len()).collect();
     let mut rng = stream(0, Purpose::Training, 0, 0);
-    for (t, p) in trainers.iter().zip(&params) {
-        t.train(p, &idx, 0.01, &mut rng, None);
-    }
+    let flops: Vec<u64> = trainers
+        .iter()
+        .zip(&params)
+        .map(|(t, p)| {
+            let before = crate::model::matmul::flops_counted();
+            t.train(p, &idx, 0.01, &mut rng, None);
+            (crate::model::matmul::flops_counted() - before) / steps as u64
+        })
+        .collect();
     let mut times = vec![Vec::with_capacity(reps); archs.len()];
     for _ in 0..reps {
         for ((t, p), out) in trainers.iter().zip(&params).zip(&mut times) {
@@ -98,11 +123,147 @@ pub fn step_times(
     }
     times
         .into_iter()
-        .map(|mut t| {
+        .zip(flops)
+        .map(|(mut t, f)| {
             t.sort();
-            t[reps / 2]
+            (t[reps / 2], f)
         })
         .collect()
+}
+
+/// What the fused paths dispatch to on this CPU.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernels {
+    /// The instruction set the CNN glue loops (im2col, col2im, ReLU, pooling, sums) run.
+    pub glue: &'static str,
+    /// The `gemm` kernels the matrix products run.
+    pub gemm: &'static str,
+}
+
+/// The kernels chosen at run time on this CPU.
+pub fn kernels() -> Kernels {
+    Kernels {
+        glue: crate::model::cnn_fused::glue_isa().name(),
+        gemm: crate::model::matmul::gemm_isa(),
+    }
+}
+
+/// The CPU's arithmetic peak, measured: the widest fused multiply-add the CPU has, run
+/// as twelve independent chains (enough to fill two FMA ports of latency 4) on one
+/// thread, the best of several short runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Peak {
+    /// f32 lanes of the FMA measured (16 for AVX-512, 8 for AVX2, 4 for SSE2 mul+add).
+    pub lanes: usize,
+    /// Measured f32 FLOP/s of one core (an FMA counts as two).
+    pub per_core: f64,
+    /// The nominal clock in GHz from /proc/cpuinfo's first "cpu MHz", when there is one.
+    pub nominal_ghz: Option<f64>,
+}
+
+impl Peak {
+    /// FMAs per cycle per core at the nominal clock: the CPU's FMA ports if the core ran
+    /// at that clock (on a shared or boosting core, only an estimate).
+    pub fn fma_per_cycle(&self) -> Option<f64> {
+        self.nominal_ghz
+            .map(|ghz| self.per_core / (2.0 * self.lanes as f64 * ghz * 1e9))
+    }
+}
+
+/// Chains of FMAs of [`Peak`]'s measurement.
+const CHAINS: usize = 12;
+
+/// Runs `iters` rounds of [`CHAINS`] independent `a = a·b + c` on 16-lane vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn fma_chains_512(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+    let b = _mm512_set1_ps(std::hint::black_box(0.999_999));
+    let c = _mm512_set1_ps(std::hint::black_box(1e-7));
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm512_fmadd_ps(*a, b, c);
+        }
+    }
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+}
+
+/// As [`fma_chains_512`], on 8-lane vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn fma_chains_256(iters: u64) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_set1_ps(1.0); CHAINS];
+    let b = _mm256_set1_ps(std::hint::black_box(0.999_999));
+    let c = _mm256_set1_ps(std::hint::black_box(1e-7));
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm256_fmadd_ps(*a, b, c);
+        }
+    }
+    let mut out = [0.0f32; 8];
+    for a in acc {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 f32.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), a) };
+        for (o, l) in out.iter_mut().zip(lanes) {
+            *o += l;
+        }
+    }
+    out.iter().sum()
+}
+
+/// As [`fma_chains_512`], on 4-lane arrays of separate multiplies and adds, which the
+/// compiler keeps in SSE2 registers.
+fn mul_add_chains_128(iters: u64) -> f32 {
+    let mut acc = [[1.0f32; 4]; CHAINS];
+    let b = std::hint::black_box(0.999_999f32);
+    let c = std::hint::black_box(1e-7f32);
+    for _ in 0..iters {
+        for a in &mut acc {
+            for v in a.iter_mut() {
+                *v = *v * b + c;
+            }
+        }
+    }
+    acc.iter().flatten().sum()
+}
+
+/// Measures [`Peak`]: each of five runs of 2²⁰ rounds takes a few milliseconds.
+pub fn peak() -> Peak {
+    const ITERS: u64 = 1 << 20;
+    let kernel: (usize, fn(u64) -> f32) = match crate::model::cnn_fused::glue_isa() {
+        // SAFETY (both): glue_isa found AVX-512F, or AVX2 and FMA, on this CPU.
+        #[cfg(target_arch = "x86_64")]
+        crate::model::cnn_fused::Isa::Avx512 => (16, |n| unsafe { fma_chains_512(n) }),
+        #[cfg(target_arch = "x86_64")]
+        crate::model::cnn_fused::Isa::Avx2 => (8, |n| unsafe { fma_chains_256(n) }),
+        _ => (4, mul_add_chains_128),
+    };
+    let (lanes, run) = kernel;
+    let best = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            std::hint::black_box(run(std::hint::black_box(ITERS)));
+            started.elapsed()
+        })
+        .min()
+        .expect("five runs");
+    let flops = (ITERS as usize * CHAINS * lanes * 2) as f64;
+    Peak {
+        lanes,
+        per_core: flops / best.as_secs_f64(),
+        nominal_ghz: nominal_ghz(),
+    }
+}
+
+/// The first "cpu MHz" of /proc/cpuinfo, in GHz.
+fn nominal_ghz() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("cpu MHz"))?;
+    let mhz: f64 = line.split(':').nth(1)?.trim().parse().ok()?;
+    Some(mhz / 1e3)
 }
 
 /// Median time of evaluating all of `data` in batches of `batch` (already on the device,

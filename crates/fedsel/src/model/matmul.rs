@@ -4,10 +4,55 @@
 //! Every product is cut into pieces fixed by its shape, each piece one single-threaded
 //! `gemm` call, and rayon only schedules the pieces: each output entry's sum over k runs
 //! in the same order whatever the number of threads, so the fused paths keep fedsel's
-//! bit-identical results across thread counts.
+//! bit-identical results across thread counts. Not across CPU kinds: `gemm` dispatches
+//! at run time to AVX-512 (its `x86-v4` feature), AVX2+FMA or scalar kernels, which
+//! block the sums differently.
+
+use std::cell::Cell;
 
 use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
+
+thread_local! {
+    /// Floating-point operations of the products this thread has run (2·m·n·k each).
+    static FLOPS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Adds `n` floating-point operations to this thread's count, for products computed
+/// outside this module (the char-LSTM's packed-panel kernel).
+pub(crate) fn count_flops(n: usize) {
+    FLOPS.with(|f| f.set(f.get() + n as u64));
+}
+
+/// Floating-point operations of every product run so far (2·m·n·k each: a multiply
+/// and an add per term) on the calling thread and the threads of its rayon pool:
+/// `fedsel bench` divides a step's count by its time. Only products through this
+/// module or reported by [`count_flops`] count, not the elementwise work around them
+/// nor burn's own ops.
+pub(crate) fn flops_counted() -> u64 {
+    let pool: u64 = rayon::broadcast(|_| FLOPS.with(Cell::get))
+        .into_iter()
+        .sum();
+    match rayon::current_thread_index() {
+        Some(_) => pool,
+        None => pool + FLOPS.with(Cell::get),
+    }
+}
+
+/// The kernels `gemm` dispatches to on this CPU, by the test it makes itself
+/// (gemm-common's dispatch with the `x86-v4` feature: AVX-512F, else FMA, else scalar).
+pub(crate) fn gemm_isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return "x86-v4 (avx512f)";
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            return "x86-v3 (avx2+fma)";
+        }
+    }
+    "scalar"
+}
 
 /// Dense products below this many multiply-adds run as one call: a rayon split costs more.
 const SPLIT_WORK: usize = 1 << 18;
@@ -94,6 +139,7 @@ pub(crate) unsafe fn gemm_raw(
     if m == 0 || n == 0 {
         return;
     }
+    count_flops(2 * m * n * k);
     // SAFETY: the caller's contract.
     unsafe {
         gemm(

@@ -20,12 +20,12 @@
 
 pub mod cnn_cifar;
 pub mod cnn_fmnist;
-mod cnn_fused;
+pub(crate) mod cnn_fused;
 pub mod cnn_hics_code;
 mod fastmath;
 pub mod logreg;
 pub mod lstm;
-mod matmul;
+pub(crate) mod matmul;
 pub mod mlp;
 
 use std::ops::Range;

@@ -83,6 +83,8 @@ pub(super) fn accumulate(out: &mut [f32], a: &[f32], a_rs: usize, rows: usize, p
         return;
     }
     assert!((rows - 1) * a_rs + k <= a.len(), "rows inside their slice");
+    // For `fedsel bench`'s GFLOP/s (a last panel's padding columns included).
+    crate::model::matmul::count_flops(2 * rows * k * W);
     let fast = avx2();
     let mut r = 0;
     while r < rows {
