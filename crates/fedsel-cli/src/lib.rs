@@ -1018,7 +1018,9 @@ enum ResultsAction {
         /// The paper's table the cells are from.
         #[arg(long)]
         table: String,
-        /// rounds_to_target, time_to_target_s, final_acc, final_loss, best_acc or best_loss.
+        /// rounds_to_target, time_to_target_s, final_acc, final_loss, best_acc or best_loss;
+        /// or edge_f1, edge_precision, edge_recall or edge_f1_offdiag (FedGS Table 3, from
+        /// fedgs_graph.csv).
         #[arg(long)]
         metric: String,
         /// For rounds_to_target and time_to_target_s: the target, when the runs have several.

@@ -46,6 +46,22 @@ pub const METRICS: [&str; 6] = [
     "best_loss",
 ];
 
+/// The file of FedGS's graph diagnostic in a run's directory.
+pub const GRAPH_FILE: &str = "fedgs_graph.csv";
+
+/// The metrics `collect` reads from [`GRAPH_FILE`] of a FedGS run with
+/// `selection.fedgs.graph_quality`: FedGS Table 3's edge measure of the run's constructed
+/// graph against the oracle, which the paper reports at each graph's best ε. `edge_f1` is
+/// the largest F1 over the file's rows (counted with the authors' diagonal),
+/// `edge_precision` and `edge_recall` are the precision and recall of that row (the
+/// smallest ε on a tie), and `edge_f1_offdiag` is the largest F1 over pairs i < j only.
+pub const GRAPH_METRICS: [&str; 4] = [
+    "edge_f1",
+    "edge_precision",
+    "edge_recall",
+    "edge_f1_offdiag",
+];
+
 /// One seed's value of one cell.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
@@ -222,10 +238,16 @@ struct Index {
 /// one row per cell (its seed's value of `args.metric`) to `results_dir/SECTION.csv`. A row
 /// for a (cell, seed) the file already holds is refused: one result is recorded once.
 pub fn collect(sweep_dir: &Path, results_dir: &Path, args: &CollectArgs) -> Result<Collected> {
-    if !METRICS.contains(&args.metric.as_str()) {
+    let from_graph = GRAPH_METRICS.contains(&args.metric.as_str());
+    if !from_graph && !METRICS.contains(&args.metric.as_str()) {
         return Err(ConfigError::invalid(
             "--metric",
-            format!("`{}`: expected one of {}", args.metric, METRICS.join(", ")),
+            format!(
+                "`{}`: expected one of {}, {}",
+                args.metric,
+                METRICS.join(", "),
+                GRAPH_METRICS.join(", ")
+            ),
         )
         .into());
     }
@@ -280,7 +302,11 @@ pub fn collect(sweep_dir: &Path, results_dir: &Path, args: &CollectArgs) -> Resu
         let seed = summary["seed"]
             .as_u64()
             .ok_or_else(|| bad(&summary_path, "no `seed`"))?;
-        let (value, censored) = metric_value(&summary, &summary_path, args)?;
+        let (value, censored) = if from_graph {
+            (graph_metric(&dir.join(GRAPH_FILE), &args.metric)?, false)
+        } else {
+            metric_value(&summary, &summary_path, args)?
+        };
         let cfg_path = dir.join("config.resolved.toml");
         let cfg_text = std::fs::read_to_string(&cfg_path).map_err(io(&cfg_path))?;
         let config = Config::from_toml_str(&cfg_text, &cfg_path.display().to_string(), &[])?;
@@ -394,6 +420,52 @@ fn metric_value(
                 bad(path, format!("no `{censor_key}`{why}"))
             }),
     }
+}
+
+/// The value of one of [`GRAPH_METRICS`] in a run's [`GRAPH_FILE`], one row per ε. Errors
+/// name the file, and the column a run without the diagnostic lacks.
+fn graph_metric(path: &Path, metric: &str) -> Result<f64> {
+    let hint = "(edge metrics need FedGS runs with selection.fedgs.graph_quality = true)";
+    let mut r = csv::Reader::from_path(path).map_err(|e| bad(path, format!("{e} {hint}")))?;
+    let headers = r.headers().map_err(|e| bad(path, e))?.clone();
+    let column = |name: &str| {
+        headers
+            .iter()
+            .position(|h| h == name)
+            .ok_or_else(|| bad(path, format!("no column `{name}` {hint}")))
+    };
+    let cols = [
+        column("f1")?,
+        column("precision")?,
+        column("recall")?,
+        column("f1_offdiag")?,
+    ];
+    let mut rows: Vec<[f64; 4]> = Vec::new();
+    for record in r.records() {
+        let record = record.map_err(|e| bad(path, e))?;
+        let mut row = [0.0; 4];
+        for (x, &c) in row.iter_mut().zip(&cols) {
+            let text = record.get(c).unwrap_or_default();
+            *x = text
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| bad(path, format!("`{}`: not a number: `{text}`", &headers[c])))?;
+        }
+        rows.push(row);
+    }
+    let first_best = |i: usize| {
+        rows.iter()
+            .copied()
+            .reduce(|best, row| if row[i] > best[i] { row } else { best })
+            .ok_or_else(|| bad(path, "no rows"))
+    };
+    Ok(match metric {
+        "edge_f1" => first_best(0)?[0],
+        "edge_precision" => first_best(0)?[1],
+        "edge_recall" => first_best(0)?[2],
+        _ => first_best(3)?[3],
+    })
 }
 
 /// A results directory, read and validated.
@@ -996,6 +1068,41 @@ mod tests {
             commit: "abc".into(),
             unplanned: Vec::new(),
         }
+    }
+
+    /// Three ε rows whose F1 peaks twice (0.8 at ε = 0.01 and 0.1): the first peak's precision
+    /// and recall are read; the F1 without the diagonal peaks at its own row.
+    #[test]
+    fn edge_metrics_take_the_best_epsilon_of_the_graph_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(GRAPH_FILE);
+        std::fs::write(
+            &path,
+            "graph,edges,pairs,epsilon,built_edges,oracle_edges,matched,precision,recall,f1,precision_offdiag,recall_offdiag,f1_offdiag\n\
+             Update,5,6,0,5,3,3,0.7,0.9,0.7875,0.6,1,0.75\n\
+             Update,5,6,0.01,4,3,2,0.75,0.857143,0.8,0.5,0.666667,0.571429\n\
+             Update,5,6,0.1,3,3,2,0.9,0.72,0.8,0.666667,0.666667,0.666667\n",
+        )
+        .unwrap();
+        let v = |m| graph_metric(&path, m).unwrap();
+        assert_eq!(
+            (
+                v("edge_f1"),
+                v("edge_precision"),
+                v("edge_recall"),
+                v("edge_f1_offdiag")
+            ),
+            (0.8, 0.75, 0.857143, 0.75)
+        );
+        // A run without the diagnostic writes no F1: the error names the file and the key.
+        std::fs::write(&path, "graph,edges,pairs\nUpdate,5,6\n").unwrap();
+        let err = graph_metric(&path, "edge_f1").unwrap_err().to_string();
+        assert!(
+            err.contains(GRAPH_FILE)
+                && err.contains("no column `f1`")
+                && err.contains("graph_quality"),
+            "{err}"
+        );
     }
 
     /// A clock run that reached 0.5 after 812.5 virtual seconds and never 0.7, in 40

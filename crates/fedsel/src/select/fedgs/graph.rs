@@ -1,5 +1,8 @@
-//! The Data-Distribution-Dependency Graph (3DG) of FedGS §3.2 and its
-//! all-pairs shortest paths (Alg. 1 lines 2–3).
+//! The Data-Distribution-Dependency Graph (3DG) of FedGS §3.2, its all-pairs shortest
+//! paths (Alg. 1 lines 2–3), and the Table 3 measure of a constructed graph's edges
+//! against the oracle's.
+
+use serde::{Deserialize, Serialize};
 
 use crate::select::Protocol;
 
@@ -140,28 +143,96 @@ pub fn shortest_paths(adjacency: &[Vec<f64>]) -> Vec<Vec<f64>> {
     d
 }
 
-/// Precision, recall and F1 of the edges of `built` against those of `oracle`
-/// (FedGS Table 3), over unordered pairs. An empty side counts as 0.
-pub fn edge_quality(built: &[Vec<f64>], oracle: &[Vec<f64>]) -> (f64, f64, f64) {
-    let n = built.len();
-    let (mut tp, mut built_edges, mut oracle_edges) = (0usize, 0usize, 0usize);
-    for i in 0..n {
-        for j in i + 1..n {
-            let b = built[i][j].is_finite();
-            let o = oracle[i][j].is_finite();
-            built_edges += usize::from(b);
-            oracle_edges += usize::from(o);
-            tp += usize::from(b && o);
-        }
+/// The thresholds ε the authors' Table 3 script tries for a constructed graph
+/// (`es` in `algorithm/3DG_builder.py` of WwZzz/FedGS; the paper's text lists
+/// {0, 0.01, 0.05, 0.1, 0.5}). The table reports each graph at its best ε.
+pub const TABLE3_EPSILONS: [f64; 6] = [0.0, 0.01, 0.05, 0.1, 0.2, 0.5];
+
+/// The oracle graph's fixed threshold in the same script (with σ = 0.01).
+pub const TABLE3_ORACLE_EPSILON: f64 = 0.1;
+
+/// One threshold's comparison of a constructed 3DG's edges with the oracle's, as pair
+/// counts over i < j; [`EdgeQuality::as_code`] adds the diagonal the way the script does.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EdgeQuality {
+    /// The constructed graph's threshold ε.
+    pub epsilon: f64,
+    /// Clients n: the diagonal pairs the script counts in every edge set.
+    pub clients: usize,
+    /// Pairs i < j joined in the constructed graph.
+    pub built: usize,
+    /// Pairs i < j joined in the oracle graph.
+    pub oracle: usize,
+    /// Pairs i < j joined in both.
+    pub matched: usize,
+}
+
+impl EdgeQuality {
+    /// Precision, recall and F1 as `measure_3DG_construction` in `3DG_builder.py` computes
+    /// them, which is what FedGS Table 3 reports. Its edge lists take the pairs i ≤ j whose
+    /// length is finite and ≥ 0, and the adjacency's diagonal is 0, so each of the n
+    /// self-pairs is an edge of both graphs: n is added to every count. This keeps precision
+    /// and recall above 0 and pulls them towards 1 (by n / (n + edges)); the F1 is the
+    /// harmonic mean 2 / (1/P + 1/R), as the script writes it.
+    pub fn as_code(&self) -> (f64, f64, f64) {
+        let n = self.clients;
+        scores(self.matched + n, self.built + n, self.oracle + n)
     }
+
+    /// The same over the pairs i < j only, the measure without the script's diagonal. An
+    /// empty edge set gives 0.
+    pub fn off_diagonal(&self) -> (f64, f64, f64) {
+        scores(self.matched, self.built, self.oracle)
+    }
+}
+
+fn scores(matched: usize, built: usize, oracle: usize) -> (f64, f64, f64) {
     let ratio = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    let (p, r) = (ratio(tp, built_edges), ratio(tp, oracle_edges));
-    let f1 = if p + r > 0.0 {
-        2.0 * p * r / (p + r)
+    let (p, r) = (ratio(matched, built), ratio(matched, oracle));
+    let f1 = if p > 0.0 && r > 0.0 {
+        2.0 / (1.0 / p + 1.0 / r)
     } else {
         0.0
     };
     (p, r, f1)
+}
+
+/// Which pairs i < j the Table 3 script's `create_graph_from_similarity` joins: s_ij > ε,
+/// on the raw similarity (no min–max normalisation, unlike the selection graph). The length
+/// it gives an edge, exp(−s²/σ), is finite and ≥ 0 for every σ > 0 (an underflow to 0 still
+/// counts), so σ cannot change the edge set and is no argument here.
+fn script_edges(similarity: &[Vec<f64>], epsilon: f64) -> Vec<(usize, usize)> {
+    let n = similarity.len();
+    (0..n)
+        .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+        .filter(|&(i, j)| similarity[i][j] > epsilon)
+        .collect()
+}
+
+/// FedGS Table 3 as `algorithm/3DG_builder.py` of WwZzz/FedGS computes it: the oracle 3DG
+/// joins pairs whose label distributions' inner product exceeds
+/// [`TABLE3_ORACLE_EPSILON`], the constructed one pairs whose similarity (the script's
+/// clipped cosine of updates or of noise responses) exceeds each ε of
+/// [`TABLE3_EPSILONS`]; one comparison per ε. Both similarities are taken as they are, not
+/// normalised.
+pub fn table3_quality(built: &[Vec<f64>], oracle: &[Vec<f64>]) -> Vec<EdgeQuality> {
+    let truth: std::collections::BTreeSet<(usize, usize)> =
+        script_edges(oracle, TABLE3_ORACLE_EPSILON)
+            .into_iter()
+            .collect();
+    TABLE3_EPSILONS
+        .iter()
+        .map(|&epsilon| {
+            let edges = script_edges(built, epsilon);
+            EdgeQuality {
+                epsilon,
+                clients: built.len(),
+                built: edges.len(),
+                oracle: truth.len(),
+                matched: edges.iter().filter(|e| truth.contains(e)).count(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -169,7 +240,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_hand_built_graph_gives_the_expected_paths_and_quality() {
+    fn a_hand_built_graph_gives_the_expected_paths() {
         // Clients 0 and 1 share label 0, 1 and 2 share label 1, 3 holds label 2 alone.
         let features = vec![
             vec![1.0, 0.0, 0.0],
@@ -191,14 +262,84 @@ mod tests {
         assert!((h[0][2] - 1.0).abs() < 1e-12 && (h[0][1] - 0.5).abs() < 1e-12);
         assert_eq!(h[3][0], 1.0);
         assert_eq!(h[2][2], 0.0);
-        // A built graph that also joins 2–3 and misses 0–1: precision ½, recall ½.
-        let mut built = a.clone();
-        built[0][1] = f64::INFINITY;
-        built[1][0] = f64::INFINITY;
-        built[2][3] = 1.0;
-        built[3][2] = 1.0;
-        let (p, r, f1) = edge_quality(&built, &a);
-        assert!((p - 0.5).abs() < 1e-12 && (r - 0.5).abs() < 1e-12 && (f1 - 0.5).abs() < 1e-12);
+    }
+
+    /// Table 3 on four clients, by hand. Label distributions (0.5, 0.5, 0, 0),
+    /// (0.5, 0, 0.5, 0), (0, 0, 0.5, 0.5), (0.2, 0, 0, 0.8) have inner products 0.25 (0–1),
+    /// 0.25 (1–2), 0.4 (2–3), exactly 0.1 (0–3, 1–3) and 0 (0–2): the oracle at s > 0.1
+    /// joins {0–1, 1–2, 2–3}. The constructed similarities 0.3 (0–1), 0.05 (0–2), 0 (0–3),
+    /// 0.15 (1–2), 0.6 (1–3), 0.005 (2–3) join, per ε (matched / built off the diagonal):
+    /// 0: all but 0–3 (3 / 5); 0.01: 0–1, 0–2, 1–2, 1–3 (2 / 4); 0.05 and 0.1: 0–1, 1–2, 1–3
+    /// (2 / 3; 0.05 is not > 0.05); 0.2: 0–1, 1–3 (1 / 2); 0.5: 1–3 (0 / 1). The script adds
+    /// the 4 self-pairs to matched, built and oracle (3 + 4 = 7).
+    #[test]
+    fn table3_counts_pairs_as_the_authors_script_with_and_without_its_diagonal() {
+        let labels = vec![
+            vec![0.5, 0.5, 0.0, 0.0],
+            vec![0.5, 0.0, 0.5, 0.0],
+            vec![0.0, 0.0, 0.5, 0.5],
+            vec![0.2, 0.0, 0.0, 0.8],
+        ];
+        let oracle = similarity(&labels, Similarity::InnerProduct);
+        assert_eq!(oracle[0][3], 0.1);
+        let pairs = [
+            ((0, 1), 0.3),
+            ((0, 2), 0.05),
+            ((0, 3), 0.0),
+            ((1, 2), 0.15),
+            ((1, 3), 0.6),
+            ((2, 3), 0.005),
+        ];
+        let mut built = vec![vec![0.0; 4]; 4];
+        for ((i, j), s) in pairs {
+            built[i][j] = s;
+            built[j][i] = s;
+        }
+        let q = table3_quality(&built, &oracle);
+        let eps: Vec<f64> = q.iter().map(|x| x.epsilon).collect();
+        assert_eq!(eps, TABLE3_EPSILONS);
+        let counts: Vec<(usize, usize, usize)> =
+            q.iter().map(|x| (x.matched, x.built, x.oracle)).collect();
+        assert_eq!(
+            counts,
+            [
+                (3, 5, 3),
+                (2, 4, 3),
+                (2, 3, 3),
+                (2, 3, 3),
+                (1, 2, 3),
+                (0, 1, 3)
+            ]
+        );
+        let close = |a: (f64, f64, f64), b: (f64, f64, f64)| {
+            assert!(
+                (a.0 - b.0).abs() < 1e-12 && (a.1 - b.1).abs() < 1e-12 && (a.2 - b.2).abs() < 1e-12,
+                "{a:?} vs {b:?}"
+            );
+        };
+        // With the diagonal: P = (m + 4)/(b + 4), R = (m + 4)/7, F1 = 2/(1/P + 1/R).
+        let code = [
+            (7.0 / 9.0, 1.0, 14.0 / 16.0),
+            (6.0 / 8.0, 6.0 / 7.0, 12.0 / 15.0),
+            (6.0 / 7.0, 6.0 / 7.0, 6.0 / 7.0),
+            (6.0 / 7.0, 6.0 / 7.0, 6.0 / 7.0),
+            (5.0 / 6.0, 5.0 / 7.0, 10.0 / 13.0),
+            (4.0 / 5.0, 4.0 / 7.0, 2.0 / 3.0),
+        ];
+        let pairs_only = [
+            (3.0 / 5.0, 1.0, 0.75),
+            (0.5, 2.0 / 3.0, 4.0 / 7.0),
+            (2.0 / 3.0, 2.0 / 3.0, 2.0 / 3.0),
+            (2.0 / 3.0, 2.0 / 3.0, 2.0 / 3.0),
+            (0.5, 1.0 / 3.0, 0.4),
+            (0.0, 0.0, 0.0),
+        ];
+        for (x, (c, o)) in q.iter().zip(code.into_iter().zip(pairs_only)) {
+            close(x.as_code(), c);
+            close(x.off_diagonal(), o);
+        }
+        // The diagonal keeps the script's precision at 0.8 where no constructed edge is right.
+        assert_eq!(q[5].as_code().0, 0.8);
     }
 
     /// Negative similarities survive min–max normalisation unclipped, and the two

@@ -20,7 +20,9 @@
 //!   exp(−V²/σ), σ = 0.1.
 //!
 //! `fedgs_solver.csv` records, per round, the solver's value, bound, gap and the mean graph
-//! distance among the selected clients, which is what α buys.
+//! distance among the selected clients, which is what α buys. `fedgs_graph.csv` records the
+//! graph's edges and, with `graph_quality`, the **oracle** diagnostic of FedGS Table 3 as the
+//! authors' `algorithm/3DG_builder.py` computes it, one row per ε (`graph::table3_quality`).
 
 pub mod graph;
 pub mod solver;
@@ -85,7 +87,9 @@ pub struct FedGsConfig {
     /// Gaussian-noise batch of the functional similarity.
     pub noise_batch: usize,
     /// **Oracle** diagnostic: also build the oracle 3DG and report the precision, recall
-    /// and F1 of the constructed graph's edges against it (FedGS Table 3).
+    /// and F1 of the constructed graph's edges against it, one row per ε, as the authors'
+    /// script behind FedGS Table 3 computes them ([`graph::table3_quality`]). It reads the
+    /// features the selection graph was built from and changes no selection.
     pub graph_quality: bool,
 }
 
@@ -163,7 +167,9 @@ pub struct FedGs {
 struct State {
     distances: Option<Vec<Vec<f64>>>,
     counts: Vec<u64>,
-    quality: Option<(f64, f64, f64)>,
+    /// The Table 3 diagnostic, one comparison per ε (named apart from the single
+    /// (precision, recall, F1) earlier checkpoints hold, which are left unread).
+    table3: Option<Vec<graph::EdgeQuality>>,
     edges: usize,
 }
 
@@ -199,38 +205,43 @@ impl FedGs {
         self.state.distances.as_deref()
     }
 
-    /// Similarities of all clients from the configured source, as the protocol computes
-    /// them (module docs).
-    fn similarity(
+    /// The Gram matrix of all clients' features from the configured source: the
+    /// selection graph and the Table 3 diagnostic each take their similarity from it.
+    fn feature_gram(
         &self,
         query: &mut dyn ClientQuery,
         round: usize,
     ) -> Result<Vec<Vec<f64>>, Error> {
-        use graph::Similarity::{ClippedCosine, Cosine, InnerProduct};
         let all: Vec<usize> = (0..self.n).collect();
-        let code = self.cfg.protocol == Protocol::Code;
-        let (features_kind, learned_kind) = if code {
-            (Cosine, Cosine)
-        } else {
-            (InnerProduct, ClippedCosine)
-        };
         Ok(match self.cfg.graph {
-            FedGsGraph::Oracle => graph::similarity(self.oracle_features(round)?, features_kind),
-            FedGsGraph::Sspp => graph::from_gram(&query.secure_gram(&all)?, features_kind),
+            FedGsGraph::Oracle => graph::gram(self.oracle_features(round)?),
+            FedGsGraph::Sspp => query.secure_gram(&all)?,
             FedGsGraph::Update => {
                 let updates = query.local_updates(&all)?;
                 let f: Vec<Vec<f64>> = updates
                     .iter()
                     .map(|u| u.iter().map(|&x| f64::from(x)).collect())
                     .collect();
-                graph::similarity(&f, learned_kind)
+                graph::gram(&f)
             }
             FedGsGraph::Functional => {
                 let updates = query.local_updates(&all)?;
                 let e = query.noise_responses(&updates, self.cfg.noise_batch)?;
-                graph::similarity(&e, learned_kind)
+                graph::gram(&e)
             }
         })
+    }
+
+    /// How the selection graph turns the features' Gram matrix into similarities, as the
+    /// protocol computes them (module docs).
+    fn selection_similarity(&self) -> graph::Similarity {
+        use graph::Similarity::{ClippedCosine, Cosine, InnerProduct};
+        let learned = matches!(self.cfg.graph, FedGsGraph::Update | FedGsGraph::Functional);
+        match (self.cfg.protocol, learned) {
+            (Protocol::Code, _) => Cosine,
+            (Protocol::Paper, false) => InnerProduct,
+            (Protocol::Paper, true) => ClippedCosine,
+        }
     }
 
     fn oracle_features(&self, round: usize) -> Result<&[Vec<f64>], Error> {
@@ -248,21 +259,34 @@ impl FedGs {
     }
 
     fn build_graph(&mut self, query: &mut dyn ClientQuery, round: usize) -> Result<(), Error> {
-        let sim = self.similarity(query, round)?;
-        let adj = self.adjacency(&sim);
+        let gram = self.feature_gram(query, round)?;
+        let adj = self.adjacency(&graph::from_gram(&gram, self.selection_similarity()));
         self.state.edges = (0..self.n)
             .map(|i| (i + 1..self.n).filter(|&j| adj[i][j].is_finite()).count())
             .sum();
         if self.cfg.graph_quality {
-            let kind = match self.cfg.protocol {
-                Protocol::Paper => graph::Similarity::InnerProduct,
-                Protocol::Code => graph::Similarity::Cosine,
-            };
-            let oracle = self.adjacency(&graph::similarity(self.oracle_features(round)?, kind));
-            self.state.quality = Some(graph::edge_quality(&adj, &oracle));
+            self.state.table3 = Some(self.table3(&gram, round)?);
         }
         self.state.distances = Some(graph::shortest_paths(&adj));
         Ok(())
+    }
+
+    /// FedGS Table 3 for this graph's features, with the similarities of the authors'
+    /// `algorithm/3DG_builder.py` whatever the protocol: the oracle is the inner product of
+    /// the label distributions, the constructed graph the clipped cosine of updates or
+    /// noise responses (the inner product itself for the oracle and SSPP sources), neither
+    /// min–max normalised ([`graph::table3_quality`]).
+    fn table3(&self, gram: &[Vec<f64>], round: usize) -> Result<Vec<graph::EdgeQuality>, Error> {
+        use graph::Similarity::{ClippedCosine, InnerProduct};
+        let kind = match self.cfg.graph {
+            FedGsGraph::Oracle | FedGsGraph::Sspp => InnerProduct,
+            FedGsGraph::Update | FedGsGraph::Functional => ClippedCosine,
+        };
+        let oracle = graph::similarity(self.oracle_features(round)?, InnerProduct);
+        Ok(graph::table3_quality(
+            &graph::from_gram(gram, kind),
+            &oracle,
+        ))
     }
 }
 
@@ -421,20 +445,30 @@ impl Selector for FedGs {
             ));
         }
         let mut files = vec![("fedgs_solver.csv".to_string(), solves)];
-        let mut g = format!(
-            "graph,edges,pairs\n{:?},{},{}\n",
+        let graph = format!(
+            "{:?},{},{}",
             self.cfg.graph,
             self.state.edges,
             self.n * self.n.saturating_sub(1) / 2
         );
-        if let Some((p, r, f1)) = self.state.quality {
-            g = format!(
-                "graph,edges,pairs,precision,recall,f1\n{:?},{},{},{p:.4},{r:.4},{f1:.4}\n",
-                self.cfg.graph,
-                self.state.edges,
-                self.n * self.n.saturating_sub(1) / 2
-            );
-        }
+        let g = match &self.state.table3 {
+            None => format!("graph,edges,pairs\n{graph}\n"),
+            Some(rows) => {
+                let mut g = String::from(
+                    "graph,edges,pairs,epsilon,built_edges,oracle_edges,matched,\
+                     precision,recall,f1,precision_offdiag,recall_offdiag,f1_offdiag\n",
+                );
+                for q in rows {
+                    let (p, r, f1) = q.as_code();
+                    let (po, ro, f1o) = q.off_diagonal();
+                    g.push_str(&format!(
+                        "{graph},{},{},{},{},{p:.6},{r:.6},{f1:.6},{po:.6},{ro:.6},{f1o:.6}\n",
+                        q.epsilon, q.built, q.oracle, q.matched
+                    ));
+                }
+                g
+            }
+        };
         files.push(("fedgs_graph.csv".into(), g));
         files
     }
@@ -497,6 +531,83 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// A query whose clients' local updates are fixed vectors.
+    struct FixedUpdates(Vec<Vec<f32>>);
+
+    impl ClientQuery for FixedUpdates {
+        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; clients.len()])
+        }
+        fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; clients.len()])
+        }
+        fn probe(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; evaluate.len()])
+        }
+        fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, Error> {
+            Ok(clients.iter().map(|&k| self.0[k].clone()).collect())
+        }
+    }
+
+    /// The Table 3 diagnostic on an update graph, by hand. Updates (1, 0, 0), (1, 1, 0),
+    /// (0, 1, 1), (−1, 0, 1) have clipped cosines 1/√2 (0–1), ½ (1–2, 2–3) and 0 elsewhere;
+    /// the label distributions of the graph module's Table 3 test join {0–1, 1–2, 2–3} in
+    /// the oracle. Every ε up to 0.2 finds exactly those (F1 1); ε = 0.5 keeps 0–1 only:
+    /// with the 4 self-pairs P = 5/5, R = 5/7, F1 = 2/(1 + 7/5) = 5/6; without them
+    /// P = 1, R = 1/3, F1 = ½. Under `code` the selection graph is the min–max normalised
+    /// unclipped cosine, and its distances do not depend on the diagnostic.
+    #[test]
+    fn graph_quality_reports_table3_per_epsilon_and_leaves_the_selection_graph_alone() {
+        let labels = vec![
+            vec![0.5, 0.5, 0.0, 0.0],
+            vec![0.5, 0.0, 0.5, 0.0],
+            vec![0.0, 0.0, 0.5, 0.5],
+            vec![0.2, 0.0, 0.0, 0.8],
+        ];
+        let updates = vec![
+            vec![1.0, 0.0, 0.0],
+            vec![1.0, 1.0, 0.0],
+            vec![0.0, 1.0, 1.0],
+            vec![-1.0, 0.0, 1.0],
+        ];
+        let build = |protocol, graph_quality| {
+            let mut s = FedGs::new(FedGsConfig {
+                graph: FedGsGraph::Update,
+                protocol,
+                graph_quality,
+                ..FedGsConfig::default()
+            });
+            s.setup(&Setup {
+                oracle_features: Some(labels.clone()),
+                ..setup(&[0.25; 4])
+            });
+            s.initial_phase(&mut FixedUpdates(updates.clone())).unwrap();
+            s
+        };
+        for protocol in [Protocol::Paper, Protocol::Code] {
+            let (with, without) = (build(protocol, true), build(protocol, false));
+            assert_eq!(with.distances(), without.distances());
+            let reports = with.reports();
+            let csv = &reports.iter().find(|f| f.0 == "fedgs_graph.csv").unwrap().1;
+            let lines: Vec<&str> = csv.lines().collect();
+            assert_eq!(lines.len(), 1 + graph::TABLE3_EPSILONS.len(), "{csv}");
+            assert!(lines[0].ends_with(",precision_offdiag,recall_offdiag,f1_offdiag"));
+            let edges = with.state.edges;
+            for line in &lines[1..6] {
+                let fields: Vec<&str> = line.split(',').collect();
+                assert_eq!(fields[0..3], ["Update", &edges.to_string(), "6"]);
+                assert_eq!(fields[4..7], ["3", "3", "3"], "{line}");
+                assert_eq!(fields[9], "1.000000");
+            }
+            assert_eq!(
+                lines[6],
+                format!(
+                    "Update,{edges},6,0.5,1,3,1,1.000000,0.714286,0.833333,1.000000,0.333333,0.500000"
+                )
+            );
+        }
     }
 
     #[test]
