@@ -64,8 +64,19 @@ impl Isa {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests run the narrower copies on this thread (never one the CPU lacks), to check
+    /// that every copy gives the same bits.
+    static FORCED_ISA: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
+}
+
 /// The widest [`Isa`] this CPU runs (std caches the CPUID probe).
 pub(crate) fn glue_isa() -> Isa {
+    #[cfg(test)]
+    if let Some(isa) = FORCED_ISA.with(std::cell::Cell::get) {
+        return isa;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f")
@@ -1093,6 +1104,59 @@ mod tests {
                     g.iter().zip(&grad).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{} {threads} threads",
                     arch.name()
+                );
+            }
+        }
+    }
+
+    /// The SSE2, AVX2 and AVX-512 copies of the loops around the products (those this CPU
+    /// runs) give the same loss and gradient bits: results may differ across CPU kinds only
+    /// through `gemm`'s kernels (docs/reliability.md).
+    #[test]
+    fn every_glue_copy_gives_the_same_bits() {
+        let widest = glue_isa();
+        let isas: Vec<Isa> = [Isa::Baseline, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| match widest {
+                Isa::Avx512 => true,
+                Isa::Avx2 => i != Isa::Avx512,
+                Isa::Baseline => i == Isa::Baseline,
+            })
+            .collect();
+        for (arch, _, data) in models() {
+            let params = ParamLayout::of(arch.as_ref()).init(7);
+            let idx: Vec<usize> = (0..9).collect();
+            let f = arch
+                .loss_gradient()
+                .expect("the CNNs have a fused gradient");
+            // One thread, so that every loop runs where the override is set.
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            let run = |isa: Isa| {
+                pool.install(|| {
+                    FORCED_ISA.with(|c| c.set(Some(isa)));
+                    let out = f.loss_and_gradient(&params, &data, &idx);
+                    FORCED_ISA.with(|c| c.set(None));
+                    out
+                })
+            };
+            let (loss, grad) = run(Isa::Baseline);
+            for &isa in &isas[1..] {
+                let (l, g) = run(isa);
+                assert_eq!(
+                    l.to_bits(),
+                    loss.to_bits(),
+                    "{} {}",
+                    arch.name(),
+                    isa.name()
+                );
+                assert!(
+                    g.iter().zip(&grad).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} {}",
+                    arch.name(),
+                    isa.name()
                 );
             }
         }
