@@ -4,8 +4,17 @@
 //! availability → selection (with any loss, gradient or probe reports it
 //! asks for) → broadcast → local training of the selected, in
 //! parallel → (with `[system]`, the virtual clock's round policy) →
-//! aggregation → server step → evaluation → feedback to the selector →
+//! aggregation → server step → feedback to the selector → evaluation →
 //! metrics.
+//!
+//! A round's test evaluation reads only its global model, so it runs beside
+//! the next round's local training, and the round's record is complete (and
+//! handed to the observer) once it is done: on two cores a round of 5 clients
+//! would keep one core idle while the last client trains, and the evaluation
+//! fills it (FedCor's FMNIST round: 14.2 → 11.6 ms). A round that ends the
+//! run or is checkpointed is evaluated on its own, so a checkpoint holds every
+//! round before it, and an error in the next round's selection still leaves
+//! the round recorded. Selectors never see the test evaluation.
 //!
 //! Every random draw comes from a stream keyed by (seed, purpose, round,
 //! client) and parallel results are combined in selection order, so a run is
@@ -93,7 +102,8 @@ pub struct RoundRecord {
     pub lr: f64,
     /// Costs of this round.
     pub cost: Ledger,
-    /// Seconds since the run started.
+    /// Seconds since the run started, when the record was complete: after its test
+    /// evaluation, which may have run beside the next round's training.
     pub elapsed_s: f64,
     /// The selection (duplicates kept).
     pub selected: Vec<usize>,
@@ -758,6 +768,9 @@ pub fn run_with(
     // Time already spent before a resume counts towards elapsed_s.
     let started = Instant::now() - std::time::Duration::from_secs_f64(run.summary.wall_s);
 
+    // The last round, while its test evaluation waits to run beside this round's
+    // training: its global model, and its record without the evaluation.
+    let mut pending: Option<(Vec<f32>, RoundRecord)> = None;
     for t in start..cfg.rounds {
         let mut cost = std::mem::take(&mut initial_cost);
         let lr = cfg.train.schedule.rate(cfg.train.lr, t);
@@ -768,37 +781,78 @@ pub fn run_with(
             available: &active,
             budget: run.selection_budget(budget, active.len()),
         };
-        let selection = run.select(&ctx, lr, &mut cost)?;
-        let trained = run.train(t, lr, &selection.clients, &mut cost);
+        let selection = run.select(&ctx, lr, &mut cost);
+        let mut assessed = None;
+        let trained = selection.as_ref().ok().map(|s| {
+            run.train(t, lr, &s.clients, &mut cost, || {
+                assessed = pending.as_ref().map(|(global, _)| assess(exp, global));
+            })
+        });
+        // The last round is recorded before this one's error, if any, is returned.
+        if let Some((global, mut record)) = pending.take() {
+            let assessment = assessed.unwrap_or_else(|| assess(exp, &global));
+            record.elapsed_s = started.elapsed().as_secs_f64();
+            run.log(record, Some(assessment), observer)?;
+        }
+        let (selection, trained) = (selection?, trained.expect("trained when selected"));
         let timing = run.time(&selection.clients, &trained, budget);
         run.aggregate(t, &selection, &trained, timing.as_ref())?;
-        let eval = run.evaluate(t);
-        let client_acc = eval.and_then(|_| run.client_accuracy());
         let train_loss = trained.mean_loss();
         let (reported, trained, clock) =
             run.on_time(&selection.clients, trained, timing, &mut cost);
         run.feedback(t, &reported, trained);
-        let record = RoundRecord {
+        let mut record = RoundRecord {
             round: t,
-            test_acc: eval.map(|e| e.accuracy),
-            test_loss: eval.map(|e| e.loss),
-            client_acc,
+            test_acc: None,
+            test_loss: None,
+            client_acc: None,
             train_loss,
             n_selected: selection.clients.len(),
             n_available: active.len(),
             budget,
             lr,
             cost,
-            elapsed_s: started.elapsed().as_secs_f64(),
+            elapsed_s: 0.0,
             selected: selection.clients,
             available: active,
             clock,
         };
-        run.log(record, eval, observer)?;
+        run.book(&record);
+        let assessment = if !run.evaluates(t) {
+            None
+        } else if t + 1 < cfg.rounds && !run.checkpoint_due(t) {
+            pending = Some((run.global.clone(), record));
+            continue;
+        } else {
+            Some(assess(exp, &run.global))
+        };
+        record.elapsed_s = started.elapsed().as_secs_f64();
+        run.log(record, assessment, observer)?;
         run.checkpoint(t, observer)?;
     }
     observer.on_reports(&run.selector.reports())?;
     Ok(run.summary)
+}
+
+/// A global model's evaluation: on the pooled test set and, unless `eval.per_client` is
+/// off, across the clients' held-out data.
+struct Assessment {
+    test: Evaluation,
+    clients: Option<ClientAccuracy>,
+}
+
+/// Evaluates `global`. It reads nothing but the model and the data, so it may run beside
+/// the next round (see the module doc); its arithmetic does not depend on the threads.
+fn assess(exp: &Experiment, global: &[f32]) -> Assessment {
+    Assessment {
+        test: exp.test(global),
+        clients: exp
+            .config
+            .eval
+            .per_client
+            .then(|| ClientAccuracy::of(&exp.client_accuracies(global)))
+            .flatten(),
+    }
 }
 
 /// The items of the entries the round policy `kept`, in entry order.
@@ -1082,8 +1136,19 @@ impl<'a> Run<'a> {
     }
 
     /// Broadcasts the global model and trains: each distinct client trains once, in
-    /// parallel, and duplicates share its update.
-    fn train(&mut self, t: usize, lr: f64, selected: &[usize], cost: &mut Ledger) -> Trained {
+    /// parallel, and duplicates share its update. `beside` (the last round's evaluation)
+    /// runs in the same pool, queued after the trainings: a client's training cannot be
+    /// split and the evaluation can, so the threads take the trainings first, in client
+    /// order, and whichever runs out of them first moves on to the evaluation, which the
+    /// other joins when its last training ends.
+    fn train(
+        &mut self,
+        t: usize,
+        lr: f64,
+        selected: &[usize],
+        cost: &mut Ledger,
+        beside: impl FnOnce() + Send,
+    ) -> Trained {
         let seed = self.exp.config.seed;
         let mut distinct = selected.to_vec();
         distinct.sort_unstable();
@@ -1091,13 +1156,19 @@ impl<'a> Run<'a> {
         let taken: Vec<Option<OptimizerState>> =
             distinct.iter().map(|&k| self.states[k].take()).collect();
         let (exp, trainer, global) = (self.exp, &self.trainer, &self.global);
-        let updates: Vec<train::LocalUpdate> = distinct
-            .par_iter()
-            .zip(taken)
-            .map(|(&k, state)| {
-                let mut rng = stream(seed, Purpose::Training, t as u64, k as u64);
-                trainer.train(global, &exp.clients[k].train, lr, &mut rng, state)
-            })
+        let mut slots: Vec<Option<train::LocalUpdate>> = distinct.iter().map(|_| None).collect();
+        rayon::scope_fifo(|s| {
+            for ((slot, &k), state) in slots.iter_mut().zip(&distinct).zip(taken) {
+                s.spawn_fifo(move |_| {
+                    let mut rng = stream(seed, Purpose::Training, t as u64, k as u64);
+                    *slot = Some(trainer.train(global, &exp.clients[k].train, lr, &mut rng, state));
+                });
+            }
+            s.spawn_fifo(|_| beside());
+        });
+        let updates: Vec<train::LocalUpdate> = slots
+            .into_iter()
+            .map(|u| u.expect("every training ran in the scope"))
             .collect();
         let d = distinct.len() as u64;
         cost.broadcasts += d;
@@ -1273,20 +1344,10 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
-    /// Tests the global model on evaluation rounds and on the last round.
-    fn evaluate(&self, t: usize) -> Option<Evaluation> {
+    /// Whether round `t` tests the global model: every `eval.every` rounds and the last.
+    fn evaluates(&self, t: usize) -> bool {
         let cfg = &self.exp.config;
-        let evaluate = (t + 1).is_multiple_of(cfg.eval.every) || t + 1 == cfg.rounds;
-        evaluate.then(|| self.exp.test(&self.global))
-    }
-
-    /// The spread of the clients' held-out accuracies under the global model, unless
-    /// `eval.per_client` is off; asked on the rounds that [`Run::evaluate`] tests.
-    fn client_accuracy(&self) -> Option<ClientAccuracy> {
-        if !self.exp.config.eval.per_client {
-            return None;
-        }
-        ClientAccuracy::of(&self.exp.client_accuracies(&self.global))
+        (t + 1).is_multiple_of(cfg.eval.every) || t + 1 == cfg.rounds
     }
 
     /// Reports the round to the selector and keeps each trained client's optimizer state.
@@ -1320,22 +1381,31 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Folds the round into the summary and hands its record to the observer; a
-    /// non-finite test loss ends the run.
-    fn log(
-        &mut self,
-        record: RoundRecord,
-        eval: Option<Evaluation>,
-        observer: &mut dyn Observer,
-    ) -> Result<()> {
-        let t = record.round;
+    /// Books the round's costs and virtual time, which the next round's availability and
+    /// clock start from, before its evaluation is done.
+    fn book(&mut self, record: &RoundRecord) {
         let summary = &mut self.summary;
         summary.cost.add(&record.cost);
         if let (Some(total), Some(c)) = (&mut summary.clock, &record.clock) {
             total.clock_s = c.clock_s;
             total.wasted_trainings = summary.cost.wasted_trainings;
         }
-        if let Some(e) = eval {
+    }
+
+    /// Folds the round's evaluation into the summary and hands its record, completed
+    /// with it, to the observer; a non-finite test loss ends the run.
+    fn log(
+        &mut self,
+        mut record: RoundRecord,
+        assessment: Option<Assessment>,
+        observer: &mut dyn Observer,
+    ) -> Result<()> {
+        let t = record.round;
+        let summary = &mut self.summary;
+        if let Some(Assessment { test: e, clients }) = assessment {
+            record.test_acc = Some(e.accuracy);
+            record.test_loss = Some(e.loss);
+            record.client_acc = clients;
             if !e.loss.is_finite() {
                 return Err(Error::Diverged {
                     round: t,
@@ -1371,13 +1441,18 @@ impl<'a> Run<'a> {
         observer.on_round(&record)
     }
 
+    /// Whether round `t` ends with a checkpoint: every `checkpoint_every` rounds, except
+    /// the last.
+    fn checkpoint_due(&self, t: usize) -> bool {
+        let cfg = &self.exp.config;
+        cfg.checkpoint_every != 0
+            && (t + 1).is_multiple_of(cfg.checkpoint_every)
+            && t + 1 < cfg.rounds
+    }
+
     /// Hands the observer a checkpoint every `checkpoint_every` rounds, except after the last.
     fn checkpoint(&self, t: usize, observer: &mut dyn Observer) -> Result<()> {
-        let cfg = &self.exp.config;
-        if cfg.checkpoint_every == 0
-            || !(t + 1).is_multiple_of(cfg.checkpoint_every)
-            || t + 1 >= cfg.rounds
-        {
+        if !self.checkpoint_due(t) {
             return Ok(());
         }
         let (m, v) = self.server.moments();

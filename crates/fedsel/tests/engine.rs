@@ -552,6 +552,29 @@ fn a_query_for_an_unavailable_client_is_an_error() {
     assert_eq!(c.0.len(), 2);
 }
 
+/// A round's test evaluation runs beside the next round's training; an error in that
+/// next round must not lose the finished round's record, nor change its numbers.
+#[test]
+fn a_round_evaluated_beside_the_next_is_recorded_before_the_next_rounds_error() {
+    let exp = synthetic(&["rounds=4"]);
+    let mut full = Collect::default();
+    engine::run_with(&exp, Box::new(Asker(|_, _| Ok(()))), &mut full, None).unwrap();
+    let full = strip_time(full.0);
+    assert!(full.iter().all(|r| r.test_acc.is_some()));
+    let mut cut = Collect::default();
+    let failing = Asker(|ctx, _| match ctx.round {
+        2 => Err(Error::Selection {
+            selector: "asker".into(),
+            round: 2,
+            reason: "fails on purpose".into(),
+        }),
+        _ => Ok(()),
+    });
+    let e = engine::run_with(&exp, Box::new(failing), &mut cut, None).unwrap_err();
+    assert!(matches!(e, Error::Selection { round: 2, .. }), "{e}");
+    assert_eq!(strip_time(cut.0), full[..2]);
+}
+
 #[test]
 fn probes_and_extra_steps_are_booked_and_an_extra_step_moves_the_model() {
     let exp = synthetic(&["rounds=1"]);
