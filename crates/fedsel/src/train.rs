@@ -57,7 +57,6 @@ pub struct Trainer<'a> {
     pub device: &'a Device,
 }
 
-/// The mini-batches of one round: shuffled passes over `idx`, cut to size.
 /// The fused path's local step on flat slices, with torch's order of operations: weight
 /// decay, then the proximal term, are added to the gradient before the optimizer.
 /// A coefficient is `None` where the config's (f64) value is not positive.
@@ -139,6 +138,46 @@ impl UpdateRule {
     }
 }
 
+/// Parameters per task of a local step's update ([`UpdateRule::apply_pieces`]).
+const UPDATE_PIECE: usize = 1 << 15;
+
+impl UpdateRule {
+    /// [`UpdateRule::apply`] in pieces of [`UPDATE_PIECE`] side by side, for spans of at
+    /// least two pieces: the update is elementwise, so the pieces give its bits, and the
+    /// CNNs' 1.7 M parameters no longer take a serial millisecond per step. `m` and `v`
+    /// are empty or as long as `p`.
+    fn apply_pieces(
+        &self,
+        step: u64,
+        p: &mut [f32],
+        g: &mut [f32],
+        global: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+    ) {
+        if p.len() < 2 * UPDATE_PIECE {
+            return self.apply(step, p, g, global, m, v);
+        }
+        let n = p.len().div_ceil(UPDATE_PIECE);
+        let (ms, vs) = (pieces(m, n), pieces(v, n));
+        p.par_chunks_mut(UPDATE_PIECE)
+            .zip(g.par_chunks_mut(UPDATE_PIECE))
+            .zip(global.par_chunks(UPDATE_PIECE))
+            .zip(ms.into_par_iter().zip(vs))
+            .for_each(|(((p, g), x), (m, v))| self.apply(step, p, g, x, m, v));
+    }
+}
+
+/// `s` in `n` pieces of [`UPDATE_PIECE`], or `n` empty slices for an empty `s`.
+fn pieces(s: &mut [f32], n: usize) -> Vec<&mut [f32]> {
+    if s.is_empty() {
+        (0..n).map(|_| Default::default()).collect()
+    } else {
+        s.chunks_mut(UPDATE_PIECE).collect()
+    }
+}
+
+/// The mini-batches of one round: shuffled passes over `idx`, cut to size.
 fn batches(idx: &[usize], work: LocalWork, batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
     let mut order = idx.to_vec();
     let mut out = Vec::new();
@@ -351,7 +390,7 @@ impl Trainer<'_> {
             step += 1;
             for r in &spans {
                 let r = r.clone();
-                rule.apply(
+                rule.apply_pieces(
                     step,
                     &mut params[r.clone()],
                     &mut grad[r.clone()],
@@ -653,6 +692,63 @@ mod tests {
     use crate::data::Inputs;
     use crate::model::logreg::LogReg;
     use crate::rng::{Purpose, stream};
+
+    /// The update in parallel pieces is the whole span's, bit for bit, for every
+    /// optimizer, with a last piece shorter than the others.
+    #[test]
+    fn the_update_in_pieces_equals_the_whole() {
+        use rand::Rng as _;
+        let n = 3 * UPDATE_PIECE + 5;
+        let mut rng = stream(4, Purpose::Dataset, 0, 0);
+        let mut draw = || -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let (p, g, global, m, v) = (draw(), draw(), draw(), draw(), draw());
+        let v: Vec<f32> = v.iter().map(|x| x.abs()).collect();
+        for (optimizer, momentum) in [
+            (LocalOptimizer::Sgd, None),
+            (LocalOptimizer::Sgd, Some(0.9)),
+            (LocalOptimizer::Adam, None),
+        ] {
+            let rule = UpdateRule {
+                optimizer,
+                lr: 0.05,
+                weight_decay: Some(1e-3),
+                prox_mu: Some(0.01),
+                momentum,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+            };
+            let keeps = optimizer == LocalOptimizer::Adam || momentum.is_some();
+            let moments = |x: &Vec<f32>| if keeps { x.clone() } else { Vec::new() };
+            let run = |pieces: bool| {
+                let (mut p, mut g, mut m, mut v) = (p.clone(), g.clone(), moments(&m), moments(&v));
+                let v_or_none = if optimizer == LocalOptimizer::Adam {
+                    &mut v[..]
+                } else {
+                    &mut [][..]
+                };
+                if pieces {
+                    rule.apply_pieces(3, &mut p, &mut g, &global, &mut m, v_or_none);
+                } else {
+                    rule.apply(3, &mut p, &mut g, &global, &mut m, v_or_none);
+                }
+                (p, m)
+            };
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let (whole, pieces) = (run(false), run(true));
+            assert_eq!(
+                bits(&whole.0),
+                bits(&pieces.0),
+                "{optimizer:?} {momentum:?}"
+            );
+            assert_eq!(
+                bits(&whole.1),
+                bits(&pieces.1),
+                "{optimizer:?} {momentum:?}"
+            );
+            assert_ne!(bits(&whole.0), bits(&p), "the update moved the parameters");
+        }
+    }
 
     /// 200 points in 4-D labelled by the sign of their first coordinate.
     fn separable() -> Dataset {

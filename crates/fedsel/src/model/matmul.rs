@@ -135,11 +135,26 @@ pub(crate) unsafe fn gemm_raw(
     b: View<'_>,
     accumulate: bool,
 ) {
+    count_flops(2 * a.rows * b.cols * a.cols);
+    // SAFETY: the caller's contract.
+    unsafe { gemm_raw_uncounted(dst, dst_rs, a, b, accumulate) }
+}
+
+/// [`gemm_raw`] without adding to the FLOP count.
+///
+/// # Safety
+/// As [`gemm_raw`].
+unsafe fn gemm_raw_uncounted(
+    dst: *mut f32,
+    dst_rs: usize,
+    a: View<'_>,
+    b: View<'_>,
+    accumulate: bool,
+) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if m == 0 || n == 0 {
         return;
     }
-    count_flops(2 * m * n * k);
     // SAFETY: the caller's contract.
     unsafe {
         gemm(
@@ -182,6 +197,27 @@ pub(crate) fn gemm_into(
     );
     // SAFETY: checked above; `out` is borrowed exclusively.
     unsafe { gemm_raw(out.as_mut_ptr(), out_rs, a, b, accumulate) }
+}
+
+/// [`gemm_into`] for a product whose columns past the first `cols` are padding (zeros
+/// in `b`, outputs the caller drops): only the first `cols` count as FLOPs.
+pub(crate) fn gemm_into_padded(
+    out: &mut [f32],
+    out_rs: usize,
+    a: View<'_>,
+    b: View<'_>,
+    accumulate: bool,
+    cols: usize,
+) {
+    let (m, k, n) = check(a, b);
+    assert!(cols <= n, "padding past the product's columns");
+    assert!(
+        m == 0 || n == 0 || (m - 1) * out_rs + n <= out.len(),
+        "output inside its slice"
+    );
+    count_flops(2 * m * cols * k);
+    // SAFETY: checked above; `out` is borrowed exclusively.
+    unsafe { gemm_raw_uncounted(out.as_mut_ptr(), out_rs, a, b, accumulate) }
 }
 
 /// `out = a·b` (or `+=`), `out` row-major `a.rows × b.cols`, with the larger output
