@@ -31,7 +31,8 @@
 //!
 //! Parallelism: rows of a batch meet only in the weight gradients. Through the
 //! recurrence a row's gates read its own `x_t`, `h_{t−1}` and `c_{t−1}` alone, so the
-//! batch is cut into groups of [`GROUP_ROWS`] rows, fixed by the batch size, and each
+//! batch is cut into even groups of at most [`GROUP_ROWS`] rows ([`group_rows`]),
+//! fixed by the batch size, and each
 //! group runs a layer's whole forward recurrence, and later its whole backward one, as
 //! one single-threaded rayon task with its scratch allocated once. Splitting each
 //! step's units among tasks instead needs a barrier per step, layer and pass (320 per
@@ -58,9 +59,18 @@ use crate::model::ParamLayout;
 use crate::model::fastmath::{sigmoid, tanh};
 use crate::model::matmul::{View, matmul};
 
-/// Rows per group (module doc): one kernel tile, so a group's products run whole
-/// tiles and a batch of 10, the Shakespeare step's, still makes two tasks.
+/// Rows per group at most (module doc): one kernel tile, so a batch of 10, the
+/// Shakespeare step's, still makes two tasks.
 const GROUP_ROWS: usize = kernel::TILE_ROWS;
+
+/// Rows per group for a batch of `b` rows: as few groups as [`GROUP_ROWS`] allows, of
+/// equal size but the last. A batch of 10 makes groups of 5 and 5, not 6 and 4: each
+/// group streams the packed weights through the recurrence alike, so the uneven split
+/// left one thread idle for a third of it. Entries do not depend on the grouping
+/// (module doc), so neither do the bits.
+fn group_rows(b: usize) -> usize {
+    b.div_ceil(b.div_ceil(GROUP_ROWS))
+}
 
 /// What the forward pass of one layer keeps for the backward pass, all time-major.
 struct Trace {
@@ -116,11 +126,12 @@ impl Trace {
 fn by_group(data: &mut [f32], b: usize, n: usize) -> Vec<Vec<&mut [f32]>> {
     assert!(b > 0 && n > 0, "rows and columns");
     let steps = data.len() / (b * n);
-    let mut groups: Vec<Vec<&mut [f32]>> = (0..b.div_ceil(GROUP_ROWS))
+    let g = group_rows(b);
+    let mut groups: Vec<Vec<&mut [f32]>> = (0..b.div_ceil(g))
         .map(|_| Vec::with_capacity(steps))
         .collect();
     for step in data.chunks_exact_mut(b * n) {
-        for (group, rows) in groups.iter_mut().zip(step.chunks_mut(GROUP_ROWS * n)) {
+        for (group, rows) in groups.iter_mut().zip(step.chunks_mut(g * n)) {
             group.push(rows);
         }
     }
@@ -225,12 +236,12 @@ impl Block {
                 row[..width].copy_from_slice(bias);
                 row[width..].fill(0.0);
             }
-            let panel = 4 * u + g;
-            kernel::accumulate(tile, x, inputs, rows, p.panels.panel(panel, 0, inputs));
-            if let Some((h_prev, _)) = prev {
-                let hp = p.panels.panel(panel, inputs, inputs + h);
-                kernel::accumulate(tile, h_prev, h, rows, hp);
-            }
+        }
+        // The four gates' panels (4u .. 4u + 3) against the same rows.
+        let gates = |lo, hi| std::array::from_fn(|g| p.panels.panel(4 * u + g, lo, hi));
+        kernel::accumulate4(&mut self.a, x, inputs, rows, gates(0, inputs));
+        if let Some((h_prev, _)) = prev {
+            kernel::accumulate4(&mut self.a, h_prev, h, rows, gates(inputs, inputs + h));
         }
         match prev {
             Some((_, c_prev)) => gather(&mut self.c_prev, c_prev, h, u * W, width),
@@ -374,7 +385,7 @@ fn forward_layer(x: &[f32], inputs: usize, w: &Weights<'_>, d: Dims) -> Trace {
     tr.groups(d)
         .into_par_iter()
         .enumerate()
-        .for_each(|(group, out)| forward_group(&packed, x, d, group * GROUP_ROWS, out));
+        .for_each(|(group, out)| forward_group(&packed, x, d, group * group_rows(d.b), out));
     tr
 }
 
@@ -382,7 +393,7 @@ fn forward_layer(x: &[f32], inputs: usize, w: &Weights<'_>, d: Dims) -> Trace {
 /// step a loop over blocks of [`W`] units ([`Block::forward`]).
 fn forward_group(p: &Packed<'_>, x: &[f32], d: Dims, lo: usize, mut out: GroupTrace<'_>) {
     let h = d.h;
-    let rows = GROUP_ROWS.min(d.b - lo);
+    let rows = group_rows(d.b).min(d.b - lo);
     let mut blk = Block::new(rows);
     for s in 0..d.t {
         let x_s = rows_at(x, d, s, lo, rows, p.inputs);
@@ -436,7 +447,7 @@ fn backward_layer(
         .into_par_iter()
         .enumerate()
         .for_each(|(group, da)| {
-            backward_group(&w_hh_t, tr, d, dh_out, from, group * GROUP_ROWS, da);
+            backward_group(&w_hh_t, tr, d, dh_out, from, group * group_rows(d.b), da);
         });
     // ∂W_hh = Σ_{t≥1} h_{t−1}ᵀ δa_t: h_{−1} = 0, so step 0 adds nothing (and a
     // one-step sequence leaves ∂W_hh zero).
@@ -484,10 +495,13 @@ fn backward_group(
 ) {
     let Dims { t, b, h } = d;
     let h4 = 4 * h;
-    let rows = GROUP_ROWS.min(b - lo);
+    let rows = group_rows(b).min(b - lo);
     let mut blk = Block::new(rows);
-    let mut dh = vec![0.0; rows * W];
-    let mut da_blk = vec![0.0; 4 * rows * W];
+    let tile = rows * W;
+    // δh of four blocks of units at a time (one `rows × W` tile each), so that the
+    // kernel runs four panels of `W_hhᵀ` against the same rows of `δa_{t+1}`.
+    let mut dh = vec![0.0; 4 * tile];
+    let mut da_blk = vec![0.0; 4 * tile];
     // δc_t carried from step t + 1 (δc_{t+1} ⊙ f_{t+1}), one `rows × W` block per
     // block of units.
     let mut dc = vec![0.0; h.div_ceil(W) * rows * W];
@@ -499,26 +513,45 @@ fn backward_group(
         let gates = rows_at(&tr.gates, d, s, lo, rows, h4);
         let tc = rows_at(&tr.tc, d, s, lo, rows, h);
         let c_prev = s.checked_sub(1).map(|q| rows_at(&tr.c, d, q, lo, rows, h));
-        for (u, dc) in dc.chunks_exact_mut(rows * W).enumerate() {
-            let (col, width) = (u * W, W.min(h - u * W));
-            match out {
-                Some(o) => gather(&mut dh, o, h, col, width),
-                None => dh.fill(0.0),
+        for (quad, dcs) in dc.chunks_mut(4 * tile).enumerate() {
+            let blocks = dcs.len() / tile;
+            let dh = &mut dh[..blocks * tile];
+            for (i, dh) in dh.chunks_exact_mut(tile).enumerate() {
+                let u = 4 * quad + i;
+                match out {
+                    Some(o) => gather(dh, o, h, u * W, W.min(h - u * W)),
+                    None => dh.fill(0.0),
+                }
             }
             if let Some(next) = da_next {
-                kernel::accumulate(&mut dh, next, h4, rows, w_hh_t.panel(u, 0, h4));
+                let panel = |i: usize| w_hh_t.panel(4 * quad + i, 0, h4);
+                if blocks == 4 {
+                    kernel::accumulate4(dh, next, h4, rows, std::array::from_fn(panel));
+                } else {
+                    for (i, dh) in dh.chunks_exact_mut(tile).enumerate() {
+                        kernel::accumulate(dh, next, h4, rows, panel(i));
+                    }
+                }
             }
-            for (k, tile) in blk.a.chunks_exact_mut(rows * W).enumerate() {
-                gather(tile, gates, h4, k * h + col, width);
-            }
-            gather(&mut blk.tc, tc, h, col, width);
-            match c_prev {
-                Some(cp) => gather(&mut blk.c_prev, cp, h, col, width),
-                None => blk.c_prev.fill(0.0),
-            }
-            cell_backward(&blk.a, &blk.tc, &blk.c_prev, &dh, dc, &mut da_blk);
-            for (k, tile) in da_blk.chunks_exact(rows * W).enumerate() {
-                put(da_s, h4, k * h + col, width, tile);
+            for (i, (dh, dc)) in dh
+                .chunks_exact(tile)
+                .zip(dcs.chunks_exact_mut(tile))
+                .enumerate()
+            {
+                let u = 4 * quad + i;
+                let (col, width) = (u * W, W.min(h - u * W));
+                for (k, gate) in blk.a.chunks_exact_mut(tile).enumerate() {
+                    gather(gate, gates, h4, k * h + col, width);
+                }
+                gather(&mut blk.tc, tc, h, col, width);
+                match c_prev {
+                    Some(cp) => gather(&mut blk.c_prev, cp, h, col, width),
+                    None => blk.c_prev.fill(0.0),
+                }
+                cell_backward(&blk.a, &blk.tc, &blk.c_prev, dh, dc, &mut da_blk);
+                for (k, gate) in da_blk.chunks_exact(tile).enumerate() {
+                    put(da_s, h4, k * h + col, width, gate);
+                }
             }
         }
     }

@@ -10,9 +10,15 @@
 //! with a register tile of up to 6 rows × 16 columns (12 AVX2 accumulators, the
 //! shape of `gemm`'s own f32 AVX2 microkernel).
 //!
-//! Every output entry is one running sum over k in increasing order, whatever the
-//! number of rows computed together, so the result of a row does not depend on how
-//! rows or panels are grouped into tasks.
+//! With AVX-512, [`accumulate4`] runs four panels against the same rows in one pass:
+//! 6 rows × 4 panels of one 16-lane vector each, 24 accumulators, where one panel at a
+//! time would keep only 6 of them in flight (too few to hide the FMA latency) and read
+//! the rows four times.
+//!
+//! Every output entry is one running sum over k in increasing order (one FMA per k),
+//! whatever the number of rows or panels computed together and whichever kernel runs,
+//! so the result of a row depends neither on how rows or panels are grouped into tasks
+//! nor on the CPU's vector width.
 
 /// Output columns per panel: two 8-lane AVX2 vectors.
 pub(super) const W: usize = 16;
@@ -70,6 +76,109 @@ pub(super) fn avx2() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// Whether this CPU runs the AVX-512 four-panel kernel ([`accumulate4`]).
+pub(super) fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`accumulate`] for four panels with the same inner range against the same rows:
+/// `outs` holds four `rows × W` tiles one after another (tile `g` for `panels[g]`).
+/// With AVX-512 in one pass ([`tile4_avx512`]), else panel by panel; the bits are the
+/// same either way.
+pub(super) fn accumulate4(
+    outs: &mut [f32],
+    a: &[f32],
+    a_rs: usize,
+    rows: usize,
+    panels: [&[f32]; 4],
+) {
+    let k = panels[0].len() / W;
+    assert!(
+        panels.iter().all(|p| p.len() == k * W),
+        "four panels of whole rows, one inner range"
+    );
+    assert_eq!(outs.len(), 4 * rows * W, "four output tiles");
+    #[cfg(target_arch = "x86_64")]
+    if rows > 0 && k > 0 && avx512() {
+        assert!((rows - 1) * a_rs + k <= a.len(), "rows inside their slice");
+        crate::model::matmul::count_flops(4 * 2 * rows * k * W);
+        let p = panels.map(<[f32]>::as_ptr);
+        let mut r = 0;
+        while r < rows {
+            let n = (rows - r).min(TILE_ROWS);
+            let (o, x) = (outs[r * W..].as_mut_ptr(), a[r * a_rs..].as_ptr());
+            // SAFETY: the CPU has AVX-512F; tile g's rows r..r + n lie at
+            // `o + g·rows·W` inside `outs` (checked length), rows r..r + n of `a` hold
+            // k entries each (checked), and each panel holds k·W (checked).
+            unsafe {
+                match n {
+                    1 => tile4_avx512::<1>(o, rows * W, x, a_rs, k, p),
+                    2 => tile4_avx512::<2>(o, rows * W, x, a_rs, k, p),
+                    3 => tile4_avx512::<3>(o, rows * W, x, a_rs, k, p),
+                    4 => tile4_avx512::<4>(o, rows * W, x, a_rs, k, p),
+                    5 => tile4_avx512::<5>(o, rows * W, x, a_rs, k, p),
+                    _ => tile4_avx512::<6>(o, rows * W, x, a_rs, k, p),
+                }
+            }
+            r += n;
+        }
+        return;
+    }
+    for (out, panel) in outs.chunks_exact_mut(rows * W).zip(panels) {
+        accumulate(out, a, a_rs, rows, panel);
+    }
+}
+
+/// The AVX-512 tile of `R` rows and four panels: per k, one vector of each panel and
+/// one broadcast per row feed 4·R fused multiply-adds.
+///
+/// # Safety
+/// The CPU has AVX-512F; tile `g` row `r` is `W` writable entries at
+/// `out + g·tile + r·W`, row `r` of `a` holds `k` readable entries at `a + r·a_rs`,
+/// and each panel `k·W` readable entries.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile4_avx512<const R: usize>(
+    out: *mut f32,
+    tile: usize,
+    a: *const f32,
+    a_rs: usize,
+    k: usize,
+    panels: [*const f32; 4],
+) {
+    use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_storeu_ps};
+    // SAFETY: every pointer stays inside the ranges the caller vouches for.
+    unsafe {
+        let mut acc = [[_mm512_set1_ps(0.0); 4]; R];
+        for (r, row) in acc.iter_mut().enumerate() {
+            for (g, v) in row.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(out.add(g * tile + r * W));
+            }
+        }
+        for kk in 0..k {
+            let b = panels.map(|p| _mm512_loadu_ps(p.add(kk * W)));
+            for (r, row) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*a.add(r * a_rs + kk));
+                for (v, &b) in row.iter_mut().zip(&b) {
+                    *v = _mm512_fmadd_ps(x, b, *v);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (g, &v) in row.iter().enumerate() {
+                _mm512_storeu_ps(out.add(g * tile + r * W), v);
+            }
+        }
     }
 }
 
@@ -258,6 +367,38 @@ mod tests {
                     .all(|(x, y)| x.to_bits() == y.to_bits()),
                 "row {r}"
             );
+        }
+    }
+
+    /// Four panels in one pass give the bits of four one-panel calls, for every tile
+    /// height and a strided `a`; on a CPU without AVX-512 both sides run the same code.
+    #[test]
+    fn four_panels_at_once_give_the_bits_of_one_at_a_time() {
+        let k = 45;
+        let panels = Panels::pack(4, k, |p, kk, j| {
+            Some(((p * 131 + kk * 13 + j * 5) % 29) as f32 / 7.0 - 2.0)
+        });
+        let ps: [&[f32]; 4] = std::array::from_fn(|g| panels.panel(g, 0, k));
+        for rows in 1..=13 {
+            let a_rs = k + 2;
+            let a: Vec<f32> = (0..rows * a_rs)
+                .map(|i| ((i * 23 % 37) as f32 - 18.0) / 7.0)
+                .collect();
+            let init: Vec<f32> = (0..4 * rows * W).map(|i| (i % 9) as f32 / 4.0).collect();
+            let mut together = init.clone();
+            accumulate4(&mut together, &a, a_rs, rows, ps);
+            let mut apart = init.clone();
+            for (g, out) in apart.chunks_exact_mut(rows * W).enumerate() {
+                accumulate(out, &a, a_rs, rows, ps[g]);
+            }
+            assert!(
+                together
+                    .iter()
+                    .zip(&apart)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{rows} rows"
+            );
+            assert_ne!(together, init, "the products were added");
         }
     }
 
