@@ -143,7 +143,7 @@ pub struct Kernels {
 /// The kernels chosen at run time on this CPU.
 pub fn kernels() -> Kernels {
     Kernels {
-        glue: crate::model::cnn_fused::glue_isa().name(),
+        glue: crate::cpu::isa().name(),
         gemm: crate::model::matmul::gemm_isa(),
     }
 }
@@ -233,12 +233,12 @@ fn mul_add_chains_128(iters: u64) -> f32 {
 /// Measures [`Peak`]: each of five runs of 2²⁰ rounds takes a few milliseconds.
 pub fn peak() -> Peak {
     const ITERS: u64 = 1 << 20;
-    let kernel: (usize, fn(u64) -> f32) = match crate::model::cnn_fused::glue_isa() {
-        // SAFETY (both): glue_isa found AVX-512F, or AVX2 and FMA, on this CPU.
+    let kernel: (usize, fn(u64) -> f32) = match crate::cpu::isa() {
+        // SAFETY (both): cpu::isa found AVX-512F, or AVX2 and FMA, on this CPU.
         #[cfg(target_arch = "x86_64")]
-        crate::model::cnn_fused::Isa::Avx512 => (16, |n| unsafe { fma_chains_512(n) }),
+        crate::cpu::Isa::Avx512 => (16, |n| unsafe { fma_chains_512(n) }),
         #[cfg(target_arch = "x86_64")]
-        crate::model::cnn_fused::Isa::Avx2 => (8, |n| unsafe { fma_chains_256(n) }),
+        crate::cpu::Isa::Avx2 => (8, |n| unsafe { fma_chains_256(n) }),
         _ => (4, mul_add_chains_128),
     };
     let (lanes, run) = kernel;

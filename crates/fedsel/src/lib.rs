@@ -12,6 +12,7 @@ pub mod availability;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod cpu;
 pub mod data;
 pub mod diagnostics;
 pub mod digest;

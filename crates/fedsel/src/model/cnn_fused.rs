@@ -35,34 +35,7 @@ use std::cell::RefCell;
 use crate::model::matmul::{View, gemm_into, gemm_into_padded, matmul};
 use rayon::prelude::*;
 
-/// The vector instruction set the loops around the GEMMs ("glue": im2col, col2im,
-/// ReLU, pooling, bias sums) are compiled for, chosen once per call at run time.
-///
-/// One binary serves every x86-64 CPU: the glue functions are compiled three times
-/// (baseline SSE2, AVX2+FMA, AVX-512) by `dispatch!` and the widest the CPU has runs.
-/// They are elementwise work, copies and sums each kept in its sequential order, so the
-/// bits are the same whichever version runs (only `gemm`'s own kernels, which pick
-/// their blocking by instruction set, may round differently on another CPU kind).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Isa {
-    /// AVX-512 F/BW/DQ/VL with AVX2 and FMA.
-    Avx512,
-    /// AVX2 and FMA.
-    Avx2,
-    /// The target's baseline (SSE2 on x86-64).
-    Baseline,
-}
-
-impl Isa {
-    /// The name `fedsel bench` prints.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Isa::Avx512 => "avx512f",
-            Isa::Avx2 => "avx2+fma",
-            Isa::Baseline => "baseline",
-        }
-    }
-}
+use crate::cpu::Isa;
 
 #[cfg(test)]
 thread_local! {
@@ -71,29 +44,16 @@ thread_local! {
     static FORCED_ISA: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
 }
 
-/// The widest [`Isa`] this CPU runs (std caches the CPUID probe).
+/// The [`Isa`] the loops around the GEMMs ("glue": im2col, col2im, ReLU, pooling, bias
+/// sums) run on: [`crate::cpu::isa`], or in tests the one a test forces. They are
+/// elementwise work, copies and sums each kept in its sequential order, so the bits are
+/// the same whichever version runs.
 pub(crate) fn glue_isa() -> Isa {
     #[cfg(test)]
     if let Some(isa) = FORCED_ISA.with(std::cell::Cell::get) {
         return isa;
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Isa::Avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Isa::Avx2;
-        }
-    }
-    Isa::Baseline
+    crate::cpu::isa()
 }
 
 /// Defines `fn name(args) body` compiled once per [`Isa`], the call running the

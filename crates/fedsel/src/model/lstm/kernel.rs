@@ -66,29 +66,14 @@ impl Panels {
     }
 }
 
-/// Whether this CPU runs the AVX2+FMA kernel (checked at run time: the binary is
-/// built for baseline x86-64, and `is_x86_feature_detected!` caches its answer).
+/// Whether this CPU runs the AVX2+FMA kernel ([`crate::cpu`]).
 pub(super) fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::cpu::isa() >= crate::cpu::Isa::Avx2
 }
 
 /// Whether this CPU runs the AVX-512 four-panel kernel ([`accumulate4`]).
 pub(super) fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::cpu::isa() == crate::cpu::Isa::Avx512
 }
 
 /// [`accumulate`] for four panels with the same inner range against the same rows:

@@ -38,19 +38,13 @@ pub(super) enum Kernel {
 }
 
 impl Kernel {
-    /// The widest kernel this CPU runs (checked at run time: the binary is built for
-    /// baseline x86-64, and `is_x86_feature_detected!` caches its answer).
+    /// The widest kernel this CPU runs ([`crate::cpu::isa`]).
     pub(super) fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx512f") {
-                return Self::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return Self::Avx2;
-            }
+        match crate::cpu::isa() {
+            crate::cpu::Isa::Avx512 => Self::Avx512,
+            crate::cpu::Isa::Avx2 => Self::Avx2,
+            crate::cpu::Isa::Baseline => Self::Portable,
         }
-        Self::Portable
     }
 
     /// Every kernel this CPU runs.
