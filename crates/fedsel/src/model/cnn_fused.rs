@@ -380,6 +380,15 @@ dispatch! {
 }
 
 dispatch! {
+    /// `x = relu(x)`, elementwise.
+    fn relu_in_place(x: &mut [f32]) {
+        for v in x {
+            *v = relu(*v);
+        }
+    }
+}
+
+dispatch! {
     /// ReLU backward: `d = g` where the ReLU's output `out` passes, else 0.
     fn relu_backward(d: &mut [f32], g: &[f32], out: &[f32]) {
         for ((d, &g), &o) in d.iter_mut().zip(g).zip(out) {
@@ -423,15 +432,14 @@ dispatch! {
 
 dispatch! {
     /// Max-pool backward: adds each `g` to the input pixel `idx` its window took, when
-    /// `mask` (the pool's input, a ReLU's output) passes there or there is no mask;
-    /// the ReLU before the pool is thereby applied in the same pass.
-    fn pool_backward(d: &mut [f32], idx: &[u32], g: &[f32], mask: Option<&[f32]>) {
-        match mask {
+    /// `maxima` (the pool's output after a fused ReLU, one per window) passes the ReLU
+    /// or there is none; the ReLU before the pool is thereby applied in the same pass.
+    fn pool_backward(d: &mut [f32], idx: &[u32], g: &[f32], maxima: Option<&[f32]>) {
+        match maxima {
             Some(m) => {
-                for (&j, &g) in idx.iter().zip(g) {
-                    let j = j as usize;
-                    if relu_passes(m[j]) {
-                        d[j] += g;
+                for ((&j, &g), &m) in idx.iter().zip(g).zip(m) {
+                    if relu_passes(m) {
+                        d[j as usize] += g;
                     }
                 }
             }
@@ -521,7 +529,17 @@ fn fit<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
 }
 
 impl Net {
-    /// Runs the stages on image `x`, filling `tr`.
+    /// Whether stage `i` is a ReLU just before a pool: the pool then runs on the ReLU's
+    /// input and applies it to the window maxima (ReLU is monotone and keeps NaN, so
+    /// `max(relu(v)) = relu(max(v))`), and the ReLU's own pass and output are skipped.
+    /// Only the argmax of a window whose maximum is at most 0 can differ, and there the
+    /// ReLU passes no gradient anyway.
+    fn relu_into_pool(&self, i: usize) -> bool {
+        matches!(self.stages[i], Stage::Relu) && matches!(self.stages.get(i + 1), Some(Stage::Pool))
+    }
+
+    /// Runs the stages on image `x`, filling `tr` (a ReLU just before a pool leaves its
+    /// output empty, [`Net::relu_into_pool`]).
     fn forward_image(
         &self,
         plan: &Plan,
@@ -537,8 +555,19 @@ impl Net {
             let shape = plan.shapes[i];
             let [co, ho, wo] = plan.shapes[i + 1];
             let (done, rest) = tr.outs.split_at_mut(i);
-            let input: &[f32] = if i == 0 { x } else { &done[i - 1] };
+            let fused_relu = i > 0 && self.relu_into_pool(i - 1);
+            // A pool after a fused ReLU reads the ReLU's input.
+            let input: &[f32] = match (i, fused_relu) {
+                (0, _) => x,
+                (1, true) => x,
+                (_, true) => &done[i - 2],
+                _ => &done[i - 1],
+            };
             let out = &mut rest[0];
+            if self.relu_into_pool(i) {
+                out.clear();
+                continue;
+            }
             fit(out, co * ho * wo);
             match *stage {
                 Stage::Conv { cout, k, pad } => {
@@ -576,6 +605,9 @@ impl Net {
                     let idx = &mut tr.argmax[i];
                     fit(idx, co * ho * wo);
                     pool_forward(input, shape, out, idx);
+                    if fused_relu {
+                        relu_in_place(out);
+                    }
                 }
             }
         }
@@ -641,16 +673,17 @@ impl Net {
                 }
                 Stage::Pool => {
                     zeros(&mut s.grad_in, ci * h * w);
-                    // A ReLU just before the pool is applied here: its gradient passes
-                    // where its output (the pool's input) does, and only window maxima
-                    // receive one. Skipping its own pass gives the same bits: each
-                    // pixel gets at most one 0 + g, masked or not.
-                    let relu_before = i > 0 && matches!(self.stages[i - 1], Stage::Relu);
+                    // A ReLU just before the pool (fused in the forward pass) is applied
+                    // here: its gradient passes where its output does, and only window
+                    // maxima receive one, where its output is the pool's. Skipping its
+                    // own pass gives the same bits: each pixel gets at most one 0 + g,
+                    // masked or not.
+                    let relu_before = i > 0 && self.relu_into_pool(i - 1);
                     pool_backward(
                         &mut s.grad_in,
                         &tr.argmax[i],
                         &s.grad,
-                        relu_before.then_some(input),
+                        relu_before.then_some(&tr.outs[i][..]),
                     );
                     if relu_before {
                         i -= 1;
