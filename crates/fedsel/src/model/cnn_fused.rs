@@ -113,6 +113,107 @@ pub(super) struct Net {
 /// chunks' sums added in order, so this fixes the summation order.
 const CHUNK: usize = 4;
 
+/// Patch sizes (`cin·k·k`) up to which a convolution's forward pass is direct on
+/// AVX-512 ([`conv_direct_avx512`]): the first layers of the seed CNNs (25 and 27).
+const DIRECT_PATCH: usize = 32;
+
+/// A convolution's forward pass without the patch matrix, for small patches: `out[co]`
+/// = `b[co]` + the sum over the patch, 16 output pixels a vector, eight channels at a
+/// time. Each sum runs as `gemm`'s does for the im2col product (a chain of fused
+/// multiply-adds from zero over the patch in `(ci, ky, kx)` order, one block since the
+/// patch is shorter than any block, then added to the bias), so the bits are the same;
+/// `gemm` spent most of those products' time on its setup and edges at k = 25, and
+/// im2col on a matrix 25 times the image.
+///
+/// # Safety
+/// The CPU has AVX-512F; `xp` holds `c·hp·wp` entries (`padded`), `w` holds
+/// `cout·c·k·k` and `b` `cout`, and `out` `cout·(hp + 1 − k)·(wp + 1 − k)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn conv_direct_avx512(
+    xp: &[f32],
+    padded: [usize; 3],
+    k: usize,
+    w: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+) {
+    let [c, hp, wp] = padded;
+    let (ho, wo, ckk) = (hp + 1 - k, wp + 1 - k, c * k * k);
+    let cout = b.len();
+    assert!(xp.len() >= c * hp * wp && w.len() == cout * ckk && out.len() == cout * ho * wo);
+    crate::model::matmul::count_flops(2 * cout * ho * wo * ckk);
+    // Each patch entry's offset in `xp` from the output pixel's.
+    let offsets: Vec<usize> = (0..ckk)
+        .map(|r| (r / (k * k) * hp + r / k % k) * wp + r % k)
+        .collect();
+    let mut co = 0;
+    while co < cout {
+        let group = (cout - co).min(8);
+        // SAFETY: the caller's contract, for channels co..co + group.
+        unsafe {
+            if group == 8 {
+                conv_direct_group::<8>(xp, wp, [ho, wo], &offsets, w, b, out, co);
+            } else {
+                for g in co..co + group {
+                    conv_direct_group::<1>(xp, wp, [ho, wo], &offsets, w, b, out, g);
+                }
+            }
+        }
+        co += group;
+    }
+}
+
+/// Output channels `co..co + G` of [`conv_direct_avx512`].
+///
+/// # Safety
+/// As [`conv_direct_avx512`], with `co + G ≤ cout`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_direct_group<const G: usize>(
+    xp: &[f32],
+    wp: usize,
+    [ho, wo]: [usize; 2],
+    offsets: &[usize],
+    w: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    co: usize,
+) {
+    use std::arch::x86_64::{
+        _mm512_add_ps, _mm512_fmadd_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
+        _mm512_set1_ps, _mm512_setzero_ps,
+    };
+    let ckk = offsets.len();
+    let (x, o) = (xp.as_ptr(), out.as_mut_ptr());
+    for oy in 0..ho {
+        let mut ox = 0;
+        while ox < wo {
+            let mask = u16::MAX >> (16 - (wo - ox).min(16));
+            let at = oy * wp + ox;
+            // SAFETY: patch entry r of output pixels at..at + 16 (masked to the row)
+            // reads xp[at + offsets[r] ..], inside the padded image; channel co + g's
+            // weights and output row lie inside `w` and `out`.
+            unsafe {
+                let mut acc = [_mm512_setzero_ps(); G];
+                for (r, &off) in offsets.iter().enumerate() {
+                    let v = _mm512_maskz_loadu_ps(mask, x.add(at + off));
+                    for (g, a) in acc.iter_mut().enumerate() {
+                        let wt = _mm512_set1_ps(*w.get_unchecked((co + g) * ckk + r));
+                        *a = _mm512_fmadd_ps(wt, v, *a);
+                    }
+                }
+                for (g, a) in acc.iter().enumerate() {
+                    let sum = _mm512_add_ps(_mm512_set1_ps(b[co + g]), *a);
+                    _mm512_mask_storeu_ps(o.add(((co + g) * ho + oy) * wo + ox), mask, sum);
+                }
+            }
+            ox += 16;
+        }
+    }
+}
+
 /// Entries per task when the chunks' gradients are summed.
 const SUM_BLOCK: usize = 1 << 13;
 
@@ -575,6 +676,22 @@ impl Net {
                     let (hw, ld) = (ho * wo, patch_stride(ho * wo));
                     let w = &params[plan.conv_at[i]..][..cout * ckk];
                     let b = &params[plan.conv_at[i] + cout * ckk..][..cout];
+                    #[cfg(target_arch = "x86_64")]
+                    if ckk <= DIRECT_PATCH && glue_isa() == Isa::Avx512 {
+                        let [c, h, w_in] = shape;
+                        let xp: &[f32] = if pad == 0 {
+                            input
+                        } else {
+                            pad_image(input, shape, pad, &mut s.padded);
+                            &s.padded
+                        };
+                        // SAFETY: glue_isa found AVX-512F; `xp` is the padded image, `w`
+                        // and `b` this stage's weights and biases, `out` its output.
+                        unsafe {
+                            conv_direct_avx512(xp, [c, h + 2 * pad, w_in + 2 * pad], k, w, b, out)
+                        };
+                        continue;
+                    }
                     fit(&mut s.col, ckk * ld);
                     im2col(input, shape, k, pad, &mut s.padded, &mut s.col, ld);
                     let wide = if ld == hw {
