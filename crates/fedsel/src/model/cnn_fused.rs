@@ -143,20 +143,23 @@ unsafe fn conv_direct_avx512(
     let cout = b.len();
     assert!(xp.len() >= c * hp * wp && w.len() == cout * ckk && out.len() == cout * ho * wo);
     crate::model::matmul::count_flops(2 * cout * ho * wo * ckk);
+    assert!(ckk <= DIRECT_PATCH, "a small patch");
     // Each patch entry's offset in `xp` from the output pixel's.
-    let offsets: Vec<usize> = (0..ckk)
-        .map(|r| (r / (k * k) * hp + r / k % k) * wp + r % k)
-        .collect();
+    let mut offsets = [0; DIRECT_PATCH];
+    for (r, off) in offsets[..ckk].iter_mut().enumerate() {
+        *off = (r / (k * k) * hp + r / k % k) * wp + r % k;
+    }
+    let offsets = &offsets[..ckk];
     let mut co = 0;
     while co < cout {
         let group = (cout - co).min(8);
         // SAFETY: the caller's contract, for channels co..co + group.
         unsafe {
             if group == 8 {
-                conv_direct_group::<8>(xp, wp, [ho, wo], &offsets, w, b, out, co);
+                conv_direct_group::<8>(xp, wp, [ho, wo], offsets, w, b, out, co);
             } else {
                 for g in co..co + group {
-                    conv_direct_group::<1>(xp, wp, [ho, wo], &offsets, w, b, out, g);
+                    conv_direct_group::<1>(xp, wp, [ho, wo], offsets, w, b, out, g);
                 }
             }
         }
