@@ -1016,12 +1016,12 @@ impl Net {
                         self.backward_image(&plan, &w_t, x, tr, &mut g, s);
                     }
                 });
-                self.untranspose_weights(&plan, &mut g);
                 g
             })
             .collect();
-        // The chunks' sums added in chunk order, entry by entry; the entries in blocks
-        // side by side.
+        // The chunks' sums added in chunk order, entry by entry (the entries in blocks
+        // side by side), each weight still in the backward pass's layout; then laid out
+        // as the parameters, once.
         grad[..plan.conv_total]
             .par_chunks_mut(SUM_BLOCK)
             .enumerate()
@@ -1030,6 +1030,7 @@ impl Net {
                     add_assign(dst, &part[b * SUM_BLOCK..][..dst.len()]);
                 }
             });
+        self.untranspose_weights(&plan, &mut grad[..plan.conv_total]);
         TRACES.set(traces);
         ((loss / batch as f64) as f32, grad)
     }

@@ -190,13 +190,7 @@ pub(crate) fn gemm_into(
     b: View<'_>,
     accumulate: bool,
 ) {
-    let (m, _, n) = check(a, b);
-    assert!(
-        m == 0 || n == 0 || (m - 1) * out_rs + n <= out.len(),
-        "output inside its slice"
-    );
-    // SAFETY: checked above; `out` is borrowed exclusively.
-    unsafe { gemm_raw(out.as_mut_ptr(), out_rs, a, b, accumulate) }
+    gemm_into_padded(out, out_rs, a, b, accumulate, b.cols);
 }
 
 /// [`gemm_into`] for a product whose columns past the first `cols` are padding (zeros
