@@ -132,6 +132,27 @@ def test_bad_select_arguments_are_named():
         sel.select(-2, [0, 1], 1, Answers())
 
 
+def test_a_round_is_observed_once_and_rounds_go_forward():
+    # Oort counts each client's trainings (its blacklist): a second report of one round
+    # would count them twice.
+    sel = fedsel.Selector("oort", sizes=[30, 40, 50, 60, 70], per_round=2, rounds=10)
+    chosen = sel.select(5, [0, 1, 2, 3, 4], 2, Answers())
+    sel.observe(chosen, train_losses=[1.0] * len(chosen), durations=[2.0] * len(chosen))
+    with pytest.raises(FedselError, match="round 5 was observed already"):
+        sel.observe(chosen, train_losses=[1.0] * len(chosen), durations=[2.0] * len(chosen))
+    with pytest.raises(FedselError, match="`round` is 2, but round 5 was selected already"):
+        sel.select(2, [0, 1, 2, 3, 4], 2, Answers())
+    with pytest.raises(FedselError, match="`round` is 5, but round 5 was selected already"):
+        sel.select(5, [0, 1, 2, 3, 4], 2, Answers())
+    # A restored state carries its round: the rounds after it may follow, not those before.
+    saved = sel.state()
+    chosen = sel.select(6, [0, 1, 2, 3, 4], 2, Answers())
+    sel.load_state(saved)
+    assert sel.select(6, [0, 1, 2, 3, 4], 2, Answers()) == chosen
+    with pytest.raises(FedselError, match="`round` is 4, but round 6"):
+        sel.select(4, [0, 1, 2, 3, 4], 2, Answers())
+
+
 def test_observe_refuses_clients_that_were_not_selected():
     sel = fedsel.Selector("uniform", sizes=[3, 2, 4, 5], per_round=1, rounds=5)
     chosen = sel.select(0, [0, 1, 2, 3], 1, Answers())

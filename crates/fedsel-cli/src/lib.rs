@@ -311,8 +311,13 @@ fn run(args: RunArgs) -> Result<()> {
     for w in config.warnings(exp.clients.len()) {
         tracing::warn!("{w}");
     }
+    let clock = config
+        .system
+        .as_ref()
+        .and_then(|s| s.describe())
+        .map_or(String::new(), |c| format!("; {c}"));
     println!(
-        "fedsel {}: {} on {} ({} clients, {} train / {} test examples, {} parameters), {} rounds -> {}",
+        "fedsel {}: {} on {} ({} clients, {} train / {} test examples, {} parameters), {} rounds{clock} -> {}",
         fedsel::VERSION,
         config.selection.strategy,
         exp.data.name,
@@ -428,6 +433,25 @@ fn run(args: RunArgs) -> Result<()> {
             t * 100.0,
             r.map_or("not reached".into(), |r| r.to_string())
         );
+    }
+    if let Some(c) = &summary.clock {
+        println!(
+            "  virtual time: {} ({:.1} s); wasted trainings {}; rounds without updates {}",
+            clock_time(c.clock_s),
+            c.clock_s,
+            c.wasted_trainings,
+            c.rounds_without_updates
+        );
+        for (t, s) in &c.time_to_target_s {
+            println!(
+                "  virtual time to {:.0}%: {}",
+                t * 100.0,
+                s.map_or("not reached".into(), |s| format!(
+                    "{} ({s:.1} s)",
+                    clock_time(s)
+                ))
+            );
+        }
     }
     for (stem, s) in fedsel_workbench::inspect::embeddings(&out)? {
         println!(
@@ -1185,5 +1209,19 @@ fn dispatch(cli: Cli) -> Result<()> {
             &clients,
             &strategies,
         ),
+    }
+}
+
+/// Virtual seconds as hours, minutes and seconds (`2h 05m 07s`, `3m 20s`, `12.5s`).
+fn clock_time(s: f64) -> String {
+    if !s.is_finite() || s < 60.0 {
+        return format!("{s:.1}s");
+    }
+    let whole = s.round() as u64;
+    let (h, m, sec) = (whole / 3600, whole / 60 % 60, whole % 60);
+    if h > 0 {
+        format!("{h}h {m:02}m {sec:02}s")
+    } else {
+        format!("{m}m {sec:02}s")
     }
 }

@@ -114,8 +114,12 @@ struct State {
     inner: Box<dyn Selector>,
     /// The initial phase (FedGS's graph) ran, or a loaded state made it unnecessary.
     initialised: bool,
-    /// The round of the last `select`, which `observe` reports on.
+    /// The round of the last `select`, which `observe` reports on; a later `select` must
+    /// name a later round.
     last_round: Option<usize>,
+    /// The round `observe` last reported on: each selection is reported once, or a
+    /// selector that counts trainings (Oort's blacklist) would count them twice.
+    observed: Option<usize>,
     /// The last selection's aggregation weights, when the strategy gives its own (F3AST).
     weights: Option<Vec<f64>>,
     /// The last selection, which `observe` may report on in part, never beyond.
@@ -339,6 +343,7 @@ impl PySelector {
                 inner,
                 initialised: false,
                 last_round: None,
+                observed: None,
                 weights: None,
                 last_selection: Vec::new(),
                 update_len: None,
@@ -421,6 +426,12 @@ impl PySelector {
         available.dedup();
         let budget = count("budget", arg("budget", budget)?)?;
         let mut state = self.lock()?;
+        if let Some(last) = state.last_round.filter(|&last| round <= last) {
+            return Err(py_err(format!(
+                "`round` is {round}, but round {last} was selected already: rounds go forward, \
+                 each selected once (a restarted server restores `state()`, which carries the round)"
+            )));
+        }
         let name = self.name;
         let mut q = PyQuery {
             obj: &query,
@@ -498,6 +509,12 @@ impl PySelector {
         let round = state
             .last_round
             .ok_or_else(|| py_err("observe before any select: there is no round to report on"))?;
+        if state.observed == Some(round) {
+            return Err(py_err(format!(
+                "round {round} was observed already: `observe` reports each selection once, \
+                 after the `select` of its round (the last was round {round})"
+            )));
+        }
         let mut left = state.last_selection.clone();
         for (i, k) in selected.iter().enumerate() {
             match left.iter().position(|x| x == k) {
@@ -566,6 +583,7 @@ impl PySelector {
                 update_len,
             ))
         })?;
+        state.observed = Some(round);
         if update_len.is_some() && rejected.len() < selected.len() {
             state.update_len = update_len;
         }
@@ -600,6 +618,8 @@ impl PySelector {
             "clients": self.clients,
             "classes": self.classes,
             "update_len": s.update_len,
+            "last_round": s.last_round,
+            "observed": s.observed,
             "selector": s.inner.save(),
         });
         let text = serde_json::to_string(&value).map_err(py_err)?;
@@ -637,11 +657,21 @@ impl PySelector {
         expect("classes", self.classes.into())?;
         let update_len: Option<usize> = serde_json::from_value(field("update_len")?.clone())
             .map_err(|e| py_err(format!("`state['update_len']`: {e}")))?;
+        // Absent from states saved before the rounds were kept: then any round may follow.
+        let round = |key: &str| -> PyResult<Option<usize>> {
+            value.get(key).map_or(Ok(None), |v| {
+                serde_json::from_value(v.clone())
+                    .map_err(|e| py_err(format!("`state['{key}']`: {e}")))
+            })
+        };
+        let (last_round, observed) = (round("last_round")?, round("observed")?);
         let inner = field("selector")?;
         let mut s = self.lock()?;
         let name = self.name;
         no_panic(name, "load_state", || s.inner.load(inner).map_err(py_err))?;
         s.update_len = update_len;
+        s.last_round = last_round;
+        s.observed = observed;
         s.initialised = true;
         Ok(())
     }

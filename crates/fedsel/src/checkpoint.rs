@@ -312,6 +312,7 @@ mod tests {
                     clock_s: 0.1 + 0.2,
                     time_to_target_s: vec![(0.5, Some(1.0 / 3.0)), (0.95, None)],
                     wasted_trainings: 7,
+                    rounds_without_updates: 2,
                 }),
             },
         }

@@ -437,6 +437,19 @@ pub enum LocalWork {
     Epochs(usize),
 }
 
+impl LocalWork {
+    /// Samples a client of `n` training samples processes in one local training with
+    /// batches of `batch`, as the virtual clock charges them: every step a whole batch
+    /// (an epoch's last, partial batch counts as one).
+    pub fn samples(self, n: usize, batch: usize) -> u64 {
+        let steps = match self {
+            LocalWork::Steps(s) => s,
+            LocalWork::Epochs(e) => e * n.div_ceil(batch.max(1)),
+        };
+        steps as u64 * batch as u64
+    }
+}
+
 /// Local training.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -502,10 +515,43 @@ pub struct EvalConfig {
     /// off, so that configs from before the key keep their hash (sweep cells, checkpoints).
     #[serde(skip_serializing_if = "is_true")]
     pub per_client: bool,
+    /// Measure the per-client accuracies on every this many rounds (those among the
+    /// evaluation rounds), and at the last round always; 1 = at every evaluation. A
+    /// fairness statistic moves slowly, and measuring it every round cost a scale run up to
+    /// 47 times the round's time. Written out only when it is not the default, as
+    /// `per_client`.
+    #[serde(skip_serializing_if = "is_default_per_client_every")]
+    pub per_client_every: usize,
+    /// Measure them on at most this many clients: when the partition has more, a fixed
+    /// sample drawn from the data seed, the same clients for every strategy of that seed;
+    /// 0 = every client. Written out only when it is not the default.
+    #[serde(skip_serializing_if = "is_default_per_client_clients")]
+    pub per_client_clients: usize,
 }
 
 fn is_true(b: &bool) -> bool {
     *b
+}
+
+/// `eval.per_client_every`'s default.
+const PER_CLIENT_EVERY: usize = 10;
+/// `eval.per_client_clients`'s default.
+const PER_CLIENT_CLIENTS: usize = 1000;
+
+fn is_default_per_client_every(n: &usize) -> bool {
+    *n == PER_CLIENT_EVERY
+}
+
+fn is_default_per_client_clients(n: &usize) -> bool {
+    *n == PER_CLIENT_CLIENTS
+}
+
+impl EvalConfig {
+    /// Whether round `t` of `rounds`, if evaluated, also measures the per-client
+    /// accuracies.
+    pub fn per_client_at(&self, t: usize, rounds: usize) -> bool {
+        self.per_client && ((t + 1).is_multiple_of(self.per_client_every) || t + 1 == rounds)
+    }
 }
 
 impl Default for EvalConfig {
@@ -515,6 +561,8 @@ impl Default for EvalConfig {
             batch_size: 1000,
             max_test_samples: 0,
             per_client: true,
+            per_client_every: PER_CLIENT_EVERY,
+            per_client_clients: PER_CLIENT_CLIENTS,
         }
     }
 }
@@ -889,6 +937,11 @@ impl Config {
         }
         check(self.eval.every > 0, "eval.every", "must be at least 1")?;
         check(
+            self.eval.per_client_every > 0,
+            "eval.per_client_every",
+            "must be at least 1 (eval.per_client = false turns the measurement off)",
+        )?;
+        check(
             self.eval.batch_size > 0,
             "eval.batch_size",
             "must be at least 1",
@@ -959,6 +1012,21 @@ impl Config {
                          kept and {} reduces to sampling ∝ p_k; use d > m (FedCor App. C.1: \
                          selection.powd.d_per_m = 2) or d = 0 (all clients)",
                         sel.strategy
+                    ),
+                });
+            }
+        }
+        if let Some(RoundPolicy::Overcommit { overcommit }) = self.system.as_ref().map(|s| s.round)
+        {
+            let k = self.selection.per_round(clients);
+            let asked = ((1.0 + overcommit) * k as f64).ceil();
+            if asked > clients as f64 {
+                out.push(ConfigWarning {
+                    key: "system.round.overcommit".into(),
+                    message: format!(
+                        "{overcommit} asks for ⌈(1 + {overcommit}) · {k}⌉ = {asked} clients a \
+                         round of the {clients} there are: every available client is selected \
+                         and the {k} whose updates arrive first are kept"
                     ),
                 });
             }
@@ -1067,7 +1135,13 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 3] = ["eval.per_client", "selection.oort", "selection.fedcs"];
+const ELIDED_AT_DEFAULT: [&str; 5] = [
+    "eval.per_client",
+    "eval.per_client_every",
+    "eval.per_client_clients",
+    "selection.oort",
+    "selection.fedcs",
+];
 
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes
 /// none (`kind = "always"`, `"iid"`, `"fmnist"`), so the keys of what was read back are

@@ -76,6 +76,9 @@ pub struct Experiment {
     /// The virtual clock, with every client's device (`[system]` with a profile only),
     /// built here so that a bad profile file fails before any output directory is made.
     clock: Option<Clock>,
+    /// The clients whose accuracies the per-client columns summarise: every client, or
+    /// at most `eval.per_client_clients` of them drawn once from the data seed.
+    fairness_clients: Vec<usize>,
 }
 
 /// One finished round, as written to `metrics.csv`.
@@ -225,10 +228,28 @@ impl Experiment {
         let arch = model::build(&config.model, &data.train)?;
         let layout = ParamLayout::of(arch.as_ref());
         let clock = match &config.system {
-            Some(system) => system.clock(clients.len(), layout.total, config.data_seed())?,
+            Some(system) => {
+                let train = &config.train;
+                let samples: Vec<u64> = clients
+                    .iter()
+                    .map(|c| train.work.samples(c.train.len(), train.batch_size))
+                    .collect();
+                system.clock(&samples, config.rounds, layout.total, config.data_seed())?
+            }
             None => None,
         };
         let device = device_for(&config.device)?;
+        let fairness_clients = {
+            let (n, max) = (clients.len(), config.eval.per_client_clients);
+            if max == 0 || max >= n {
+                (0..n).collect()
+            } else {
+                let mut rng = stream(config.data_seed(), Purpose::Dataset, 2, 0);
+                let mut idx = rand::seq::index::sample(&mut rng, n, max).into_vec();
+                idx.sort_unstable();
+                idx
+            }
+        };
         let n_test = data.test.len();
         let test_idx = if config.eval.max_test_samples > 0 && config.eval.max_test_samples < n_test
         {
@@ -260,6 +281,7 @@ impl Experiment {
             holdout_sets: OnceLock::new(),
             trace,
             clock,
+            fairness_clients,
         })
     }
 
@@ -397,13 +419,15 @@ impl Experiment {
         (&sets[k], Cow::Owned((0..c.holdout.len()).collect()))
     }
 
-    /// Accuracy of `params` on each client's held-out part, in client order, leaving out the
-    /// clients that hold none out. The simulator's measurement, as LEAF's: no strategy
-    /// asks for it, so no cost is booked.
+    /// Accuracy of `params` on each measured client's held-out part (every client, or the
+    /// fixed sample of `eval.per_client_clients`), in client order, leaving out the clients
+    /// that hold none out. The simulator's measurement, as LEAF's: no strategy asks for it,
+    /// so no cost is booked.
     pub fn client_accuracies(&self, params: &[f32]) -> Vec<f64> {
         let bs = self.config.eval.batch_size;
-        (0..self.clients.len())
-            .into_par_iter()
+        self.fairness_clients
+            .par_iter()
+            .copied()
             .filter(|&k| !self.clients[k].holdout.is_empty())
             .map(|k| {
                 let (data, idx) = self.holdout(k);
@@ -785,12 +809,14 @@ pub fn run_with(
         let mut assessed = None;
         let trained = selection.as_ref().ok().map(|s| {
             run.train(t, lr, &s.clients, &mut cost, || {
-                assessed = pending.as_ref().map(|(global, _)| assess(exp, global));
+                assessed = pending
+                    .as_ref()
+                    .map(|(global, r)| assess(exp, global, r.round));
             })
         });
         // The last round is recorded before this one's error, if any, is returned.
         if let Some((global, mut record)) = pending.take() {
-            let assessment = assessed.unwrap_or_else(|| assess(exp, &global));
+            let assessment = assessed.unwrap_or_else(|| assess(exp, &global, record.round));
             record.elapsed_s = started.elapsed().as_secs_f64();
             run.log(record, Some(assessment), observer)?;
         }
@@ -799,7 +825,7 @@ pub fn run_with(
         run.aggregate(t, &selection, &trained, timing.as_ref())?;
         let train_loss = trained.mean_loss();
         let (reported, trained, clock) =
-            run.on_time(&selection.clients, trained, timing, &mut cost);
+            run.on_time(t, &selection.clients, trained, timing, &mut cost)?;
         run.feedback(t, &reported, trained);
         let mut record = RoundRecord {
             round: t,
@@ -824,7 +850,7 @@ pub fn run_with(
             pending = Some((run.global.clone(), record));
             continue;
         } else {
-            Some(assess(exp, &run.global))
+            Some(assess(exp, &run.global, t))
         };
         record.elapsed_s = started.elapsed().as_secs_f64();
         run.log(record, assessment, observer)?;
@@ -834,8 +860,9 @@ pub fn run_with(
     Ok(run.summary)
 }
 
-/// A global model's evaluation: on the pooled test set and, unless `eval.per_client` is
-/// off, across the clients' held-out data.
+/// A global model's evaluation: on the pooled test set and, on the rounds
+/// [`EvalConfig::per_client_at`](crate::config::EvalConfig::per_client_at) names, across
+/// the clients' held-out data.
 struct Assessment {
     test: Evaluation,
     clients: Option<ClientAccuracy>,
@@ -843,13 +870,13 @@ struct Assessment {
 
 /// Evaluates `global`. It reads nothing but the model and the data, so it may run beside
 /// the next round (see the module doc); its arithmetic does not depend on the threads.
-fn assess(exp: &Experiment, global: &[f32]) -> Assessment {
+fn assess(exp: &Experiment, global: &[f32], t: usize) -> Assessment {
     Assessment {
         test: exp.test(global),
         clients: exp
             .config
             .eval
-            .per_client
+            .per_client_at(t, exp.config.rounds)
             .then(|| ClientAccuracy::of(&exp.client_accuracies(global)))
             .flatten(),
     }
@@ -1008,6 +1035,7 @@ impl<'a> Run<'a> {
                 clock_s: 0.0,
                 time_to_target_s: cfg.targets.iter().map(|&t| (t, None)).collect(),
                 wasted_trainings: 0,
+                rounds_without_updates: 0,
             }),
         };
         Ok(Run {
@@ -1228,16 +1256,18 @@ impl<'a> Run<'a> {
     /// The entries the selector hears of, and the round on the clock: updates the round
     /// policy discarded are not reported (the server never used them), though their clients
     /// keep the optimizer state of the training they did, and the trainings wasted are
-    /// booked in `cost`. Without a clock, every entry.
+    /// booked in `cost`. Without a clock, every entry. A round whose time the clock cannot
+    /// count (durations whose sum overflows) is a config error naming the round.
     fn on_time<'s>(
         &self,
+        t: usize,
         selected: &'s [usize],
         mut trained: Trained,
         timing: Option<RoundTiming>,
         cost: &mut Ledger,
-    ) -> (Cow<'s, [usize]>, Trained, Option<RoundClock>) {
+    ) -> Result<(Cow<'s, [usize]>, Trained, Option<RoundClock>)> {
         let (Some(timing), Some(total)) = (timing, &self.summary.clock) else {
-            return (Cow::Borrowed(selected), trained, None);
+            return Ok((Cow::Borrowed(selected), trained, None));
         };
         let kept = &timing.kept;
         cost.wasted_trainings += trained
@@ -1251,16 +1281,28 @@ impl<'a> Run<'a> {
         trained.durations = Some(kept_entries(timing.finish, kept));
         // A wait for someone to come online (a behave trace) is part of the round.
         let round_s = (self.start_s - total.clock_s) + timing.round_s;
+        let clock_s = total.clock_s + round_s;
+        if !(round_s.is_finite() && clock_s.is_finite()) {
+            return Err(ConfigError::invalid(
+                "system",
+                format!(
+                    "round {t} lasts {round_s:e} virtual seconds and ends at {clock_s:e}: the \
+                     clock cannot count it (its devices, query stages and behave trace waits add \
+                     up past f64); lower system.augmentation, the devices' times or `rounds`"
+                ),
+            )
+            .into());
+        }
         let clock = RoundClock {
             round_s,
-            clock_s: total.clock_s + round_s,
+            clock_s,
             aggregated,
         };
-        (
+        Ok((
             Cow::Owned(kept_entries(selected.to_vec(), kept)),
             trained,
             Some(clock),
-        )
+        ))
     }
 
     /// A local model minus the global one, over the part the selector asked for.
@@ -1309,9 +1351,6 @@ impl<'a> Run<'a> {
             Some(kept) => kept_weights(self.rule, selection, &self.sizes, kept),
         };
         let live = kept.map_or(locals.len(), |k| k.iter().filter(|&&x| x).count());
-        if live == 0 && !locals.is_empty() {
-            tracing::warn!("round {t}: no update arrived in time; the model stays as it was");
-        }
         let mut dropped = 0;
         for (i, x) in locals.iter().enumerate() {
             if kept.is_none_or(|k| k[i]) && x.iter().any(|v| !v.is_finite()) {
@@ -1383,12 +1422,25 @@ impl<'a> Run<'a> {
 
     /// Books the round's costs and virtual time, which the next round's availability and
     /// clock start from, before its evaluation is done.
+    /// A round that selected clients but aggregated no update is counted, and said once
+    /// on the console: a deadline no client meets would otherwise repeat one warning every
+    /// round.
     fn book(&mut self, record: &RoundRecord) {
         let summary = &mut self.summary;
         summary.cost.add(&record.cost);
         if let (Some(total), Some(c)) = (&mut summary.clock, &record.clock) {
             total.clock_s = c.clock_s;
             total.wasted_trainings = summary.cost.wasted_trainings;
+            if c.aggregated == 0 && record.n_selected > 0 {
+                if total.rounds_without_updates == 0 {
+                    tracing::warn!(
+                        "round {}: no update arrived in time (lost offline or late); the model stays as it was and the round lasted {:.3} virtual seconds. Later rounds like it are counted in the summary's rounds_without_updates, not logged",
+                        record.round,
+                        c.round_s
+                    );
+                }
+                total.rounds_without_updates += 1;
+            }
         }
     }
 

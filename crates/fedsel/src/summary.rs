@@ -54,4 +54,9 @@ pub struct ClockSummary {
     /// Local trainings whose every update the round policy discarded (over-commitment's
     /// stragglers, updates past the deadline).
     pub wasted_trainings: u64,
+    /// Rounds that selected clients but aggregated none of their updates (every one lost
+    /// offline or late): the model stood still while the clock ran. Absent from summaries
+    /// written before it was counted, which read as 0.
+    #[serde(default)]
+    pub rounds_without_updates: usize,
 }

@@ -93,7 +93,7 @@ fn client_accuracy_percentiles_are_numpys_and_the_worst_tenth_rounds_up() {
 /// worst tenth below p10; they book no cost. Without held-out data there are none.
 #[test]
 fn client_accuracy_is_measured_on_evaluation_rounds_only() {
-    let exp = synthetic(&["rounds=7", "eval.every=3"]);
+    let exp = synthetic(&["rounds=7", "eval.every=3", "eval.per_client_every=1"]);
     let rows = run_in_pool(2, &exp);
     let measured: Vec<usize> = rows
         .iter()
@@ -139,7 +139,12 @@ fn client_accuracy_is_measured_on_evaluation_rounds_only() {
     assert!(none.client_accuracies(&params).is_empty());
     assert!(run_in_pool(2, &none).iter().all(|r| r.client_acc.is_none()));
     // Switched off: no measurement, and every other value of every round as it was.
-    let off = synthetic(&["rounds=7", "eval.every=3", "eval.per_client=false"]);
+    let off = synthetic(&[
+        "rounds=7",
+        "eval.every=3",
+        "eval.per_client_every=1",
+        "eval.per_client=false",
+    ]);
     let without = run_in_pool(2, &off);
     assert!(without.iter().all(|r| r.client_acc.is_none()));
     let cleared = |rows: Vec<RoundRecord>| {
@@ -150,15 +155,74 @@ fn client_accuracy_is_measured_on_evaluation_rounds_only() {
     assert_eq!(cleared(without), cleared(rows));
     // On by default and then not written out, so the hash of every earlier config stands;
     // off, it is written and the hash moves.
-    assert!(!exp.config.to_resolved_toml().contains("per_client"));
+    assert!(
+        !synthetic(&["rounds=7"])
+            .config
+            .to_resolved_toml()
+            .contains("per_client")
+    );
     assert!(off.config.to_resolved_toml().contains("per_client = false"));
     let mut on = off.config.clone();
     on.eval.per_client = true;
     assert_eq!(
         on.hash(),
-        synthetic(&["rounds=7", "eval.every=3"]).config.hash()
+        synthetic(&["rounds=7", "eval.every=3", "eval.per_client_every=1"])
+            .config
+            .hash()
     );
     assert_ne!(on.hash(), off.config.hash());
+}
+
+/// By default the per-client accuracies come every 10 rounds and at the last, among the
+/// evaluation rounds; every other column of every round is what it is when they come at
+/// every evaluation. Past `eval.per_client_clients` clients they are measured on a fixed
+/// sample drawn from the data seed: the same for every strategy, and each sampled client's
+/// accuracy is the one measured on all.
+#[test]
+fn client_accuracy_comes_on_its_cadence_and_on_a_seeded_sample() {
+    let measured = |set: &[&str]| -> (Vec<usize>, Vec<RoundRecord>) {
+        let rows = run_in_pool(2, &synthetic(set));
+        let at = rows
+            .iter()
+            .filter(|r| r.client_acc.is_some())
+            .map(|r| r.round)
+            .collect();
+        (at, rows)
+    };
+    let (at, cadenced) = measured(&["rounds=25"]);
+    assert_eq!(at, [9, 19, 24]);
+    let (every, all) = measured(&["rounds=25", "eval.per_client_every=1"]);
+    assert_eq!(every, (0..25).collect::<Vec<_>>());
+    for (a, b) in cadenced.iter().zip(&all) {
+        assert_eq!(a.test_acc, b.test_acc);
+        assert_eq!(a.selected, b.selected);
+        if a.client_acc.is_some() {
+            assert_eq!(a.client_acc, b.client_acc, "round {}", a.round);
+        }
+    }
+    let (at, _) = measured(&["rounds=12", "eval.every=3", "eval.per_client_every=2"]);
+    assert_eq!(at, [5, 11]);
+
+    let full = synthetic(&["rounds=2"]);
+    let sampled = synthetic(&["rounds=2", "eval.per_client_clients=10"]);
+    let other = synthetic(&[
+        "rounds=2",
+        "eval.per_client_clients=10",
+        "selection.strategy=\"powd\"",
+    ]);
+    let params = full.layout.init(3);
+    let all = full.client_accuracies(&params);
+    let some = sampled.client_accuracies(&params);
+    assert!(!some.is_empty() && some.len() <= 10, "{}", some.len());
+    assert_eq!(some, other.client_accuracies(&params));
+    // Each sampled value is one of the full measurement's, in client order.
+    let mut rest = all.iter();
+    for a in &some {
+        assert!(
+            rest.any(|b| b == a),
+            "{a} is not among the full measurement's"
+        );
+    }
 }
 
 #[test]
@@ -1230,6 +1294,154 @@ fn past_a_deadline_no_update_is_aggregated_and_the_run_goes_on() {
     let total = summary.clock.unwrap();
     assert_eq!(total.wasted_trainings, summary.cost.trainings);
     assert!((total.clock_s - 4e-9).abs() < 1e-18);
+    assert_eq!(total.rounds_without_updates, 4);
+}
+
+/// Writes a FedScale behave trace with Python's pickle: every one of the 30 clients gets
+/// `entry` (a Python dict literal). `None`, with the reason printed, without `python3`.
+fn behave_trace(dir: &std::path::Path, entry: &str) -> Option<String> {
+    let path = dir.join("client_behave_trace");
+    let script = format!(
+        "import pickle\npickle.dump({{k: {entry} for k in range(31)}}, open({:?}, 'wb'))",
+        path.display().to_string()
+    );
+    match std::process::Command::new("python3")
+        .args(["-c", &script])
+        .status()
+    {
+        Ok(s) if s.success() => Some(path.display().to_string()),
+        Ok(s) => panic!("python3 could not write the trace: {s}"),
+        Err(e) => {
+            eprintln!("skipped: no python3 to write a behave trace ({e})");
+            None
+        }
+    }
+}
+
+/// A run on `trace` must move the clock forward every round, and count the rounds that
+/// lost every update; returns those rounds' count.
+fn assert_the_clock_moves(trace: &str, policy: &str, rounds: usize, extra: &[&str]) -> usize {
+    let rounds = format!("rounds={rounds}");
+    let trace = format!("system.behave_trace={trace:?}");
+    let policy_set = format!("system.round.policy={policy:?}");
+    let mut set = vec![
+        rounds.as_str(),
+        "system.kind=\"lognormal\"",
+        &trace,
+        &policy_set,
+    ];
+    set.extend_from_slice(extra);
+    let exp = synthetic(&set);
+    let mut c = Collect::default();
+    let summary = engine::run(&exp, &mut c).unwrap();
+    let mut last = 0.0;
+    for r in &c.0 {
+        let clock = r.clock.unwrap();
+        assert!(
+            clock.round_s > 0.0 && clock.clock_s > last,
+            "{policy}, round {}: {clock:?} after {last}",
+            r.round
+        );
+        last = clock.clock_s;
+    }
+    let empty =
+        c.0.iter()
+            .filter(|r| r.clock.unwrap().aggregated == 0)
+            .count();
+    assert_eq!(
+        summary.clock.unwrap().rounds_without_updates,
+        empty,
+        "{policy}"
+    );
+    empty
+}
+
+/// Every client online during [0, 300] and [500, 900] of each 1,000 s. A round that
+/// starts just before 300 s loses every update (its clients go offline before they
+/// finish); it still lasts its slowest client's time, so the next round starts after
+/// 300 s, waits for 500 s, and the run goes on rather than repeating that instant.
+#[test]
+fn a_round_that_loses_every_update_still_moves_the_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(trace) = behave_trace(
+        dir.path(),
+        "{'active': [0, 500], 'inactive': [300, 900], 'finish_time': 1000}",
+    ) else {
+        return;
+    };
+    for policy in ["wait_all", "overcommit"] {
+        let empty = assert_the_clock_moves(&trace, policy, 120, &[]);
+        assert!(
+            empty > 0 && empty < 60,
+            "{policy}: {empty} rounds without updates"
+        );
+    }
+}
+
+/// Online one second a day, and every training takes longer (a sample takes e seconds on
+/// every device): each round starts when the clients come online, loses every update, and
+/// lasts its slowest client's time; the next starts the next day.
+#[test]
+fn clients_online_one_second_a_day_lose_every_update_and_the_days_go_by() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(trace) = behave_trace(
+        dir.path(),
+        "{'active': [0], 'inactive': [1], 'finish_time': 86400}",
+    ) else {
+        return;
+    };
+    for policy in ["wait_all", "overcommit"] {
+        let slow = ["system.mean_ms_per_sample=1000", "system.tail_skew=0"];
+        assert_eq!(
+            assert_the_clock_moves(&trace, policy, 6, &slow),
+            6,
+            "{policy}"
+        );
+    }
+}
+
+/// Values each legal alone whose product overflows the clock: a config error before
+/// round 0, naming the key that makes it and its value.
+#[test]
+fn durations_that_overflow_the_clock_are_config_errors_naming_key_and_value() {
+    let prepare = |set: Vec<String>| {
+        let config = Config::load(None, &set).unwrap();
+        Experiment::prepare(config, &locate::data_dir(None, None))
+            .err()
+            .expect("an overflowing clock is refused")
+            .to_string()
+    };
+    let lognormal = |extra: &str| vec!["system.kind=\"lognormal\"".to_string(), extra.into()];
+    let e = prepare(lognormal("system.tail_skew=1000"));
+    assert!(e.contains("system.tail_skew") && e.contains("1000"), "{e}");
+    let e = prepare(lognormal("system.augmentation=1e308"));
+    assert!(
+        e.contains("system.augmentation") && e.contains("1e308"),
+        "{e}"
+    );
+    let e = prepare(lognormal("system.mean_ms_per_sample=1e306"));
+    assert!(
+        e.contains("system.mean_ms_per_sample") && e.contains("1e306"),
+        "{e}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("devices.csv");
+    let rows: String = (0..30)
+        .map(|k| format!("{k},{},32\n", if k == 7 { "1e308" } else { "1" }))
+        .collect();
+    std::fs::write(
+        &path,
+        format!("client,compute_ms_per_sample,bandwidth_kbps\n{rows}"),
+    )
+    .unwrap();
+    let e = prepare(vec![
+        "system.kind=\"csv\"".into(),
+        format!("system.path={:?}", path.display().to_string()),
+    ]);
+    assert!(
+        e.contains("system.path") && e.contains("1e308") && e.contains("client 7"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -14,6 +14,15 @@
 //! the client drop). Under a deadline a lost update is a missing one, so the round lasts
 //! the whole deadline, as for a late update. Lost updates are booked as wasted trainings.
 //!
+//! **A round that receives no update still takes time.** When every selected client's
+//! update is lost, the server has nothing to close the round on; it keeps the round open
+//! as long as its slowest participant would have needed (the finish time of the last
+//! entry, as if all had arrived), then gives up. Without this a round whose clients all go
+//! offline before they finish would last 0 s, the next round would start at the same
+//! instant with the same clients and lose them again, and the clock would never move.
+//! Every finish time is positive (a transfer takes time), so every round with a selection
+//! moves the clock forward. A deadline round already lasts its deadline.
+//!
 //! **What a strategy adds.** A selector's queries (Pow-d's loss queries, FedCor's probes,
 //! DivFL's gradients, FedGS's graph building) happen before the round's training: the
 //! server waits for the answers before it selects. Each query is a stage that lasts as
@@ -56,14 +65,23 @@ pub struct RoundClock {
     pub aggregated: usize,
 }
 
-/// The last finish time among the kept entries (0 when none is kept).
+/// The last finish time among the kept entries; when none is kept, the last finish time
+/// of all the entries (the server's wait for updates that never come, module doc), so
+/// that a round with a selection always takes time. 0 for an empty selection.
 fn last_kept(finish: &[f64], kept: &[bool]) -> f64 {
-    finish
-        .iter()
-        .zip(kept)
-        .filter(|(_, k)| **k)
-        .map(|(f, _)| *f)
-        .fold(0.0, f64::max)
+    let last = |keep: &dyn Fn(bool) -> bool| {
+        finish
+            .iter()
+            .zip(kept)
+            .filter(|(_, k)| keep(**k))
+            .map(|(f, _)| *f)
+            .fold(0.0, f64::max)
+    };
+    if kept.iter().any(|&k| k) {
+        last(&|k| k)
+    } else {
+        last(&|_| true)
+    }
 }
 
 /// Waits for every update that `arrives`: the round lasts until the slowest of them.
@@ -198,11 +216,21 @@ impl Clock {
         (if start.is_finite() { start } else { now_s }, online)
     }
 
+    /// Client `k`'s device.
+    pub fn profile(&self, k: usize) -> &Profile {
+        &self.profiles[k]
+    }
+
+    /// Seconds client `k` takes to send the model one way.
+    pub fn transfer_s(&self, k: usize) -> f64 {
+        self.model_kbit / self.profiles[k].bandwidth_kbps
+    }
+
     /// Seconds client `k` takes to download the model, process `samples` samples and
     /// upload its update.
     pub fn finish_s(&self, k: usize, samples: u64) -> f64 {
         let p = &self.profiles[k];
-        let transfer = self.model_kbit / p.bandwidth_kbps;
+        let transfer = self.transfer_s(k);
         let compute = self.augmentation * samples as f64 * p.compute_ms_per_sample / 1000.0;
         transfer + compute + transfer
     }
@@ -210,7 +238,7 @@ impl Clock {
     /// Seconds client `k` takes to do `work`.
     pub fn query_s(&self, k: usize, work: QueryWork) -> f64 {
         let p = &self.profiles[k];
-        let transfer = self.model_kbit / p.bandwidth_kbps;
+        let transfer = self.transfer_s(k);
         let samples =
             work.inference_samples as f64 + self.augmentation * work.training_samples as f64;
         work.transfers as f64 * transfer + samples * p.compute_ms_per_sample / 1000.0
@@ -393,6 +421,24 @@ mod tests {
         assert_eq!(r.round_s, 3.0);
         assert_eq!(wait_all(&[], &[]).round_s, 0.0);
         assert_eq!(overcommit(&[], &[], 2).round_s, 0.0);
+    }
+
+    /// Every update lost: the server waits as long as the slowest entry would have
+    /// needed (4.3 s of the three clients' 2.3, 4.0 and 4.3 s), under wait-all and
+    /// over-commitment alike; a deadline round lasts its deadline.
+    #[test]
+    fn a_round_that_loses_every_update_lasts_its_slowest_entry() {
+        let f = finish(&three_clients(RoundPolicy::WaitAll));
+        let lost = [false; 3];
+        let r = wait_all(&f, &lost);
+        assert_eq!(r.kept, lost);
+        assert!(close(r.round_s, 4.3));
+        let r = overcommit(&f, &lost, 2);
+        assert_eq!(r.kept, lost);
+        assert!(close(r.round_s, 4.3));
+        assert!(close(deadline(&f, &lost, 10.0).round_s, 10.0));
+        // One update arrives: the round closes with it, as before.
+        assert!(close(wait_all(&f, &[true, false, false]).round_s, 2.3));
     }
 
     /// The three clients of [`three_clients`] (finishing at 2.3, 4.0 and 4.3 s after the

@@ -120,16 +120,20 @@ impl SystemConfig {
         self.kind != SystemKind::None
     }
 
-    /// The clock for `clients` clients and a model of `num_params` parameters, with the
-    /// devices of the profile source (log-normal ones from `data_seed`) and the behave
-    /// trace if any; `None` for kind `none`. The files are read here, so that a bad one
-    /// fails before the run starts.
+    /// The clock for a model of `num_params` parameters and one client per entry of
+    /// `samples` (the samples each processes in a round's training), with the devices of
+    /// the profile source (log-normal ones from `data_seed`) and the behave trace if any;
+    /// `None` for kind `none`. The files are read here, so that a bad one fails before the
+    /// run starts, and so is every client's training time checked for `rounds` rounds
+    /// ([`SystemConfig::check_durations`]).
     pub fn clock(
         &self,
-        clients: usize,
+        samples: &[u64],
+        rounds: usize,
         num_params: usize,
         data_seed: u64,
     ) -> Result<Option<Clock>> {
+        let clients = samples.len();
         let profiles = match (self.kind, &self.path) {
             (SystemKind::None, _) => return Ok(None),
             (SystemKind::Lognormal, _) => profile::lognormal(self, clients, data_seed),
@@ -143,8 +147,128 @@ impl SystemConfig {
             Some(path) => Some(fedscale::load_behave(path, clients)?),
             None => None,
         };
-        Ok(Some(
-            Clock::new(self, profiles, num_params).with_behave(behave),
+        let clock = Clock::new(self, profiles, num_params).with_behave(behave);
+        self.check_durations(&clock, samples, rounds)?;
+        Ok(Some(clock))
+    }
+
+    /// Rejects devices whose round the clock cannot count: a client whose training of
+    /// `samples[k]` samples lasts an infinite or NaN time, or so long that `rounds` of them
+    /// overflow the run's clock. Every value may be finite and legal on its own (a
+    /// log-normal σ of 1000, a device file's 1e308 ms per sample, an augmentation of
+    /// 1e308) while their product is not; the error names the key whose value makes the
+    /// time too large. Query stages and behave-trace waits can still overflow later: the
+    /// engine checks every round's time as well.
+    pub fn check_durations(
+        &self,
+        clock: &Clock,
+        samples: &[u64],
+        rounds: usize,
+    ) -> std::result::Result<(), ConfigError> {
+        for (k, &n) in samples.iter().enumerate() {
+            let t = clock.finish_s(k, n);
+            if t.is_finite() && (t * rounds.max(1) as f64).is_finite() {
+                continue;
+            }
+            let p = clock.profile(k);
+            let transfer_s = clock.transfer_s(k);
+            let compute_s = self.augmentation * n as f64 * p.compute_ms_per_sample / 1000.0;
+            let (key, value) = if !(transfer_s.is_finite() && transfer_s <= compute_s) {
+                self.bandwidth_source(p.bandwidth_kbps)
+            } else if self.augmentation >= p.compute_ms_per_sample {
+                ("system.augmentation".to_string(), show(self.augmentation))
+            } else {
+                self.compute_source(p.compute_ms_per_sample)
+            };
+            return Err(ConfigError::invalid(
+                key,
+                format!(
+                    "{value} makes client {k}'s training last {} virtual seconds a round \
+                     ({} ms per sample × augmentation {} × {n} samples, and the model each way \
+                     at {} kbit/s): more than the clock can count over {rounds} rounds",
+                    show(t),
+                    show(p.compute_ms_per_sample),
+                    show(self.augmentation),
+                    show(p.bandwidth_kbps)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The key (and what it holds) that set a device's compute time of `ms` per sample.
+    fn compute_source(&self, ms: f64) -> (String, String) {
+        match self.kind {
+            SystemKind::Lognormal if self.mean_ms_per_sample >= ms / self.mean_ms_per_sample => (
+                "system.mean_ms_per_sample".into(),
+                show(self.mean_ms_per_sample),
+            ),
+            SystemKind::Lognormal => (
+                "system.tail_skew".into(),
+                format!(
+                    "{} (a device drawn at {} ms per sample)",
+                    self.tail_skew,
+                    show(ms)
+                ),
+            ),
+            _ => self.file_source("computation", ms),
+        }
+    }
+
+    /// The key (and what it holds) that set a device's bandwidth of `kbps`.
+    fn bandwidth_source(&self, kbps: f64) -> (String, String) {
+        match self.kind {
+            SystemKind::Lognormal if kbps >= self.bandwidth_kbps => {
+                ("system.bandwidth_kbps".into(), show(self.bandwidth_kbps))
+            }
+            SystemKind::Lognormal => (
+                "system.bandwidth_skew".into(),
+                format!(
+                    "{} (a device drawn at {} kbit/s)",
+                    self.bandwidth_skew,
+                    show(kbps)
+                ),
+            ),
+            _ => self.file_source("communication", kbps),
+        }
+    }
+
+    fn file_source(&self, field: &str, value: f64) -> (String, String) {
+        let path = self.path.as_deref().map(|p| p.display().to_string());
+        (
+            "system.path".into(),
+            format!("`{}` ({field} = {})", path.unwrap_or_default(), show(value)),
+        )
+    }
+
+    /// The devices and the round policy in a few words, for a run's first console line;
+    /// `None` without a clock.
+    pub fn describe(&self) -> Option<String> {
+        let file = |p: &Option<PathBuf>| {
+            p.as_deref()
+                .map_or(String::new(), |p| p.display().to_string())
+        };
+        let devices = match self.kind {
+            SystemKind::None => return None,
+            SystemKind::Lognormal => format!(
+                "log-normal devices ({} ms/sample × LogNormal(1, {}), {} kbit/s × LogNormal(0, {}))",
+                self.mean_ms_per_sample, self.tail_skew, self.bandwidth_kbps, self.bandwidth_skew
+            ),
+            SystemKind::Csv => format!("devices from `{}`", file(&self.path)),
+            SystemKind::Fedscale => format!("FedScale devices from `{}`", file(&self.path)),
+        };
+        let policy = match self.round {
+            RoundPolicy::WaitAll => "wait for all".to_string(),
+            RoundPolicy::Overcommit { overcommit } => format!("over-commit {overcommit}"),
+            RoundPolicy::Deadline { deadline_s } => format!("deadline {deadline_s} s"),
+        };
+        let trace = match &self.behave_trace {
+            Some(p) => format!(", online per `{}`", p.display()),
+            None => String::new(),
+        };
+        Some(format!(
+            "clock: {devices}, augmentation {}, {policy}{trace}",
+            self.augmentation
         ))
     }
 
@@ -213,6 +337,16 @@ impl SystemConfig {
                 check_pos(deadline_s, "system.round.deadline_s")
             }
         }
+    }
+}
+
+/// A number as people write it: plain in the usual range, in exponent form (`1e308`)
+/// beyond it, where Rust's plain form would print 309 digits.
+fn show(x: f64) -> String {
+    if x != 0.0 && x.is_finite() && !(1e-4..1e6).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
     }
 }
 
