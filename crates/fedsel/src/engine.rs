@@ -79,6 +79,11 @@ pub struct Experiment {
     /// The clients whose accuracies the per-client columns summarise: every client, or
     /// at most `eval.per_client_clients` of them drawn once from the data seed.
     fairness_clients: Vec<usize>,
+    /// The held-out examples of the measured clients that hold any, pooled in client
+    /// order as one dataset, with each client's count: made on first use, so that one pass
+    /// in whole batches measures them all (a federation of 10,000 clients of a few
+    /// held-out examples each took 10,000 tiny passes).
+    fairness_pool: OnceLock<(Dataset, Vec<usize>)>,
 }
 
 /// One finished round, as written to `metrics.csv`.
@@ -282,6 +287,7 @@ impl Experiment {
             trace,
             clock,
             fairness_clients,
+            fairness_pool: OnceLock::new(),
         })
     }
 
@@ -424,22 +430,33 @@ impl Experiment {
     /// that hold none out. The simulator's measurement, as LEAF's: no strategy asks for it,
     /// so no cost is booked.
     pub fn client_accuracies(&self, params: &[f32]) -> Vec<f64> {
-        let bs = self.config.eval.batch_size;
-        self.fairness_clients
-            .par_iter()
-            .copied()
-            .filter(|&k| !self.clients[k].holdout.is_empty())
-            .map(|k| {
-                let (data, idx) = self.holdout(k);
-                train::accuracy_flat(
-                    self.arch.as_ref(),
-                    &self.layout,
-                    params,
-                    data,
-                    &idx,
-                    bs,
-                    &self.device,
-                )
+        let (pool, counts) = self.fairness_pool.get_or_init(|| {
+            let holding = self
+                .fairness_clients
+                .iter()
+                .map(|&k| &self.clients[k].holdout)
+                .filter(|h| !h.is_empty());
+            let counts = holding.clone().map(Vec::len).collect();
+            let idx: Vec<usize> = holding.flatten().copied().collect();
+            (self.data.train.subset(&idx), counts)
+        });
+        let all: Vec<usize> = (0..pool.len()).collect();
+        let correct = train::correct_flags(
+            self.arch.as_ref(),
+            &self.layout,
+            params,
+            pool,
+            &all,
+            self.config.eval.batch_size,
+            &self.device,
+        );
+        let mut at = 0;
+        counts
+            .iter()
+            .map(|&n| {
+                let right = correct[at..at + n].iter().filter(|&&c| c).count();
+                at += n;
+                right as f64 / n as f64
             })
             .collect()
     }
