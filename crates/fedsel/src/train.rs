@@ -590,19 +590,7 @@ pub fn correct_flags(
                         .collect()
                 }
                 (None, Some(f), _) => {
-                    let x: Vec<f32> = match model::batch(data, chunk, device).0 {
-                        model::Batch::Dense(x) => x
-                            .into_data()
-                            .try_into_vec::<f32>()
-                            .expect("dense inputs are f32"),
-                        model::Batch::Tokens(x) => x
-                            .into_data()
-                            .try_into_vec_as::<i64>()
-                            .expect("token ids are integers")
-                            .into_iter()
-                            .map(|t| t as f32)
-                            .collect(),
-                    };
+                    let x = host_values(model::batch(data, chunk, device).0);
                     let z = f.logits(params, &x, chunk.len());
                     z.chunks_exact(z.len() / chunk.len())
                         .map(model::argmax)
@@ -629,6 +617,24 @@ pub fn correct_flags(
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// A batch's inputs as the host slice [`FusedLogits::logits`] reads: dense values, or
+/// token ids as `f32`.
+fn host_values(x: model::Batch) -> Vec<f32> {
+    match x {
+        model::Batch::Dense(x) => x
+            .into_data()
+            .try_into_vec::<f32>()
+            .expect("dense inputs are f32"),
+        model::Batch::Tokens(x) => x
+            .into_data()
+            .try_into_vec_as::<i64>()
+            .expect("token ids are integers")
+            .into_iter()
+            .map(|t| t as f32)
+            .collect(),
+    }
 }
 
 /// Whether [`evaluate_flat`] evaluates `arch` on `data` on host slices, without
@@ -694,21 +700,7 @@ pub fn evaluate_batches(
         examples += b;
         let (l, c) = match &fused {
             Some((f, flat)) => {
-                let x = match x {
-                    model::Batch::Dense(x) => x
-                        .clone()
-                        .into_data()
-                        .try_into_vec::<f32>()
-                        .expect("dense inputs are f32"),
-                    model::Batch::Tokens(x) => x
-                        .clone()
-                        .into_data()
-                        .try_into_vec_as::<i64>()
-                        .expect("token ids are integers")
-                        .into_iter()
-                        .map(|t| t as f32)
-                        .collect(),
-                };
+                let x = host_values(x.clone());
                 let labels = y
                     .clone()
                     .into_data()
