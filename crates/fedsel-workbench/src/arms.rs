@@ -287,9 +287,17 @@ pub fn arms(dirs: &[PathBuf], allow_mixed: bool) -> Result<Arms> {
     let value = |config: &BTreeMap<String, String>, k: &str| {
         config.get(k).map_or("-", String::as_str).to_string()
     };
+    // Keys of a tagged table whose kind differs (a dataset's parameters beside
+    // `dataset.kind`) follow from the kind: named apart they only repeat it.
+    let implied = |k: &&String| {
+        k.match_indices('.').any(|(i, _)| {
+            let kind = format!("{}.kind", &k[..i]);
+            **k != kind && differing.iter().any(|d| **d == kind)
+        })
+    };
     let mixed: Vec<Difference> = differing
         .iter()
-        .filter(|k| is_task(k))
+        .filter(|k| is_task(k) && !implied(k))
         .map(|k| {
             let mut values: Vec<(String, PathBuf)> = Vec::new();
             for (config, members) in configs.iter().zip(&members) {
@@ -307,22 +315,27 @@ pub fn arms(dirs: &[PathBuf], allow_mixed: bool) -> Result<Arms> {
     if !mixed.is_empty() && !allow_mixed {
         return Err(Error::MixedTasks { differences: mixed });
     }
+    let label = |config: &BTreeMap<String, String>, shown: &[&&String]| match shown.is_empty() {
+        true => format!("{}={}", short_key(STRATEGY, &keys), value(config, STRATEGY)),
+        false => shown
+            .iter()
+            .map(|k| format!("{}={}", short_key(k, &keys), value(config, k)))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    // The implied keys are left out of the names too, unless two arms differ only in them.
+    let brief: Vec<&&String> = differing.iter().filter(|k| !implied(k)).collect();
+    let brief_labels: BTreeSet<String> = configs.iter().map(|c| label(c, &brief)).collect();
+    let shown: Vec<&&String> = match brief_labels.len() == configs.len() {
+        true => brief,
+        false => differing.iter().collect(),
+    };
     let arms = configs
         .iter()
         .zip(members)
-        .map(|(config, members)| {
-            let label = match differing.is_empty() {
-                true => format!("{}={}", short_key(STRATEGY, &keys), value(config, STRATEGY)),
-                false => differing
-                    .iter()
-                    .map(|k| format!("{}={}", short_key(k, &keys), value(config, k)))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            };
-            Arm {
-                label,
-                dirs: members.into_iter().map(|m| m.0).collect(),
-            }
+        .map(|(config, members)| Arm {
+            label: label(config, &shown),
+            dirs: members.into_iter().map(|m| m.0).collect(),
         })
         .collect();
     Ok(Arms {
@@ -454,14 +467,20 @@ mod tests {
     }
 
     /// Runs of two datasets and targets are refused, naming each key that differs with its
-    /// values and a run that has each; allowed, they are grouped and the difference kept.
-    /// Keys outside the task (the strategy) never refuse.
+    /// values and a run that has each, but not the parameters of one dataset kind (they
+    /// follow from the kind); allowed, they are grouped and the difference kept. Keys outside
+    /// the task (the strategy) never refuse. Arms that differ only in such a parameter keep
+    /// it in their names.
     #[test]
     fn runs_of_different_tasks_are_refused_unless_allowed() {
         let tmp = tempfile::tempdir().unwrap();
         let cfg = |dataset: &str, targets: &str, strategy: &str| {
+            let alpha = match dataset {
+                "synthetic" => "alpha = 0.5\n",
+                _ => "",
+            };
             format!(
-                "seed = 1\ntargets = {targets}\n[dataset]\nkind = \"{dataset}\"\n[model]\nkind = \"cnn\"\n[selection]\nstrategy = \"{strategy}\"\n"
+                "seed = 1\ntargets = {targets}\n[dataset]\nkind = \"{dataset}\"\n{alpha}[model]\nkind = \"cnn\"\n[selection]\nstrategy = \"{strategy}\"\n"
             )
         };
         let a = run(tmp.path(), "a", &cfg("fmnist", "[0.69]", "fedcor"));
@@ -491,7 +510,24 @@ mod tests {
             "strategy=fedcor, dataset.kind=fmnist, targets=[0.69]"
         );
         let c = run(tmp.path(), "c", &cfg("fmnist", "[0.69]", "uniform"));
-        assert!(arms(&[a, c], false).unwrap().mixed.is_empty());
+        assert!(arms(&[a.clone(), c], false).unwrap().mixed.is_empty());
+        let d = run(
+            tmp.path(),
+            "d",
+            &cfg("synthetic", "[0.69]", "fedcor").replace("0.5", "1.0"),
+        );
+        let e = run(tmp.path(), "e", &cfg("synthetic", "[0.69]", "fedcor"));
+        let three = arms(&[a, d, e], true).unwrap();
+        assert_eq!(
+            labels(&three),
+            [
+                "alpha=-, dataset.kind=fmnist",
+                "alpha=1.0, dataset.kind=synthetic",
+                "alpha=0.5, dataset.kind=synthetic"
+            ]
+        );
+        let keys: Vec<&str> = three.mixed.iter().map(|d| d.key.as_str()).collect();
+        assert_eq!(keys, ["dataset.kind"]);
     }
 
     /// A run without summary.json, one whose metrics.csv was cut to fewer rows, one ending

@@ -394,7 +394,8 @@ impl Figure for TimeFigure<'_> {
         });
         let (lo, hi) = range(settled);
         let (lo, hi) = (lo.max(0.0), hi.min(1.0));
-        let x_max = tl.x_max.max(1e-9);
+        // A little room past the longest run, so that a marker at its end shows whole.
+        let x_max = tl.x_max.max(1e-9) * 1.03;
         let mut chart = frame(
             root,
             self.title,

@@ -348,7 +348,7 @@ fn figures(
                 &crate::timeline::timeline(&arms),
             )?;
             format!(
-                "![accuracy over virtual time]({})\n\nThe virtual-time figure shows every run as a thin line over its own run, from its first evaluation to its end: its accuracy at each time is that of its last evaluation so far. The thick line and band are the mean ± std over the seeds of an arm that have been evaluated and still run, drawn only where at least half of the arm's seeds do; a circle marks each arm's median time to each target (the table's median) on a dashed line at the target's accuracy, hollow where the median is only a lower bound. The x axis reaches the end of the longest run. Not smoothed.\n\n",
+                "![accuracy over virtual time]({})\n\nThe virtual-time figure shows every run as a thin line over its own run, from its first evaluation to its end: its accuracy at each time is that of its last evaluation so far. The thick line and band are the mean ± std over the seeds of an arm that have been evaluated and still run, drawn only where at least half of the arm's seeds do (the mean steps where a seed ends, as the seeds averaged change); a circle marks each arm's median time to each target (the table's median) on a dashed line at the target's accuracy, hollow where the median is only a lower bound. The x axis reaches the end of the longest run. Not smoothed.\n\n",
                 name("accuracy-time")
             )
         }
@@ -1244,7 +1244,7 @@ fn gather_runs(dirs: &[std::path::PathBuf], allow_mixed: bool) -> crate::error::
     if !left_out.is_empty() {
         let _ = writeln!(
             md,
-            "**{} runs are left out, not being whole:**\n",
+            "**Runs left out, not being whole ({}):**\n",
             left_out.len()
         );
         for l in &left_out {

@@ -160,7 +160,7 @@ fn a_truncated_run_is_named_and_left_out() {
     let (_, md) = report::report(&dirs, Some(&out), None, Format::Markdown, false).unwrap();
     assert!(md.starts_with("# Report: 5 runs in 2 arms"), "{md}");
     assert!(
-        md.contains("**2 runs are left out, not being whole:**"),
+        md.contains("**Runs left out, not being whole (2):**"),
         "{md}"
     );
     assert!(
