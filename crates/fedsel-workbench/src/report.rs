@@ -1205,7 +1205,7 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
     if !left_out.is_empty() {
         let _ = writeln!(
             md,
-            "**{} finished cells are left out, not whole or not readable:**\n",
+            "**Finished cells left out, not whole or not readable ({}):**\n",
             left_out.len()
         );
         for (cell, why) in &left_out {
