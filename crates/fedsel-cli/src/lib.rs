@@ -89,7 +89,8 @@ enum Command {
         keep_going: bool,
     },
     /// Write report.md (or report.tex) and the table CSVs for a sweep directory, or one
-    /// comparison of any run directories (runs differing only by seed form one arm).
+    /// comparison of any run directories (runs differing only by seed form one arm; runs of
+    /// different tasks are refused, runs cut short are left out and named).
     Report {
         /// One sweep's output directory, or run directories.
         #[arg(required = true, value_name = "DIR")]
@@ -104,6 +105,11 @@ enum Command {
         /// Smooth the figures' curves with a Savitzky–Golay filter of this (odd) window.
         #[arg(long, value_name = "WINDOW")]
         smooth: Option<usize>,
+        /// Compare run directories of different tasks (dataset, partition, model.kind or
+        /// targets differ), which are refused otherwise: their seeds are paired and their
+        /// targets share numbered columns all the same.
+        #[arg(long)]
+        allow_mixed: bool,
     },
     /// The per-seed results behind docs/results.md: collect a sweep's rows into results/,
     /// render the page's verdict tables from them, or check that it still matches
@@ -1169,9 +1175,21 @@ fn dispatch(cli: Cli) -> Result<()> {
             out,
             format,
             smooth,
+            allow_mixed,
         }) => {
-            let (file, text) =
-                fedsel_workbench::report::report(&dirs, out.as_deref(), smooth, format)?;
+            let (file, text) = fedsel_workbench::report::report(
+                &dirs,
+                out.as_deref(),
+                smooth,
+                format,
+                allow_mixed,
+            )
+            .map_err(|e| match e {
+                fedsel_workbench::error::Error::MixedTasks { .. } => {
+                    anyhow::anyhow!("{e}; pass --allow-mixed to compare them anyway")
+                }
+                e => e.into(),
+            })?;
             print!("{text}");
             eprintln!("report: {}", file.display());
             Ok(())

@@ -701,7 +701,8 @@ fn the_latex_check_catches_broken_tables() {
 
 /// Two plain runs of different strategies make one comparison naming both, with the
 /// per-client accuracy table; `--format latex` writes tables that parse (and compile, where
-/// pdflatex is installed); the output may not be one of the runs.
+/// pdflatex is installed); runs of other targets are refused unless `--allow-mixed`; the
+/// output may not be one of the runs.
 #[test]
 fn report_compares_plain_runs_in_markdown_and_latex() {
     let dir = tempfile::tempdir().unwrap();
@@ -726,13 +727,13 @@ fn report_compares_plain_runs_in_markdown_and_latex() {
     assert!(o.status.success(), "{}", text(&o));
     let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
     assert!(
-        md.contains("2 runs in 2 arms") && md.contains("Baseline arm: uniform"),
+        md.contains("2 runs in 2 arms") && md.contains("Baseline arm: strategy=uniform"),
         "{md}"
     );
     for row in [
-        "| all | uniform | 1 |",
-        "| all | powd | 1 |",
-        "client_acc_worst10 vs uniform",
+        "| all | strategy=uniform | 1 |",
+        "| all | strategy=powd | 1 |",
+        "client_acc_worst10 vs strategy=uniform",
     ] {
         assert!(md.contains(row), "{row} missing from:\n{md}");
     }
@@ -768,6 +769,37 @@ fn report_compares_plain_runs_in_markdown_and_latex() {
             .unwrap();
         assert!(o.status.success(), "{}", text(&o));
     }
+    // A run with other targets is another task: refused, naming the key and the flag that
+    // overrides the refusal, and accepted with it.
+    let c = dir.path().join("c");
+    let o = fedsel(
+        &[
+            "run",
+            "--set",
+            "rounds=3",
+            "--set",
+            "targets=[0.9]",
+            "--out",
+            c.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let c_s = c.to_str().unwrap();
+    let mixed = dir.path().join("mixed");
+    let mixed_s = mixed.to_str().unwrap();
+    let o = fedsel(&["report", a_s, c_s, "--out", mixed_s], dir.path());
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("`targets` is") && text(&o).contains("--allow-mixed"),
+        "{}",
+        text(&o)
+    );
+    let o = fedsel(
+        &["report", a_s, c_s, "--out", mixed_s, "--allow-mixed"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
     // Into one of the runs: refused, and the run is left as it was.
     let o = fedsel(&["report", a_s, b_s, "--out", a_s], dir.path());
     assert!(!o.status.success());

@@ -3,6 +3,7 @@
 //! directories of runs and sweeps into tables and figures.
 
 pub mod arms;
+pub mod error;
 pub mod fuzzing;
 pub mod inspect;
 pub mod plot;
@@ -10,4 +11,5 @@ pub mod report;
 pub mod results;
 pub mod stats;
 pub mod sweep;
+pub mod timeline;
 pub mod verdict;

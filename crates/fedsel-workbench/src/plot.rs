@@ -192,7 +192,6 @@ fn legend<'a, DB: DrawingBackend + 'a>(
 
 struct Curves<'a> {
     title: &'a str,
-    x_desc: &'a str,
     y_desc: &'a str,
     curves: &'a [Curve],
     limits: (f64, f64),
@@ -297,7 +296,7 @@ impl Figure for Curves<'_> {
         let mut chart = frame(
             root,
             self.title,
-            (0.0, x_max, self.x_desc),
+            (0.0, x_max, "round"),
             (y_lo, y_hi, self.y_desc),
             true,
         )?;
@@ -359,28 +358,136 @@ pub fn curves(
     curves: &[Curve],
     limits: (f64, f64),
 ) -> Result<()> {
-    curves_over(stem, title, "round", y_desc, curves, limits)
-}
-
-/// [`curves`] over another x axis than the round, described by `x_desc` (virtual time).
-pub fn curves_over(
-    stem: &Path,
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
-    curves: &[Curve],
-    limits: (f64, f64),
-) -> Result<()> {
     both(
         stem,
         &Curves {
             title,
-            x_desc,
             y_desc,
             curves,
             limits,
         },
     )
+}
+
+struct TimeFigure<'a> {
+    title: &'a str,
+    timeline: &'a crate::timeline::Timeline,
+}
+
+impl Figure for TimeFigure<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String> {
+        let tl = self.timeline;
+        // The y axis fits each seed after the first tenth of its own range (as the
+        // per-round figures do), the bands and the targets.
+        let settled = tl.arms.iter().flat_map(|a| {
+            let seeds = a.seeds.iter().flat_map(|s| {
+                let (from, to) = (s[0].0, s[s.len() - 1].0);
+                s.iter()
+                    .filter(move |p| p.0 >= from + SETTLED_FROM * (to - from))
+                    .map(|p| p.1)
+            });
+            let band = a.band.iter().flatten().flat_map(|p| [p.1 - p.2, p.1 + p.2]);
+            seeds.chain(band).chain(a.markers.iter().map(|m| m.target))
+        });
+        let (lo, hi) = range(settled);
+        let (lo, hi) = (lo.max(0.0), hi.min(1.0));
+        // A little room past the longest run, so that a marker at its end shows whole.
+        let x_max = tl.x_max.max(1e-9) * 1.03;
+        let mut chart = frame(
+            root,
+            self.title,
+            (0.0, x_max, &format!("virtual time ({})", tl.unit.0)),
+            (lo, hi, "test accuracy"),
+            true,
+        )?;
+        let mut targets: Vec<f64> = tl
+            .arms
+            .iter()
+            .flat_map(|a| a.markers.iter().map(|m| m.target))
+            .collect();
+        targets.sort_by(f64::total_cmp);
+        targets.dedup();
+        for t in targets {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, t), (x_max, t)],
+                    6,
+                    4,
+                    COLOURS[7].mix(0.6).stroke_width(1),
+                ))
+                .map_err(e)?;
+        }
+        let ends: Vec<f64> = tl
+            .arms
+            .iter()
+            .flat_map(|a| a.seeds.iter().filter_map(|s| s.last().map(|p| p.1)))
+            .collect();
+        let legend_at = match ends.iter().sum::<f64>() / ends.len().max(1) as f64 {
+            end if end > (lo + hi) / 2.0 => SeriesLabelPosition::LowerRight,
+            _ => SeriesLabelPosition::UpperRight,
+        };
+        for (i, arm) in tl.arms.iter().enumerate() {
+            let colour = COLOURS[i % COLOURS.len()];
+            for seed in &arm.seeds {
+                for piece in clip_polyline(seed, lo, hi) {
+                    chart
+                        .draw_series(LineSeries::new(piece, colour.mix(0.5).stroke_width(1)))
+                        .map_err(e)?;
+                }
+            }
+            for piece in &arm.band {
+                let mut band: Vec<(f64, f64)> = piece.iter().map(|p| (p.0, p.1 + p.2)).collect();
+                band.extend(piece.iter().rev().map(|p| (p.0, p.1 - p.2)));
+                let band = clip_polygon(&band, lo, hi);
+                if band.len() > 2 {
+                    chart
+                        .draw_series(std::iter::once(Polygon::new(
+                            band,
+                            colour.mix(0.18).filled(),
+                        )))
+                        .map_err(e)?;
+                }
+                let mean: Vec<(f64, f64)> = piece.iter().map(|p| (p.0, p.1)).collect();
+                for line in clip_polyline(&mean, lo, hi) {
+                    chart
+                        .draw_series(LineSeries::new(line, colour.stroke_width(3)))
+                        .map_err(e)?;
+                }
+            }
+            for m in &arm.markers {
+                let at = (m.x, m.target);
+                let fill = match m.censored {
+                    true => WHITE.filled(),
+                    false => colour.filled(),
+                };
+                chart
+                    .draw_series([
+                        Circle::new(at, 7, fill),
+                        Circle::new(at, 7, colour.stroke_width(2)),
+                    ])
+                    .map_err(e)?;
+            }
+            chart
+                .draw_series(std::iter::empty::<PathElement<(f64, f64)>>())
+                .map_err(e)?
+                .label(arm.label.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 22, y)], colour.stroke_width(3))
+                });
+        }
+        legend(&mut chart, legend_at)
+    }
+}
+
+/// Accuracy over virtual time ([`crate::timeline`]): every seed as a thin line over its
+/// own range, each arm's mean ± std band where at least half of its seeds run, a circle at
+/// each arm's median time to each target (hollow where that median is only a lower bound)
+/// on a dashed line at the target.
+pub fn timeline(stem: &Path, title: &str, timeline: &crate::timeline::Timeline) -> Result<()> {
+    both(stem, &TimeFigure { title, timeline })
 }
 
 struct RankProfile<'a> {

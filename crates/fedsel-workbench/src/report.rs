@@ -36,6 +36,7 @@ use fedsel::error::{ConfigError, Error, Result};
 use fedsel::ledger::Ledger;
 
 use crate::stats::{self, Median, Obs, Paired, SeedStats, Test, mean_std};
+use crate::timeline::HOUR_S;
 
 #[derive(Debug, Clone, Deserialize)]
 struct IndexCell {
@@ -339,18 +340,15 @@ fn figures(
         &avail,
     )?;
     let name = |kind: &str| format!("plots/{}-{kind}.png", slug(setting));
-    let timed = match time_curves(strategies) {
-        Some((unit, curves)) => {
-            crate::plot::curves_over(
+    let timed = match time_clocks(strategies) {
+        Some(arms) => {
+            crate::plot::timeline(
                 &stem("accuracy-time"),
-                &format!("{setting}: test accuracy on the virtual clock (mean ± std)"),
-                &format!("virtual time ({})", unit.0),
-                "test accuracy",
-                &curves,
-                (0.0, 1.0),
+                &format!("{setting}: test accuracy on the virtual clock"),
+                &crate::timeline::timeline(&arms),
             )?;
             format!(
-                "![accuracy over virtual time]({})\n\nThe virtual-time figure takes each run's accuracy at its last evaluation so far at every point of a grid of {TIME_GRID} times, from the latest first evaluation to the earliest end among an arm's runs (each arm over its own span), and shows mean ± std over seeds, unsmoothed.\n\n",
+                "![accuracy over virtual time]({})\n\nThe virtual-time figure shows every run as a thin line over its own run, from its first evaluation to its end: its accuracy at each time is that of its last evaluation so far. The thick line and band are the mean ± std over the seeds of an arm that have been evaluated and still run, drawn only where at least half of the arm's seeds do (the mean steps where a seed ends, as the seeds averaged change); a circle marks each arm's median time to each target (the table's median) on a dashed line at the target's accuracy, hollow where the median is only a lower bound. The x axis reaches the end of the longest run. Not smoothed.\n\n",
                 name("accuracy-time")
             )
         }
@@ -365,67 +363,32 @@ fn figures(
     ))
 }
 
-/// A run's (virtual seconds, test accuracy) at each evaluated round.
-type Timed = [(f64, f64)];
-
-/// Points on the time axis of the virtual-time figure.
-const TIME_GRID: usize = 200;
-
-/// The accuracy-over-virtual-time curves of a setting's arms, with the unit of their x axis
-/// (name, seconds): every run's accuracy as a step function of its clock (the accuracy of
-/// its last evaluation so far: what the server holds at that time), read on a grid of
-/// times shared by an arm's runs, from their latest first evaluation to their earliest last
-/// one so that every run has a value at every point; mean ± std over the arm's seeds there.
-/// Each arm keeps its own span: one whose rounds are shorter ends sooner, and cutting the
-/// others there would hide where they go. `None` when no run of the setting has a clock; an
-/// arm with a run without one gets no curve.
-fn time_curves(strategies: &ByStrategy) -> Option<((&'static str, f64), Vec<crate::plot::Curve>)> {
-    let arms: Vec<(String, Vec<&Timed>)> = strategies
+/// The seeds of each arm of a setting on the virtual clock, for the accuracy-over-time
+/// figure ([`crate::timeline`]); `None` when no run of the setting has a clock. An arm with a
+/// run without one (or without an evaluation) gets no curve.
+fn time_clocks(strategies: &ByStrategy) -> Option<Vec<crate::timeline::ArmClocks>> {
+    let arms: Vec<crate::timeline::ArmClocks> = strategies
         .iter()
         .filter_map(|((_, s), runs)| {
-            let timed = runs
+            let seeds = runs
                 .iter()
-                .map(|r| r.timed.as_deref().filter(|t| !t.is_empty()))
-                .collect::<Option<Vec<_>>>()?;
-            Some((format!("{s} (n={})", runs.len()), timed))
-        })
-        .collect();
-    if arms.is_empty() {
-        return None;
-    }
-    let span = |timed: &[&Timed]| {
-        let from = timed.iter().map(|t| t[0].0).fold(0.0, f64::max);
-        let to = timed
-            .iter()
-            .map(|t| t[t.len() - 1].0)
-            .fold(f64::INFINITY, f64::min);
-        (from, to.max(from))
-    };
-    let longest = arms.iter().map(|a| span(&a.1).1).fold(0.0, f64::max);
-    // A unit in which the axis spans at least ten, so its whole-number ticks are distinct.
-    let unit = [("hours", HOUR_S), ("minutes", 60.0)]
-        .into_iter()
-        .find(|u| longest >= 10.0 * u.1)
-        .unwrap_or(("seconds", 1.0));
-    let at = |t: &Timed, x: f64| t[t.partition_point(|p| p.0 <= x).max(1) - 1].1;
-    let curves = arms
-        .into_iter()
-        .map(|(label, timed)| {
-            let (from, to) = span(&timed);
-            crate::plot::Curve {
-                label,
-                points: (0..TIME_GRID)
-                    .map(|i| {
-                        let x = from + (to - from) * i as f64 / (TIME_GRID - 1) as f64;
-                        let v: Vec<f64> = timed.iter().map(|t| at(t, x)).collect();
-                        let (m, sd) = mean_std(&v);
-                        (x / unit.1, m, sd)
+                .map(|r| {
+                    let evals = r.timed.clone().filter(|t| !t.is_empty())?;
+                    let last = evals[evals.len() - 1].0;
+                    Some(crate::timeline::SeedClock {
+                        end_s: r.summary.clock_s.map_or(last, |c| c.max(last)),
+                        to_target: r.summary.time_to_target_s.clone().unwrap_or_default(),
+                        evals,
                     })
-                    .collect(),
-            }
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Some(crate::timeline::ArmClocks {
+                label: format!("{s} (n={})", runs.len()),
+                seeds,
+            })
         })
         .collect();
-    Some((unit, curves))
+    (!arms.is_empty()).then_some(arms)
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
@@ -471,9 +434,6 @@ fn rounds_obs(r: &Run, ti: usize) -> Option<Obs> {
         })
     })
 }
-
-/// Seconds in an hour.
-const HOUR_S: f64 = 3600.0;
 
 /// A run's virtual time to target `ti` in units of `unit` seconds: the clock at the end of
 /// the round that first reached it, or censored at the run's final clock; `None` for a run
@@ -1092,12 +1052,17 @@ pub fn write(dir: &Path, smooth: Option<usize>) -> Result<String> {
 /// directory unless `out` names another; a comparison's into `out`, by default `report` in
 /// the working directory, which may not be a run's or a sweep's own directory. Returns the
 /// file written and its text.
+///
+/// Run directories of different tasks ([`crate::arms::TASK`]) are refused
+/// ([`crate::error::Error::MixedTasks`]) unless `allow_mixed`; a run that is not whole is
+/// left out, with a warning and a line in the report.
 pub fn report(
     dirs: &[std::path::PathBuf],
     out: Option<&Path>,
     smooth: Option<usize>,
     format: Format,
-) -> Result<(std::path::PathBuf, String)> {
+    allow_mixed: bool,
+) -> crate::error::Result<(std::path::PathBuf, String)> {
     check_smooth(smooth)?;
     let (gathered, out) = match dirs {
         [] => {
@@ -1112,7 +1077,7 @@ pub fn report(
         _ => {
             let out = out.map_or_else(|| std::path::PathBuf::from("report"), Path::to_path_buf);
             crate::arms::check_out(&out, dirs)?;
-            (gather_runs(dirs)?, out)
+            (gather_runs(dirs, allow_mixed)?, out)
         }
     };
     std::fs::create_dir_all(&out).map_err(|source| Error::Output {
@@ -1154,9 +1119,10 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
         .map(|c| c.targets.len())
         .max()
         .unwrap_or(0);
-    // A finished cell whose files are damaged (truncated, edited) is left out and named, so
-    // one bad cell never keeps the rest of the sweep from being reported.
-    let mut unreadable: Vec<(String, String)> = Vec::new();
+    // A finished cell that is not whole (its metrics cut short) or whose files are damaged
+    // is left out and named, so one bad cell never keeps the rest of the sweep from being
+    // reported.
+    let mut left_out: Vec<(String, String)> = Vec::new();
     for cell in &index.cells {
         let cdir = dir.join("cells").join(&cell.dir);
         if !crate::sweep::is_finished(&cdir) {
@@ -1164,6 +1130,9 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
             continue;
         }
         let read = || -> Result<_> {
+            if let Some(why) = crate::arms::truncation(&cdir)? {
+                return Err(bad(&cdir, why));
+            }
             let summary: Summary = read_json(&cdir.join("summary.json"))?;
             let counts = counts(&cdir.join("selections.csv"), 0)?;
             let Metrics {
@@ -1179,7 +1148,8 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
         let (summary, counts, curve, clients, timed) = match read() {
             Ok(x) => x,
             Err(e) => {
-                unreadable.push((cell.dir.clone(), e.to_string()));
+                tracing::warn!("left out of the report: {e}");
+                left_out.push((cell.dir.clone(), e.to_string()));
                 continue;
             }
         };
@@ -1232,13 +1202,13 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
         },
         baseline.as_deref().unwrap_or("-")
     );
-    if !unreadable.is_empty() {
+    if !left_out.is_empty() {
         let _ = writeln!(
             md,
-            "**{} finished cells could not be read and are left out:**\n",
-            unreadable.len()
+            "**Finished cells left out, not whole or not readable ({}):**\n",
+            left_out.len()
         );
-        for (cell, why) in &unreadable {
+        for (cell, why) in &left_out {
             let _ = writeln!(md, "- `{cell}`: {why}");
         }
         md.push('\n');
@@ -1254,18 +1224,43 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
     })
 }
 
-/// Reads plain run directories and groups them into arms (see [`crate::arms`]).
-fn gather_runs(dirs: &[std::path::PathBuf]) -> Result<Gathered> {
-    let arms = crate::arms::arms(dirs)?;
+/// Reads plain run directories and groups them into arms (see [`crate::arms`]), warning of
+/// each run left out.
+fn gather_runs(dirs: &[std::path::PathBuf], allow_mixed: bool) -> crate::error::Result<Gathered> {
+    let crate::arms::Arms {
+        arms,
+        left_out,
+        mixed,
+    } = crate::arms::arms(dirs, allow_mixed)?;
     let mut strategies: ByStrategy = BTreeMap::new();
+    let n_runs: usize = arms.iter().map(|a| a.dirs.len()).sum();
     let mut md = format!(
-        "# Report: {} runs in {} arms\n\nfedsel {}. Runs whose resolved configs differ only by seed form one arm; an arm is named by the keys in which it differs from the others (keys not compared: {}). Baseline arm: {}.\n\n",
-        dirs.len(),
+        "# Report: {n_runs} runs in {} arms\n\nfedsel {}. Runs whose resolved configs differ only by seed form one arm; an arm is named by the keys in which it differs from the others (keys not compared: {}). Baseline arm: {}.\n\n",
         arms.len(),
         fedsel::VERSION,
         crate::arms::IGNORED.join(", "),
         arms[0].label
     );
+    if !left_out.is_empty() {
+        let _ = writeln!(
+            md,
+            "**Runs left out, not being whole ({}):**\n",
+            left_out.len()
+        );
+        for l in &left_out {
+            tracing::warn!("left out of the report: {l}");
+            let _ = writeln!(md, "- {l}");
+        }
+        md.push('\n');
+    }
+    if !mixed.is_empty() {
+        let differences: Vec<String> = mixed.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            md,
+            "**The arms are of different tasks, compared side by side as asked:** {}. Their seeds are paired all the same, and targets that differ share numbered columns.\n",
+            differences.join("; ")
+        );
+    }
     let mut targets: Vec<Vec<f64>> = Vec::new();
     for (i, arm) in arms.iter().enumerate() {
         let mut runs = Vec::new();
@@ -1278,7 +1273,7 @@ fn gather_runs(dirs: &[std::path::PathBuf]) -> Result<Gathered> {
                 timed,
             } = read_metrics(&dir.join("metrics.csv"))?;
             if curve.is_empty() {
-                return Err(bad(&dir.join("metrics.csv"), "no evaluated round"));
+                return Err(bad(&dir.join("metrics.csv"), "no evaluated round").into());
             }
             targets.push(summary.rounds_to_target.iter().map(|t| t.0).collect());
             runs.push(Run {

@@ -163,9 +163,15 @@ fn seconds_to_target_are_the_clock_at_the_round_that_reached_it() {
         lines.next().unwrap(),
         "all,uniform,3,,,,,60.0,,,2,63.3,0.017,,,2,0.018,,,,,"
     );
-    let tex = report::report(&[dir.path().to_path_buf()], None, None, Format::Latex)
-        .unwrap()
-        .1;
+    let tex = report::report(
+        &[dir.path().to_path_buf()],
+        None,
+        None,
+        Format::Latex,
+        false,
+    )
+    .unwrap()
+    .1;
     assert!(
         tex.contains("uniform & 3 & $\\geq$ 63.3 (2/3) & $\\geq$ 0.018 (2/3) & (baseline)"),
         "{tex}"
@@ -211,9 +217,15 @@ fn runs_without_a_clock_report_as_before() {
             "{csv}"
         );
     }
-    let tex = report::report(&[dir.path().to_path_buf()], None, None, Format::Latex)
-        .unwrap()
-        .1;
+    let tex = report::report(
+        &[dir.path().to_path_buf()],
+        None,
+        None,
+        Format::Latex,
+        false,
+    )
+    .unwrap()
+    .1;
     assert_eq!(
         tex,
         std::fs::read_to_string(golden.join("report.tex")).unwrap()

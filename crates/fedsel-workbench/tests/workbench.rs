@@ -126,8 +126,8 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         rtt.starts_with("setting,strategy,seeds,30%_mean,30%_std,30%_median,30%_ci_lo,30%_ci_hi,30%_reached,30%_mean_lb,30%_paired_n,"),
         "{rtt}"
     );
-    // A finished cell whose metrics were cut short is left out and named; the rest is
-    // still reported, and the report is replaced.
+    // A finished cell whose metrics were cut short (mid-row) is left out and named, with
+    // the reason; the rest is still reported, and the report is replaced.
     let cut = out.join("cells").join(&cells[2].dir_name);
     let header = std::fs::read_to_string(cut.join("metrics.csv"))
         .unwrap()
@@ -139,7 +139,11 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     std::fs::write(out.join("report.md"), "old").unwrap();
     let report = fedsel_workbench::report::write(&out, None).unwrap();
     assert!(
-        report.contains("could not be read") && report.contains(cells[2].dir_name.as_str()),
+        report.contains(&format!(
+            "- `{}`: {}: truncated: metrics.csv breaks off after 0 rows",
+            cells[2].dir_name,
+            cut.display()
+        )),
         "{report}"
     );
     assert!(report.contains("| all | uniform | 2 |"), "{report}");
@@ -168,6 +172,7 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
         None,
         None,
         fedsel_workbench::report::Format::Latex,
+        false,
     )
     .unwrap();
     assert_eq!(file, out.join("report.tex"));
