@@ -749,7 +749,7 @@ fn selection_bench(clients: &[usize], strategies: &[String]) -> Result<()> {
 }
 
 /// Predicted seconds above which `fedsel bench` skips a selection size.
-const SKIP_S: f64 = 600.0;
+const SKIP_S: f64 = 1800.0;
 
 fn bench(
     rounds: usize,
