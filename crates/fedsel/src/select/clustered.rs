@@ -15,6 +15,11 @@
 //!   buckets and the rest are poured in, smallest cluster first, each cluster's
 //!   members in a random order (Fraboni's code shuffles them, algorithms.md §7.2).
 //!
+//! Cost at N clients, P parameters: Alg. 1 is O(N log N) a round (the draws); Alg. 2
+//! keeps the N × N arccos distances up to date in O(K N P) a round, and Ward on their N
+//! rows (points of N coordinates) is O(N³) for the rows' distances alone, with two N × N
+//! matrices held.
+//!
 //! Under partial availability a bucket draws among its available members; a
 //! bucket with none is skipped (the paper assumes full availability).
 
