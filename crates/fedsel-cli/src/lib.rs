@@ -703,12 +703,15 @@ fn datasets(data_dir: Option<PathBuf>) {
     );
 }
 
-/// Each strategy's selection time per round at each client count (issue 23's workload:
-/// FMNIST iid, logistic regression, 10 clients a round, 10 rounds after warm-up). Beyond
-/// 1,000 clients a size is skipped where cubic growth from the last size predicts more
-/// than five minutes.
+/// Each strategy's selection time per round at each client count (FMNIST iid, logistic
+/// regression, 10 clients a round, 10 rounds after warm-up), a line each as it is
+/// measured. A size is skipped, with the reason, where the strategy's N × N matrices
+/// would take more than `MATRIX_BYTES`, or, beyond 1,000 clients, where its growth
+/// (`Scaling::predict`) from its last size predicts more than [`SKIP_S`] seconds; a
+/// super-linear strategy asked for a size beyond 1,000 first is measured at 1,000 for
+/// that prediction (not printed).
 fn selection_bench(clients: &[usize], strategies: &[String]) -> Result<()> {
-    use fedsel::bench::{STRATEGIES, SelectionWorkload, selection_time};
+    use fedsel::bench::{MATRIX_BYTES, STRATEGIES, SelectionWorkload, scaling, selection_time};
     let names: Vec<&str> = if strategies.is_empty() {
         STRATEGIES.to_vec()
     } else {
@@ -723,35 +726,60 @@ fn selection_bench(clients: &[usize], strategies: &[String]) -> Result<()> {
     println!(
         "select: ms per round (select + observe), 10 rounds after warm-up, k = 10; setup = graph / initial phase"
     );
+    let workload = |n: usize| SelectionWorkload {
+        n,
+        k: 10.min(n),
+        rounds: 10,
+    };
+    let measure = |name: &str, n: usize| -> Result<(fedsel::bench::SelectionTime, f64)> {
+        let started = std::time::Instant::now();
+        let t = selection_time(name, workload(n))?;
+        Ok((t, started.elapsed().as_secs_f64()))
+    };
     for name in names {
-        let mut last: Option<(usize, f64)> = None;
+        let scale = scaling(name).expect("every strategy has its scaling");
+        // The last measurement's clients, setup seconds and total seconds.
+        let mut last: Option<(usize, f64, f64)> = None;
         for &n in clients {
-            let w = SelectionWorkload {
-                n,
-                k: 10.min(n),
-                rounds: 10,
-            };
-            if let Some((m, secs)) = last.filter(|_| n > 1000) {
-                // Cubic growth bounds every selector's (Ward, Floyd–Warshall, a GP fit).
-                let predicted = secs * (n as f64 / m as f64).powi(3);
-                if predicted > 300.0 {
-                    println!(
-                        "select {name:<8} N={n:>6}: skipped, about {predicted:.0} s predicted from N={m}"
-                    );
-                    continue;
+            let bytes = scale.matrix_bytes(n);
+            if bytes > MATRIX_BYTES {
+                println!(
+                    "select {name:<8} N={n:>6}: skipped, {} N x N matrices would take {:.0} GB (O({}) a round)",
+                    scale.matrices,
+                    bytes / 1e9,
+                    scale.round
+                );
+                continue;
+            }
+            if n > 1000 {
+                if last.is_none() && scale.power > 1 {
+                    let (t, total) = measure(name, 1000)?;
+                    last = Some((1000, t.setup_s, total));
+                }
+                if let Some((m, setup, total)) = last {
+                    let predicted = scale.predict(m, setup, total, n);
+                    if predicted > SKIP_S {
+                        println!(
+                            "select {name:<8} N={n:>6}: skipped, about {predicted:.0} s predicted from N={m} (O({}) a round)",
+                            scale.round
+                        );
+                        continue;
+                    }
                 }
             }
-            let started = std::time::Instant::now();
-            let t = selection_time(name, w)?;
-            last = Some((n, started.elapsed().as_secs_f64()));
+            let (t, total) = measure(name, n)?;
+            last = Some((n, t.setup_s, total));
             println!(
-                "select {name:<8} N={n:>6}: {:>10.3} ms mean, {:>10.3} ms max per round, setup {:.3} s",
-                t.mean_ms, t.max_ms, t.setup_s
+                "select {name:<8} N={n:>6}: {:>10.3} ms mean, {:>10.3} ms max per round, setup {:.3} s, O({}) a round",
+                t.mean_ms, t.max_ms, t.setup_s, scale.round
             );
         }
     }
     Ok(())
 }
+
+/// Predicted seconds above which `fedsel bench` skips a selection size.
+const SKIP_S: f64 = 1800.0;
 
 fn bench(
     rounds: usize,

@@ -308,12 +308,16 @@ pub fn eval_times(
 /// The clients of a selection benchmark: every report a selector can ask for, answered
 /// from seeded draws instead of training, so that only the selector's own work is timed.
 /// Client k's update and gradient are one fixed random vector per client (drawn on first
-/// use), scaled by a per-call factor; losses are fresh draws per call.
+/// use), scaled by a per-call factor; losses are fresh draws per call. The time spent
+/// answering is counted in `answering`, which [`selection_time`] takes off the
+/// selector's: in a real run the clients do that work, not the server (at 10,000
+/// clients, DivFL's request alone is 300 MB of gradients to draw and copy).
 struct SyntheticClients {
     params: usize,
     classes: usize,
     calls: u64,
     vectors: Vec<Option<Vec<f32>>>,
+    answering: Duration,
 }
 
 impl SyntheticClients {
@@ -323,7 +327,16 @@ impl SyntheticClients {
             classes,
             calls: 0,
             vectors: vec![None; n],
+            answering: Duration::ZERO,
         }
+    }
+
+    /// `answer`'s result, its time added to `answering`.
+    fn timed<T>(&mut self, answer: impl FnOnce(&mut Self) -> T) -> T {
+        let started = Instant::now();
+        let out = answer(self);
+        self.answering += started.elapsed();
+        out
     }
 
     fn losses(&mut self, clients: &[usize]) -> Vec<f64> {
@@ -353,51 +366,54 @@ impl SyntheticClients {
 
 impl crate::select::ClientQuery for SyntheticClients {
     fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
-        Ok(self.losses(clients))
+        Ok(self.timed(|c| c.losses(clients)))
     }
     fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
-        Ok(self.losses(clients))
+        Ok(self.timed(|c| c.losses(clients)))
     }
     fn probe(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, crate::error::Error> {
-        Ok(self.losses(evaluate))
+        Ok(self.timed(|c| c.losses(evaluate)))
     }
     fn advance(
         &mut self,
         _: &[usize],
         evaluate: &[usize],
     ) -> Result<Vec<f64>, crate::error::Error> {
-        Ok(self.losses(evaluate))
+        Ok(self.timed(|c| c.losses(evaluate)))
     }
     fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, crate::error::Error> {
-        Ok(self.vectors(clients, self.params))
+        Ok(self.timed(|c| c.vectors(clients, c.params)))
     }
     fn noise_responses(
         &mut self,
         updates: &[Vec<f32>],
         _: usize,
     ) -> Result<Vec<Vec<f64>>, crate::error::Error> {
-        let c = self.classes;
-        Ok(updates
-            .iter()
-            .map(|u| u.iter().take(c).map(|&x| f64::from(x)).collect())
-            .collect())
+        Ok(self.timed(|c| {
+            updates
+                .iter()
+                .map(|u| u.iter().take(c.classes).map(|&x| f64::from(x)).collect())
+                .collect()
+        }))
     }
     fn secure_gram(&mut self, clients: &[usize]) -> Result<Vec<Vec<f64>>, crate::error::Error> {
-        let f = self.vectors(clients, self.classes);
-        Ok(f.iter()
-            .map(|a| {
-                f.iter()
-                    .map(|b| a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum())
-                    .collect()
-            })
-            .collect())
+        Ok(self.timed(|c| {
+            let f = c.vectors(clients, c.classes);
+            f.iter()
+                .map(|a| {
+                    f.iter()
+                        .map(|b| a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum())
+                        .collect()
+                })
+                .collect()
+        }))
     }
     fn gradients(
         &mut self,
         clients: &[usize],
         _: crate::select::GradientScope,
     ) -> Result<Vec<Vec<f32>>, crate::error::Error> {
-        Ok(self.vectors(clients, self.params))
+        Ok(self.timed(|c| c.vectors(clients, c.params)))
     }
 }
 
@@ -490,9 +506,10 @@ pub fn selection_time(
             available: &all,
             budget: w.k,
         };
+        let answered = clients.answering;
         let began = Instant::now();
         let sel = s.select(&ctx, &mut clients, &mut rng)?;
-        let mut elapsed = began.elapsed();
+        let mut elapsed = began.elapsed() - (clients.answering - answered);
         let updates = (update_len > 0).then(|| clients.vectors(&sel.clients, update_len));
         let losses = clients.losses(&sel.clients);
         // Round trips that differ by client (1 to 100 s), so that a system-aware strategy
@@ -608,6 +625,62 @@ pub fn clock_overhead(
     })
 }
 
+/// How a strategy's selection grows with the clients N (K picked a round, P parameters
+/// of an update, d pow-d's candidates), as `fedsel bench` prints it beside the times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scaling {
+    /// Time of a round (select and observe), in O(·).
+    pub round: &'static str,
+    /// N × N matrices of f64 held at once at the peak (0: memory linear in N).
+    pub matrices: usize,
+    /// The power of N the warm-up and rounds grow with, up to logarithms.
+    pub power: i32,
+    /// The power of N the setup grows with (FedGS's graph: 3).
+    pub setup_power: i32,
+}
+
+/// Memory the selection benchmark lets a strategy's N × N matrices take: above it a size
+/// is skipped, with the reason printed.
+pub const MATRIX_BYTES: f64 = 16e9;
+
+impl Scaling {
+    /// Bytes of the strategy's N × N matrices at `n` clients.
+    pub fn matrix_bytes(&self, n: usize) -> f64 {
+        self.matrices as f64 * (n as f64).powi(2) * 8.0
+    }
+}
+
+/// [`Scaling`] of each of [`STRATEGIES`] (None for another name).
+pub fn scaling(strategy: &str) -> Option<Scaling> {
+    let (round, matrices, power) = match strategy {
+        "uniform" => ("N", 0, 1),
+        "md" => ("N + K log N", 0, 1),
+        "powd" | "cpowd" | "rpowd" => ("N + d log d", 0, 1),
+        "afl" | "f3ast" | "oort" | "fedcs" | "cs1" => ("N log N", 0, 1),
+        "fedcor" | "fedgp" => ("K N²", 2, 2),
+        "cs2" => ("N³ + K N P", 2, 3),
+        "hics" => ("N³", 2, 3),
+        "divfl" => ("N² P", 1, 2),
+        "fedgs" => ("N² (setup N³)", 2, 2),
+        _ => return None,
+    };
+    Some(Scaling {
+        round,
+        matrices,
+        power,
+        setup_power: if strategy == "fedgs" { 3 } else { power },
+    })
+}
+
+impl Scaling {
+    /// Seconds a measurement at `n` clients should take, from one at `m` that took
+    /// `total` seconds, `setup` of them in the setup.
+    pub fn predict(&self, m: usize, setup: f64, total: f64, n: usize) -> f64 {
+        let r = n as f64 / m as f64;
+        setup * r.powi(self.setup_power) + (total - setup).max(0.0) * r.powi(self.power)
+    }
+}
+
 /// Every strategy [`selection_time`] knows, in the order `fedsel bench` prints them.
 pub const STRATEGIES: &[&str] = &[
     "uniform", "md", "powd", "cpowd", "rpowd", "afl", "f3ast", "fedcor", "fedgp", "cs1", "cs2",
@@ -630,7 +703,13 @@ mod tests {
         for s in STRATEGIES {
             let t = selection_time(s, w).unwrap_or_else(|e| panic!("{s}: {e}"));
             assert!(t.mean_ms >= 0.0 && t.max_ms >= t.mean_ms, "{s}: {t:?}");
+            assert!(scaling(s).is_some(), "{s}");
         }
+        assert_eq!(scaling("nope"), None);
+        // FedGS's two N × N matrices: 160 GB at 100,000 clients, 1.6 GB at 10,000.
+        let fedgs = scaling("fedgs").unwrap();
+        assert_eq!(fedgs.matrix_bytes(100_000), 1.6e11);
+        assert!(fedgs.matrix_bytes(10_000) < MATRIX_BYTES);
         assert!(selection_time("nope", w).is_err());
     }
 

@@ -15,6 +15,11 @@
 //!   buckets and the rest are poured in, smallest cluster first, each cluster's
 //!   members in a random order (Fraboni's code shuffles them, algorithms.md §7.2).
 //!
+//! Cost at N clients, P parameters: Alg. 1 is O(N log N) a round (the draws); Alg. 2
+//! keeps the N × N arccos distances up to date in O(K N P) a round, and Ward on their N
+//! rows (points of N coordinates) is O(N³) for the rows' distances alone, with two N × N
+//! matrices held.
+//!
 //! Under partial availability a bucket draws among its available members; a
 //! bucket with none is skipped (the paper assumes full availability).
 
@@ -237,13 +242,17 @@ impl Selector for ClusteredSampling {
         let n = setup.sizes.len();
         self.sizes = setup.sizes.clone();
         self.per_round = setup.per_round;
-        if self.variant == Variant::Sizes {
-            self.buckets = sizes_buckets(&self.sizes, setup.per_round);
-        }
-        self.state = State {
-            updates: vec![Vec::new(); n],
-            norms: vec![0.0; n],
-            distance: vec![vec![0.0; n]; n],
+        // Only Alg. 2 keeps updates and their N × N distances (80 GB at 100,000 clients).
+        self.state = match self.variant {
+            Variant::Sizes => {
+                self.buckets = sizes_buckets(&self.sizes, setup.per_round);
+                State::default()
+            }
+            Variant::Similarity => State {
+                updates: vec![Vec::new(); n],
+                norms: vec![0.0; n],
+                distance: vec![vec![0.0; n]; n],
+            },
         };
     }
 
@@ -269,7 +278,7 @@ impl Selector for ClusteredSampling {
     }
 
     fn observe(&mut self, feedback: &Feedback<'_>) {
-        let Some(updates) = feedback.updates else {
+        let (Variant::Similarity, Some(updates)) = (self.variant, feedback.updates) else {
             return;
         };
         for (&k, u) in feedback.selected.iter().zip(updates) {
@@ -305,6 +314,11 @@ impl Selector for ClusteredSampling {
 
     fn load(&mut self, state: &serde_json::Value) -> Result<(), Error> {
         let loaded: State = super::load_state(self.name(), state)?;
+        if self.variant == Variant::Sizes {
+            // Alg. 1 learns nothing: a checkpoint's per-client placeholders (earlier versions
+            // wrote them) are left unread.
+            return Ok(());
+        }
         let n = self.sizes.len();
         let name = self.name();
         super::check_loaded(name, "updates", loaded.updates.len(), n)?;
@@ -337,6 +351,21 @@ mod tests {
             let got: u128 = b.iter().flatten().filter(|x| x.0 == i).map(|x| x.1).sum();
             assert_eq!(got, m as u128 * s as u128, "client {i} carries m·p_i");
         }
+    }
+
+    /// Alg. 1 keeps no per-client state (Alg. 2's N × N distances would be 80 GB at
+    /// 100,000 clients), and still reads a checkpoint that holds it.
+    #[test]
+    fn algorithm_1_keeps_no_per_client_state() {
+        use crate::select::testing::setup;
+        let mut s = ClusteredSampling::new(Variant::Sizes);
+        s.setup(&setup(&[0.25; 4]));
+        assert!(s.state.updates.is_empty() && s.state.distance.is_empty());
+        let mut alg2 = ClusteredSampling::new(Variant::Similarity);
+        alg2.setup(&setup(&[0.25; 4]));
+        assert_eq!(alg2.state.distance.len(), 4);
+        s.load(&alg2.save()).unwrap();
+        assert!(s.state.distance.is_empty());
     }
 
     #[test]

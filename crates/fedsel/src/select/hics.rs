@@ -34,6 +34,9 @@
 //! 0.1, one epoch of FedProx, its CNN) are keys of their own, which the
 //! `configs/hics/*_code.toml` configs set ([`HicsProtocol`]).
 //!
+//! Cost at N clients: Eq. 9's matrix is O(N² C) (O(N² P) under `code`), and Ward on its N
+//! rows O(N³), a round after warm-up.
+//!
 //! The estimates see only the output-layer part of the uploaded updates. The
 //! **oracle** label histograms this selector asks for feed the diagnostic
 //! `entropy.csv` (true vs estimated entropy, the AUC of Ĥ for the high-entropy group

@@ -18,10 +18,12 @@ pub enum Similarity {
     ClippedCosine,
 }
 
-/// The Gram matrix of feature vectors.
+/// The Gram matrix of feature vectors, rows in parallel (each entry the same sequential
+/// sum whatever thread computes it).
 pub fn gram(features: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    use rayon::prelude::*;
     features
-        .iter()
+        .par_iter()
         .map(|a| {
             features
                 .iter()
@@ -40,8 +42,10 @@ pub fn similarity(features: &[Vec<f64>], kind: Similarity) -> Vec<Vec<f64>> {
 /// server: the diagonal holds each client's own squared norm), zero diagonal. A zero
 /// vector's cosine is 0.
 pub fn from_gram(gram: &[Vec<f64>], kind: Similarity) -> Vec<Vec<f64>> {
+    use rayon::prelude::*;
     let n = gram.len();
     (0..n)
+        .into_par_iter()
         .map(|i| {
             (0..n)
                 .map(|j| {
@@ -80,8 +84,9 @@ pub fn adjacency(
         (lo.min(v), hi.max(v))
     });
     let span = if hi > lo { hi - lo } else { 1.0 };
+    use rayon::prelude::*;
     similarity
-        .iter()
+        .par_iter()
         .enumerate()
         .map(|(i, row)| {
             row.iter()
@@ -104,45 +109,262 @@ pub fn adjacency(
 
 /// Floyd–Warshall shortest paths H, divided by the largest finite distance;
 /// disconnected pairs get 1 (decisions.md). A graph without edges gives 1 off
-/// the diagonal.
-pub fn shortest_paths(adjacency: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let n = adjacency.len();
-    let mut d = adjacency.to_vec();
-    for m in 0..n {
-        let through = d[m].clone();
-        for row in d.iter_mut() {
-            let dim = row[m];
-            if dim.is_infinite() {
-                continue;
+/// the diagonal. `adjacency` is symmetric and square, with a zero diagonal and
+/// non-negative lengths (what [`adjacency`] gives).
+///
+/// O(n³) time and one n × n matrix (the adjacency's own storage); the time is the
+/// setup's at 10,000 clients. The textbook loop (every row against intermediate m, for
+/// m = 0, 1, …) streams the whole matrix once per m, n passes over memory. Here the same
+/// relaxations run phase by phase, [`PHASE`] intermediates a pass, on the upper triangle
+/// only: the textbook keeps a symmetric matrix symmetric bit for bit (d_im + d_mj and
+/// d_jm + d_mi are the same sum), so row m's entries are column m's, and every entry
+/// i < j goes through the textbook's comparisons in its order. H is the textbook's bit
+/// for bit (`tests::the_phased_loop_is_the_textbook_one`) at half its arithmetic.
+pub fn shortest_paths(adjacency: Vec<Vec<f64>>) -> Vec<Vec<f64>> {
+    shortest_paths_with(adjacency, crate::cpu::isa())
+}
+
+/// [`shortest_paths`] with the relaxations compiled for `isa` (one this CPU runs).
+///
+/// Each phase M = m0..m0 + b of intermediates, with D the matrix before it and m = m0 + t:
+/// 1. the textbook loop on the b × b block D[M][M], whose row m at the start of step m is
+///    the textbook's pivot row m there;
+/// 2. for every row i, its b entries D[i][M] (read from the upper triangle) relaxed in
+///    order against those pivots, which records `reads[i][t]`, the textbook's D[i][m] at
+///    step m, and gives the final D[i][M] (written back where it is upper);
+/// 3. by symmetry the pivot row m outside the block is column m at step m:
+///    `reads[j][t]` for every j;
+/// 4. every row's upper entries outside M relaxed through M in order, tile by tile.
+fn shortest_paths_with(adjacency: Vec<Vec<f64>>, isa: crate::cpu::Isa) -> Vec<Vec<f64>> {
+    use rayon::prelude::*;
+    let mut d = adjacency;
+    let n = d.len();
+    let mut block = vec![0.0; PHASE * PHASE];
+    let mut diag = vec![0.0; PHASE * PHASE];
+    let mut cols = vec![0.0; n * PHASE];
+    let mut reads = vec![0.0; n * PHASE];
+    let mut pivots = vec![0.0; PHASE * n];
+    for m0 in (0..n).step_by(PHASE) {
+        let b = PHASE.min(n - m0);
+        // 1. The block, in the textbook's order.
+        let (block, diag) = (&mut block[..b * b], &mut diag[..b * b]);
+        for p in 0..b {
+            for q in 0..b {
+                let (i, j) = (m0 + p.min(q), m0 + p.max(q));
+                block[p * b + q] = d[i][j];
             }
-            for (dij, dmj) in row.iter_mut().zip(&through) {
-                let via = dim + dmj;
-                if via < *dij {
-                    *dij = via;
+        }
+        for t in 0..b {
+            diag[t * b..(t + 1) * b].copy_from_slice(&block[t * b..(t + 1) * b]);
+            for p in 0..b {
+                let v = block[p * b + t];
+                if v.is_infinite() {
+                    continue;
+                }
+                for q in 0..b {
+                    let via = v + diag[t * b + q];
+                    if via < block[p * b + q] {
+                        block[p * b + q] = via;
+                    }
                 }
             }
         }
+        let diag = &*diag;
+        // 2. Every row's entries in the block's columns.
+        let (cols, reads) = (&mut cols[..n * b], &mut reads[..n * b]);
+        for (i, c) in cols.chunks_mut(b).enumerate().take(m0 + b) {
+            let from = i.saturating_sub(m0);
+            c[from..].copy_from_slice(&d[i][m0 + from..m0 + b]);
+        }
+        for t in 0..b {
+            let m = m0 + t;
+            for (c, &x) in cols.chunks_mut(b).skip(m + 1).zip(&d[m][m + 1..]) {
+                c[t] = x;
+            }
+        }
+        cols.par_chunks_mut(b)
+            .zip(reads.par_chunks_mut(b))
+            .for_each(|(c, r)| relax_block_columns(isa, c, r, diag));
+        for (i, c) in cols.chunks(b).enumerate().take(m0 + b) {
+            let from = i.saturating_sub(m0);
+            d[i][m0 + from..m0 + b].copy_from_slice(&c[from..]);
+        }
+        let reads = &*reads;
+        // 3. The pivot rows.
+        let pivots = &mut pivots[..b * n];
+        for (j, r) in reads.chunks(b).enumerate() {
+            for (t, &v) in r.iter().enumerate() {
+                pivots[t * n + j] = v;
+            }
+        }
+        let pivots = &*pivots;
+        // 4. The rest of the upper triangle: rows are independent given the pivot rows, each
+        // relaxed in the textbook's order whatever thread runs it.
+        d.par_chunks_mut(ROWS).enumerate().for_each(|(c, rows)| {
+            relax_rows(isa, rows, c * ROWS, m0, b, pivots, reads);
+        });
     }
     let max = d
         .iter()
-        .flatten()
-        .copied()
+        .enumerate()
+        .flat_map(|(i, row)| row[i..].iter().copied())
         .filter(|x| x.is_finite())
         .fold(0.0, f64::max);
+    // The upper triangle normalised, then mirrored row by row.
     for (i, row) in d.iter_mut().enumerate() {
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = if i == j {
-                0.0
-            } else if x.is_finite() && max > 0.0 {
+        row[i] = 0.0;
+        for x in &mut row[i + 1..] {
+            *x = if x.is_finite() && max > 0.0 {
                 *x / max
             } else {
                 1.0
             };
         }
     }
+    for i in 1..n {
+        let (above, below) = d.split_at_mut(i);
+        for (j, row) in above.iter().enumerate() {
+            below[0][j] = row[i];
+        }
+    }
     d
 }
 
+/// Intermediates of one phase of [`shortest_paths`]: their pivot rows (PHASE × n) stay
+/// in cache while the rows pass.
+const PHASE: usize = 128;
+/// Rows a task relaxes together, so that each column tile of the pivot rows is read
+/// from cache once for all of them.
+const ROWS: usize = 16;
+/// Columns of a row relaxed in registers through a phase's intermediates.
+const LANES: usize = 32;
+
+/// Runs `imp` compiled for `isa` (one this CPU runs). Additions and comparisons round
+/// alike in every instruction set, so each copy gives the same bits.
+macro_rules! on_isa {
+    ($isa:expr, fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {{
+        #[inline(always)]
+        fn imp($($arg: $ty),*) $body
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        fn avx512($($arg: $ty),*) {
+            imp($($arg),*)
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2($($arg: $ty),*) {
+            imp($($arg),*)
+        }
+        match $isa {
+            // SAFETY: `isa` is one this CPU runs.
+            #[cfg(target_arch = "x86_64")]
+            crate::cpu::Isa::Avx512 => unsafe { avx512($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            crate::cpu::Isa::Avx2 => unsafe { avx2($($arg),*) },
+            _ => imp($($arg),*),
+        }
+    }};
+}
+
+/// Step 2 of [`shortest_paths_with`] for one row: `cols` (its entries in the phase's
+/// columns) relaxed through the phase's intermediates in order against the block's pivot
+/// rows `diag` (b × b), each entry d(row, m) recorded in `reads[t]` before step m.
+fn relax_block_columns(isa: crate::cpu::Isa, cols: &mut [f64], reads: &mut [f64], diag: &[f64]) {
+    on_isa!(
+        isa,
+        fn relax(cols: &mut [f64], reads: &mut [f64], diag: &[f64]) {
+            let b = cols.len();
+            for t in 0..b {
+                let v = cols[t];
+                reads[t] = v;
+                if v.is_infinite() {
+                    continue;
+                }
+                for (x, &y) in cols.iter_mut().zip(&diag[t * b..(t + 1) * b]) {
+                    let via = v + y;
+                    if via < *x {
+                        *x = via;
+                    }
+                }
+            }
+        }
+    )
+}
+
+/// Step 4 of [`shortest_paths_with`] for rows `first..first + rows.len()`: each row i's
+/// entries j > i outside the phase's columns m0..m0 + b become min(entry, d(i, m) +
+/// pivot_m[j]) for each m of the phase in turn, the textbook's relaxation compared as it
+/// does (`via < entry`), with d(i, m) = `reads[i][t]`. A tile of [`LANES`] columns stays
+/// in registers through the phase, and each pivot tile is read once for the rows.
+fn relax_rows(
+    isa: crate::cpu::Isa,
+    rows: &mut [Vec<f64>],
+    first: usize,
+    m0: usize,
+    b: usize,
+    pivots: &[f64],
+    reads: &[f64],
+) {
+    on_isa!(
+        isa,
+        fn relax(
+            rows: &mut [Vec<f64>],
+            first: usize,
+            m0: usize,
+            b: usize,
+            pivots: &[f64],
+            reads: &[f64],
+        ) {
+            let n = pivots.len() / b;
+            let lo = first + 1;
+            for span in [lo.min(m0)..m0, lo.max(m0 + b)..n] {
+                for j0 in span.clone().step_by(LANES) {
+                    let end = (j0 + LANES).min(span.end);
+                    for (r, row) in rows.iter_mut().enumerate() {
+                        let i = first + r;
+                        let start = j0.max(i + 1);
+                        if start >= end {
+                            continue;
+                        }
+                        let read = &reads[i * b..(i + 1) * b];
+                        let tile = &mut row[start..end];
+                        if tile.len() == LANES {
+                            let mut acc = [0.0; LANES];
+                            acc.copy_from_slice(tile);
+                            for (t, &v) in read.iter().enumerate() {
+                                if v.is_infinite() {
+                                    continue;
+                                }
+                                let pivot = &pivots[t * n + start..t * n + start + LANES];
+                                for (x, &y) in acc.iter_mut().zip(pivot) {
+                                    let via = v + y;
+                                    if via < *x {
+                                        *x = via;
+                                    }
+                                }
+                            }
+                            tile.copy_from_slice(&acc);
+                        } else {
+                            for (t, &v) in read.iter().enumerate() {
+                                if v.is_infinite() {
+                                    continue;
+                                }
+                                let pivot = &pivots[t * n + start..t * n + end];
+                                for (x, &y) in tile.iter_mut().zip(pivot) {
+                                    let via = v + y;
+                                    if via < *x {
+                                        *x = via;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    )
+}
 /// The thresholds ε the authors' Table 3 script tries for a constructed graph
 /// (`es` in `algorithm/3DG_builder.py` of WwZzz/FedGS; the paper's text lists
 /// {0, 0.01, 0.05, 0.1, 0.5}). The table reports each graph at its best ε.
@@ -236,8 +458,102 @@ pub fn table3_quality(built: &[Vec<f64>], oracle: &[Vec<f64>]) -> Vec<EdgeQualit
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// The textbook Floyd–Warshall loop the phased one replaced: every row against
+    /// intermediate m, for m = 0, 1, …, then the same normalisation.
+    pub(in crate::select::fedgs) fn textbook_shortest_paths(
+        adjacency: &[Vec<f64>],
+    ) -> Vec<Vec<f64>> {
+        let n = adjacency.len();
+        let mut d = adjacency.to_vec();
+        for m in 0..n {
+            let through = d[m].clone();
+            for row in d.iter_mut() {
+                let dim = row[m];
+                if dim.is_infinite() {
+                    continue;
+                }
+                for (dij, dmj) in row.iter_mut().zip(&through) {
+                    let via = dim + dmj;
+                    if via < *dij {
+                        *dij = via;
+                    }
+                }
+            }
+        }
+        let max = d
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(0.0, f64::max);
+        for (i, row) in d.iter_mut().enumerate() {
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = if i == j {
+                    0.0
+                } else if x.is_finite() && max > 0.0 {
+                    *x / max
+                } else {
+                    1.0
+                };
+            }
+        }
+        d
+    }
+
+    /// The phased loop gives the textbook's distances bit for bit: on random graphs of
+    /// every size around the phase and tile widths (sparse, so that paths chain through
+    /// many intermediates, with lengths whose sums round), on FedGS's FMNIST-like oracle
+    /// graph at the paper's 100 clients under both protocols, and with the narrower
+    /// instruction sets' copies.
+    #[test]
+    fn the_phased_loop_is_the_textbook_one() {
+        use crate::rng::{Purpose, stream};
+        use rand::Rng as _;
+        let mut rng = stream(5, Purpose::Strategy, 0, 0);
+        for n in [1, 2, 31, 33, 64, 65, 100, 127, 128, 129, 200, 300] {
+            for density in [0.03, 0.3] {
+                let mut a = vec![vec![f64::INFINITY; n]; n];
+                for (i, j) in (0..n).flat_map(|i| (i..n).map(move |j| (i, j))) {
+                    if i == j {
+                        a[i][i] = 0.0;
+                    } else if rng.random::<f64>() < density {
+                        let w = rng.random::<f64>() * 3.0;
+                        a[i][j] = w;
+                        a[j][i] = w;
+                    }
+                }
+                let want = textbook_shortest_paths(&a);
+                let got = shortest_paths(a);
+                for (x, y) in want.iter().flatten().zip(got.iter().flatten()) {
+                    assert_eq!(x.to_bits(), y.to_bits(), "n = {n}, density {density}");
+                }
+            }
+        }
+        let features: Vec<Vec<f64>> = (0..100)
+            .map(|k| {
+                let mut f = vec![0.0; 10];
+                f[k % 10] += 0.5;
+                f[(k / 10 + 3 * k + 1) % 10] += 0.5;
+                f
+            })
+            .collect();
+        for (kind, epsilon, sigma, protocol) in [
+            (Similarity::InnerProduct, 0.1, 0.01, Protocol::Paper),
+            (Similarity::Cosine, 0.01, 0.1, Protocol::Code),
+        ] {
+            let a = adjacency(&similarity(&features, kind), epsilon, sigma, protocol);
+            let want = textbook_shortest_paths(&a);
+            assert_eq!(shortest_paths(a.clone()), want);
+            for isa in [crate::cpu::Isa::Baseline, crate::cpu::Isa::Avx2] {
+                if isa <= crate::cpu::isa() {
+                    assert_eq!(shortest_paths_with(a.clone(), isa), want);
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_hand_built_graph_gives_the_expected_paths() {
@@ -256,7 +572,7 @@ mod tests {
         let e = (-1.0f64).exp();
         assert!((a[0][1] - e).abs() < 1e-12 && (a[1][2] - e).abs() < 1e-12);
         assert!(a[0][2].is_infinite() && a[2][3].is_infinite());
-        let h = shortest_paths(&a);
+        let h = shortest_paths(a.clone());
         // 0→2 goes through 1: 2e, the longest finite path, so it normalises to 1;
         // the isolated client 3 is at 1 from everyone.
         assert!((h[0][2] - 1.0).abs() < 1e-12 && (h[0][1] - 0.5).abs() < 1e-12);

@@ -19,6 +19,14 @@
 //!   similarity is the unclipped cosine; an edge joins V > ε = 0.01 with length
 //!   exp(−V²/σ), σ = 0.1.
 //!
+//! Cost at N clients, K a round: the graph is O(N³) once (Floyd–Warshall, run phase by
+//! phase on the upper triangle, [`graph::shortest_paths`]; about 5·10¹¹ relaxations at
+//! 10,000 clients) and two N × N matrices at its peak. A round is O(N²) when the available
+//! set changes (the solver's top-distance sums, by selection) and otherwise O(restarts ·
+//! swaps · K · N) for the local searches; the branch-and-bound runs only up to
+//! `exact_up_to` available clients, under its node and work budgets. With every client
+//! available, H itself is the instance (no copy).
+//!
 //! `fedgs_solver.csv` records, per round, the solver's value, bound, gap and the mean graph
 //! distance among the selected clients, which is what α buys. `fedgs_graph.csv` records the
 //! graph's edges and, with `graph_quality`, the **oracle** diagnostic of FedGS Table 3 as the
@@ -160,6 +168,8 @@ pub struct FedGs {
     oracle: Option<Vec<Vec<f64>>>,
     state: State,
     solves: Vec<SolveRecord>,
+    /// The last round's available clients, k and [`solver::Problem::top_distance_sums`].
+    top: Option<(Vec<usize>, usize, Vec<f64>)>,
 }
 
 /// What FedGS has learned: the graph distances and the selection counts.
@@ -197,6 +207,7 @@ impl FedGs {
             oracle: None,
             state: State::default(),
             solves: Vec::new(),
+            top: None,
         }
     }
 
@@ -260,14 +271,18 @@ impl FedGs {
 
     fn build_graph(&mut self, query: &mut dyn ClientQuery, round: usize) -> Result<(), Error> {
         let gram = self.feature_gram(query, round)?;
-        let adj = self.adjacency(&graph::from_gram(&gram, self.selection_similarity()));
-        self.state.edges = (0..self.n)
-            .map(|i| (i + 1..self.n).filter(|&j| adj[i][j].is_finite()).count())
-            .sum();
         if self.cfg.graph_quality {
             self.state.table3 = Some(self.table3(&gram, round)?);
         }
-        self.state.distances = Some(graph::shortest_paths(&adj));
+        let similarity = graph::from_gram(&gram, self.selection_similarity());
+        drop(gram);
+        let adj = self.adjacency(&similarity);
+        drop(similarity);
+        self.state.edges = (0..self.n)
+            .map(|i| (i + 1..self.n).filter(|&j| adj[i][j].is_finite()).count())
+            .sum();
+        self.state.distances = Some(graph::shortest_paths(adj));
+        self.top = None;
         Ok(())
     }
 
@@ -352,17 +367,33 @@ impl Selector for FedGs {
                 z.iter().map(|z| -z / (n - 1.0).max(1.0)).collect(),
             ),
         };
-        let dist: Vec<Vec<f64>> = a
-            .iter()
-            .map(|&i| a.iter().map(|&j| h[i][j]).collect())
-            .collect();
-        let sol = solver::solve(
-            &solver::Problem {
-                dist: &dist,
-                pair_weight,
-                linear: &linear,
-                k,
-            },
+        // With every client available the instance's distances are H itself; otherwise
+        // the available clients' rows and columns of it.
+        let sub: Vec<Vec<f64>>;
+        let dist: &[Vec<f64>] = if a.iter().enumerate().all(|(x, &i)| x == i) && a.len() == h.len()
+        {
+            h
+        } else {
+            sub = a
+                .iter()
+                .map(|&i| a.iter().map(|&j| h[i][j]).collect())
+                .collect();
+            &sub
+        };
+        let problem = solver::Problem {
+            dist,
+            pair_weight,
+            linear: &linear,
+            k,
+        };
+        // The top-distance sums depend on the available set and k only: a round with the
+        // same ones as the last reuses them (O(n²) a round saved at full availability).
+        let top = match self.top.take() {
+            Some((avail, kept_k, top)) if kept_k == k && avail == a => (avail, kept_k, top),
+            _ => (a.to_vec(), k, problem.top_distance_sums()),
+        };
+        let sol = solver::solve_with(
+            &problem,
             solver::Limits {
                 exact_up_to: self.cfg.exact_up_to,
                 node_budget: self.cfg.node_budget,
@@ -372,7 +403,9 @@ impl Selector for FedGs {
                 spectral_steps: self.cfg.spectral_steps,
                 spectral_up_to: self.cfg.spectral_up_to,
             },
+            &top.2,
         );
+        self.top = Some(top);
         let pairs = sol.chosen.len() * sol.chosen.len().saturating_sub(1) / 2;
         let spread = if pairs == 0 {
             0.0
@@ -422,6 +455,7 @@ impl Selector for FedGs {
             }
         }
         self.state = loaded;
+        self.top = None;
         Ok(())
     }
 
@@ -607,6 +641,62 @@ mod tests {
                     "Update,{edges},6,0.5,1,3,1,1.000000,0.714286,0.833333,1.000000,0.333333,0.500000"
                 )
             );
+        }
+    }
+
+    /// At the paper's 100 clients (two labels each, FMNIST's setting), under both
+    /// protocols, rounds of full and of partial availability pick the clients that the
+    /// textbook Floyd–Warshall distances give, and the top-distance sums kept from the
+    /// last round pick as sums computed afresh.
+    #[test]
+    fn selections_are_the_textbook_graphs_at_the_paper_size() {
+        use rand::Rng as _;
+        let n = 100;
+        let features: Vec<Vec<f64>> = (0..n)
+            .map(|k| {
+                let mut f = vec![0.0; 10];
+                f[k % 10] += 0.5;
+                f[(k / 10 + 3 * k + 1) % 10] += 0.5;
+                f
+            })
+            .collect();
+        for protocol in [Protocol::Paper, Protocol::Code] {
+            let cfg = FedGsConfig {
+                protocol,
+                ..FedGsConfig::default()
+            };
+            let build = || {
+                let mut s = FedGs::new(cfg.clone());
+                s.setup(&Setup {
+                    per_round: 10,
+                    oracle_features: Some(features.clone()),
+                    ..setup(&vec![1.0 / n as f64; n])
+                });
+                s
+            };
+            let mut phased = build();
+            phased.initial_phase(&mut FixedLosses(vec![])).unwrap();
+            let mut textbook = build();
+            let adj = textbook.adjacency(&graph::similarity(
+                &features,
+                textbook.selection_similarity(),
+            ));
+            textbook.state.distances = Some(graph::tests::textbook_shortest_paths(&adj));
+            assert_eq!(phased.distances(), textbook.distances());
+            let mut fresh = build();
+            fresh.state.distances = textbook.state.distances.clone();
+            let mut rng = stream(3, Purpose::Availability, 0, 0);
+            for t in 0..12 {
+                let available: Vec<usize> = if t % 3 == 2 {
+                    (0..n).filter(|_| rng.random::<f64>() < 0.6).collect()
+                } else {
+                    (0..n).collect()
+                };
+                fresh.top = None;
+                let want = pick(&mut textbook, t, &available, 10);
+                assert_eq!(pick(&mut phased, t, &available, 10), want, "round {t}");
+                assert_eq!(pick(&mut fresh, t, &available, 10), want, "round {t}");
+            }
         }
     }
 

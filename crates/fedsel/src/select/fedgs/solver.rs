@@ -93,38 +93,55 @@ impl Problem<'_> {
         self.linear.len()
     }
 
-    /// prefix[i][m] = sum of the m largest distances from i to other items.
-    fn row_prefix(&self) -> Vec<Vec<f64>> {
-        // Rows in parallel: each is sorted and summed on its own.
-        (0..self.n())
+    /// For each item, the sum of its k − 1 largest distances to the other items (all of
+    /// them when there are fewer), added from the largest down, starting at 0. A row's
+    /// k − 1 largest are found by selection, O(n), and only they are sorted, so the
+    /// whole is O(n²) where sorting every row was O(n² log n); the sums are the sorted
+    /// rows' prefix sums bit for bit (equal distances are interchangeable in a sum
+    /// taken in sorted order), `tests::top_sums_are_the_sorted_rows_prefix_sums`. The
+    /// result depends on the distances and k only, so a caller whose instances share
+    /// them computes it once ([`solve_with`]).
+    pub fn top_distance_sums(&self) -> Vec<f64> {
+        let n = self.n();
+        let r = self.k.saturating_sub(1).min(n.saturating_sub(1));
+        // Rows in parallel: each is selected and summed on its own.
+        (0..n)
             .into_par_iter()
-            .map(|i| {
-                let mut row: Vec<f64> = (0..self.n())
-                    .filter(|&j| j != i)
-                    .map(|j| self.dist[i][j])
-                    .collect();
-                row.sort_by(|a, b| b.total_cmp(a));
-                let mut prefix = vec![0.0];
-                for d in row {
-                    prefix.push(prefix.last().expect("non-empty") + d);
-                }
-                prefix
+            .map_init(Vec::new, |row, i| {
+                row.clear();
+                row.extend(
+                    self.dist[i]
+                        .iter()
+                        .enumerate()
+                        .filter(|&(j, _)| j != i)
+                        .map(|(_, &d)| d),
+                );
+                let top = if r == 0 {
+                    &mut row[..0]
+                } else if r < row.len() {
+                    row.select_nth_unstable_by(r - 1, |a, b| b.total_cmp(a));
+                    &mut row[..r]
+                } else {
+                    &mut row[..]
+                };
+                top.sort_by(|a, b| b.total_cmp(a));
+                top.iter().fold(0.0, |sum, d| sum + d)
             })
             .collect()
     }
 }
 
-/// Item j's term of the root bound: c_j + (w/2)·(its k − 1 largest distances). It also
-/// orders the items for the restarts and the branch-and-bound.
-fn item_bound(p: &Problem<'_>, prefix: &[Vec<f64>], j: usize) -> f64 {
-    let r = p.k.saturating_sub(1);
-    p.linear[j] + 0.5 * p.pair_weight * prefix[j][r.min(prefix[j].len() - 1)]
+/// Item j's term of the root bound: c_j + (w/2)·(its k − 1 largest distances, `top`
+/// from [`Problem::top_distance_sums`]). It also orders the items for the restarts and
+/// the branch-and-bound.
+fn item_bound(p: &Problem<'_>, top: &[f64], j: usize) -> f64 {
+    p.linear[j] + 0.5 * p.pair_weight * top[j]
 }
 
 /// Σ_{i<j∈S} D_ij = ½ Σ_{j∈S} Σ_{i∈S∖j} D_ij ≤ ½ Σ_{j∈S} (the k−1 largest of row j), so
 /// the k largest of c_j + (w/2)·top_{k−1}(j) bound f from above.
-fn root_bound(p: &Problem<'_>, prefix: &[Vec<f64>]) -> f64 {
-    let mut b: Vec<f64> = (0..p.n()).map(|j| item_bound(p, prefix, j)).collect();
+fn root_bound(p: &Problem<'_>, top: &[f64]) -> f64 {
+    let mut b: Vec<f64> = (0..p.n()).map(|j| item_bound(p, top, j)).collect();
     b.sort_by(|x, y| y.total_cmp(x));
     b.iter().take(p.k).sum()
 }
@@ -217,7 +234,7 @@ pub fn spectral_bound(p: &Problem<'_>, target: f64, steps: usize) -> f64 {
 /// one of the items the root bound ranks highest (ties keep the earlier run, so the plain
 /// run's choice stands unless a restart beats it). Restarts find what single-start swaps
 /// miss at 1,000 clients, where the branch-and-bound's budget buys few nodes.
-fn multistart(p: &Problem<'_>, prefix: &[Vec<f64>], limits: Limits) -> (Vec<usize>, f64) {
+fn multistart(p: &Problem<'_>, top: &[f64], limits: Limits) -> (Vec<usize>, f64) {
     let mut best = local_search(p, None, limits.swap_budget);
     let mut value = p.value(&best);
     if p.k == 0 {
@@ -225,8 +242,8 @@ fn multistart(p: &Problem<'_>, prefix: &[Vec<f64>], limits: Limits) -> (Vec<usiz
     }
     let mut seeds: Vec<usize> = (0..p.n()).collect();
     seeds.sort_by(|&a, &b| {
-        item_bound(p, prefix, b)
-            .total_cmp(&item_bound(p, prefix, a))
+        item_bound(p, top, b)
+            .total_cmp(&item_bound(p, top, a))
             .then(a.cmp(&b))
     });
     for &first in seeds.iter().take(limits.restarts) {
@@ -247,10 +264,11 @@ fn local_search(p: &Problem<'_>, first: Option<usize>, swap_budget: usize) -> Ve
     // to_set[j] = Σ_{i∈S} D_ij.
     let mut to_set = vec![0.0; n];
     let mut set = Vec::with_capacity(p.k);
+    // D is symmetric, so row j is column j, read contiguously.
     let add = |j: usize, in_set: &mut Vec<bool>, to_set: &mut Vec<f64>, sign: f64| {
         in_set[j] = sign > 0.0;
-        for (i, t) in to_set.iter_mut().enumerate() {
-            *t += sign * p.dist[i][j];
+        for (t, d) in to_set.iter_mut().zip(&p.dist[j]) {
+            *t += sign * d;
         }
     };
     if let Some(j) = first {
@@ -430,6 +448,12 @@ impl Search<'_> {
 
 /// Solves an instance within the limits.
 pub fn solve(p: &Problem<'_>, limits: Limits) -> Solution {
+    solve_with(p, limits, &p.top_distance_sums())
+}
+
+/// [`solve`] with `top`, the instance's [`Problem::top_distance_sums`], computed by the
+/// caller (once for every instance with the same distances and k).
+pub fn solve_with(p: &Problem<'_>, limits: Limits, top: &[f64]) -> Solution {
     let n = p.n();
     if p.k >= n {
         let chosen: Vec<usize> = (0..n).collect();
@@ -442,10 +466,9 @@ pub fn solve(p: &Problem<'_>, limits: Limits) -> Solution {
             nodes: 0,
         };
     }
-    let prefix = p.row_prefix();
-    let (heuristic, value) = multistart(p, &prefix, limits);
+    let (heuristic, value) = multistart(p, top, limits);
     // The least of the combinatorial and (where affordable) the spectral bound.
-    let mut bound = root_bound(p, &prefix);
+    let mut bound = root_bound(p, top);
     if p.k > 0 && bound > value + 1e-12 && limits.spectral_steps > 0 && n <= limits.spectral_up_to {
         bound = bound.min(spectral_bound(p, value, limits.spectral_steps));
     }
@@ -460,7 +483,7 @@ pub fn solve(p: &Problem<'_>, limits: Limits) -> Solution {
     }
     // Items in decreasing order of their root bound term, ties by index.
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| item_bound(p, &prefix, b).total_cmp(&item_bound(p, &prefix, a)));
+    order.sort_by(|&a, &b| item_bound(p, top, b).total_cmp(&item_bound(p, top, a)));
     let mut rank = vec![0; n];
     for (pos, &i) in order.iter().enumerate() {
         rank[i] = pos;
@@ -548,6 +571,53 @@ mod tests {
             }
         }
         best
+    }
+
+    /// The sorted rows' prefix sums the selection replaced: prefix[i][m] = the sum of
+    /// the m largest distances from i to the other items.
+    fn row_prefix(p: &Problem<'_>) -> Vec<Vec<f64>> {
+        (0..p.n())
+            .map(|i| {
+                let mut row: Vec<f64> = (0..p.n())
+                    .filter(|&j| j != i)
+                    .map(|j| p.dist[i][j])
+                    .collect();
+                row.sort_by(|a, b| b.total_cmp(a));
+                let mut prefix = vec![0.0];
+                for d in row {
+                    prefix.push(prefix.last().expect("non-empty") + d);
+                }
+                prefix
+            })
+            .collect()
+    }
+
+    /// The k − 1 largest distances by selection sum to the sorted rows' prefix sums bit
+    /// for bit, with ties (distances rounded to a few values) and k from 0 past n.
+    #[test]
+    fn top_sums_are_the_sorted_rows_prefix_sums() {
+        for (n, seed) in [(1, 0), (2, 1), (9, 2), (40, 3), (150, 4)] {
+            let (mut d, c) = random_instance(n, seed);
+            if seed % 2 == 1 {
+                d.iter_mut()
+                    .flatten()
+                    .for_each(|x| *x = (*x * 4.0).round() / 3.0);
+            }
+            for k in [0, 1, 2, 3, 10, n, n + 2] {
+                let p = Problem {
+                    dist: &d,
+                    pair_weight: 1.0,
+                    linear: &c,
+                    k,
+                };
+                let prefix = row_prefix(&p);
+                let r = k.saturating_sub(1);
+                for (i, (got, row)) in p.top_distance_sums().iter().zip(&prefix).enumerate() {
+                    let want = row[r.min(row.len() - 1)];
+                    assert_eq!(got.to_bits(), want.to_bits(), "n {n} k {k} item {i}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -642,7 +712,7 @@ mod tests {
             })
             .collect();
         let sim = graph::similarity(&features, graph::Similarity::Cosine);
-        graph::shortest_paths(&graph::adjacency(&sim, 0.01, 0.1, Protocol::Code))
+        graph::shortest_paths(graph::adjacency(&sim, 0.01, 0.1, Protocol::Code))
     }
 
     fn limits(node_budget: usize, restarts: usize, spectral_steps: usize) -> Limits {
@@ -765,7 +835,7 @@ mod tests {
             })
             .collect();
         let sim = graph::similarity(&features, graph::Similarity::Cosine);
-        let h = graph::shortest_paths(&graph::adjacency(&sim, 0.01, 0.1, Protocol::Code));
+        let h = graph::shortest_paths(graph::adjacency(&sim, 0.01, 0.1, Protocol::Code));
         let mut rng = stream(11, Purpose::Strategy, 0, 0);
         let counts: Vec<f64> = (0..n).map(|_| rng.random_range(0..4) as f64).collect();
         let linear: Vec<f64> = counts.iter().map(|v| -(2.0 * v + 1.0) / 99.0).collect();
