@@ -163,18 +163,34 @@ fn read_metrics(path: &Path) -> Result<Metrics> {
     })
 }
 
-/// The available clients of the first `max_rounds` rounds of a run.
+/// More clients than any run of `availability.csv` holds (a hundred million).
+const MAX_CLIENTS: usize = 100_000_000;
+
+/// The available clients of the first `max_rounds` rounds of a run, from
+/// `availability.csv` as `id_ranges` writes them (and as plain id lists, which older runs
+/// hold).
 fn availability(path: &Path, max_rounds: usize) -> Result<Vec<Vec<usize>>> {
     let mut r = csv::Reader::from_path(path).map_err(|e| bad(path, e))?;
     let mut out = Vec::new();
     for row in r.records().take(max_rounds) {
         let row = row.map_err(|e| bad(path, e))?;
-        out.push(
-            row[1]
-                .split_whitespace()
-                .map(|k| k.parse::<usize>().map_err(|e| bad(path, e)))
-                .collect::<Result<_>>()?,
-        );
+        let mut ids = Vec::new();
+        for token in row[1].split_whitespace() {
+            let id = |k: &str| k.parse::<usize>().map_err(|e| bad(path, e));
+            match token.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (id(a)?, id(b)?);
+                    // A run no partition could hold is a corrupt file, not a reason to
+                    // allocate it.
+                    if b < a || b - a >= MAX_CLIENTS {
+                        return Err(bad(path, format!("`{token}` is not a run of client ids")));
+                    }
+                    ids.extend(a..=b);
+                }
+                None => ids.push(id(token)?),
+            }
+        }
+        out.push(ids);
     }
     Ok(out)
 }
