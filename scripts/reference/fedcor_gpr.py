@@ -159,15 +159,20 @@ def main():
     ref, ref32 = authors_gpr(x0), authors_gpr(x0, dtype=torch.float32)
     chain, chain32 = authors_gpr(x0), authors_gpr(x0, dtype=torch.float32)
     nudged = authors_gpr(x0 * (1.0 + 1e-13 * rng.standard_normal(x0.shape)))
-    warm_x, warm_s, warm_x32 = [], [], []
+    # `ref_nudged` is `ref` restarted from fedsel's X · (1 + 1e-13 z): one fit's own sensitivity.
+    ref_nudged = authors_gpr(x0)
+    warm_x, warm_s, warm_x32, warm_nudged = [], [], [], []
     x_prev = x0
     for t in range(rw + 1):
         for g, dtype in ((ref, torch.float64), (ref32, torch.float32), (chain, torch.float64),
-                         (chain32, torch.float32), (nudged, torch.float64)):
+                         (chain32, torch.float32), (nudged, torch.float64),
+                         (ref_nudged, torch.float64)):
             add_sample(g, t, change(t), dtype)
         ref.Set_Parameters(proj=torch.tensor(x_prev))
         ref32.Set_Parameters(proj=torch.tensor(x_prev, dtype=torch.float32))
-        for g in (ref, ref32, chain, chain32, nudged):
+        ref_nudged.Set_Parameters(
+            proj=torch.tensor(x_prev * (1.0 + 1e-13 * rng.standard_normal(x_prev.shape))))
+        for g in (ref, ref32, chain, chain32, nudged, ref_nudged):
             g.Train(lr=lr, llr=0.01, max_epoches=warm_steps, update_mean=False, verbose=False)
         # select(t + 1) closes sample t and fits; select(R_w + 1) then selects by the GP.
         if t < rw:
@@ -179,11 +184,15 @@ def main():
         x_ref = ref.Projection.PMatrix.detach().numpy()
         warm_x.append(rel(x_prev, x_ref))
         warm_s.append(rel(cov(x_prev), cov(x_ref)))
+        warm_nudged.append(rel(cov(ref_nudged.Projection.PMatrix.detach().numpy()), cov(x_ref)))
         warm_x32.append(rel(ref32.Projection.PMatrix.detach().numpy(), x_ref))
     x_warm = x_prev
     figures["warmup_embeddings_X_per_fit"] = max(warm_x)
     figures["warmup_covariance_per_fit"] = max(warm_s)
+    print("warm-up fits, Σ: fedsel vs authors   ", " ".join(f"{v:.1e}" for v in warm_s))
+    print("warm-up fits, Σ: authors X·(1+1e-13z)", " ".join(f"{v:.1e}" for v in warm_nudged))
     x_chain = chain.Projection.PMatrix.detach().numpy()
+    effects["authors_one_fit_X_nudged_1e-13_covariance"] = max(warm_nudged)
     effects["authors_vs_authors_X0_nudged_1e-13_covariance"] = rel(
         cov(nudged.Projection.PMatrix.detach().numpy()), cov(x_chain))
     effects["fedsel_vs_authors_whole_warmup_covariance"] = rel(cov(x_warm), cov(x_chain))
