@@ -10,8 +10,10 @@ from the checkout; the driver only sets torch's default dtype to float64 and cas
 samples to float64 (no value changes), so the comparison is of the algorithm, not of float32.
 
 What is compared, as max |fedsel − authors| / max |authors| over the entries:
-  1. warm-up: X after each of the R_w + 1 warm-up fits (fedsel fits every warm-up round on the
-     last 11 samples with weights θ^age, as the authors' code does without --update_mean);
+  1. warm-up: X and Σ after each of the R_w + 1 warm-up fits, the authors' fit restarted from
+     fedsel's X before it (fedsel fits every warm-up round on the last 11 samples with
+     weights θ^age, as the authors' code does without --update_mean), beside the authors'
+     own fit from that X perturbed by 1e-13, which measures how much Adam amplifies rounding;
   2. the prior covariance Σ = XᵀX + σ_n² I and, through the authors' `Posteriori`, the
      posterior mean and covariance given the next round's loss changes of m clients;
   3. the greedy selections of the rounds after warm-up (with the annealing α ← βα);
@@ -23,7 +25,9 @@ authors' current code (not expected to agree):
      rounds, each weighted γ^age) instead of Eq. 17's;
   6. the README's --update_mean warm-up (prior mean = discounted mean of the loss changes,
      one 1000-step fit at the end of warm-up) instead of μ = 0 and a fit every round;
-  7. the authors' native float32 on the warm-up fits.
+  7. the authors' native float32 on the warm-up fits;
+  8. the whole warm-up chained (fedsel against the authors, and the authors against
+     themselves from X₀ perturbed by 1e-13), which shows why only fit-by-fit figures mean much.
 
 Usage: python scripts/reference/fedcor_gpr.py --checkout /path/to/FedCor
 (fedsel importable, e.g. PYTHONPATH=python after `pip install ./python` or a maturin build).
