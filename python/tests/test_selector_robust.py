@@ -153,6 +153,15 @@ def test_a_round_is_observed_once_and_rounds_go_forward():
         sel.select(4, [0, 1, 2, 3, 4], 2, Answers())
 
 
+def test_hics_code_protocol_runs_from_python():
+    # The training regime is the caller's; the selector takes the protocol as given.
+    sel = selector("hics", protocol="code")
+    for t in range(3):
+        chosen = sel.select(t, [0, 1, 2, 3, 4], 2, Answers())
+        assert 1 <= len(chosen) <= 2
+        sel.observe(chosen, updates=[[0.1 * (t + k)] * OUT for k in chosen])
+
+
 def test_observe_refuses_clients_that_were_not_selected():
     sel = fedsel.Selector("uniform", sizes=[3, 2, 4, 5], per_round=1, rounds=5)
     chosen = sel.select(0, [0, 1, 2, 3], 1, Answers())

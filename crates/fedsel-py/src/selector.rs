@@ -263,6 +263,21 @@ impl PySelector {
             selection.insert(table.into(), t.into());
         }
         let mut root = toml::Table::new();
+        // The config checks that HiCS-FL's `code` protocol is run in the authors' training
+        // regime (each client's optimizer kept, SGD with momentum). Here the caller's
+        // clients train, not fedsel, so the regime is the caller's to keep (docs/python.md)
+        // and the check is given the protocol's own regime.
+        let hics_code = selection
+            .get("hics")
+            .and_then(|t| t.get("protocol"))
+            .and_then(toml::Value::as_str)
+            == Some("code");
+        if strategy == "hics" && hics_code {
+            let mut train = toml::Table::new();
+            train.insert("persistent_state".into(), true.into());
+            train.insert("momentum".into(), 0.9.into());
+            root.insert("train".into(), train.into());
+        }
         root.insert("rounds".into(), (rounds as i64).into());
         root.insert("selection".into(), selection.into());
         let config = Config::from_table(root, "Selector options", &[]).map_err(py_err)?;
