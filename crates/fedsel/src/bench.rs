@@ -468,6 +468,7 @@ pub fn selection_time(
                 .map(|h| h.iter().map(|&c| c as f64 / 60.0).collect())
                 .collect()
         }),
+        durations: None,
     });
     let mut clients = SyntheticClients::new(n, params, classes);
     s.initial_phase(&mut clients)?;
@@ -509,6 +510,7 @@ pub fn selection_time(
             train_losses: &losses,
             updates: updates.as_deref(),
             durations: Some(&durations),
+            dropped: None,
         });
         elapsed += began.elapsed();
         if t >= warmup {

@@ -514,6 +514,7 @@ mod tests {
             train_losses: &vec![0.0; sel.len()],
             updates: None,
             durations: None,
+            dropped: None,
         });
         sel
     }
