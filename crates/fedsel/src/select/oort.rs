@@ -719,8 +719,9 @@ mod tests {
                 assert_eq!(s.state.count[k], before.count[k]);
             }
             assert_eq!(s.state.count, [1, 1, 0, 0]);
-            // Once known slower than T, the straggler is penalised: T over (6, 6, 6|30, 6)
-            // is 6 under both, and a bound of 60 s on client 0 makes it (6/60)² = 1/100.
+            // Once known slower than T, the straggler is penalised: a bound of 60 s on
+            // client 0 leaves T at 6 s under both (sorted (6, 6, 30, 60) or (6, 6, 6, 60),
+            // element 1) and makes its system utility (6/60)² = 1/100.
             s.observe(&Feedback {
                 round: 2,
                 selected: &[],
