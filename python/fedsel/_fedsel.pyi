@@ -76,7 +76,8 @@ class Selector:
 
     `options` are the strategy's config keys (`[selection.<strategy>]`), e.g. `d=10` for
     powd. `classes` is the output layer's width (HiCS-FL). The oracle arguments are only
-    for strategies defined with oracle knowledge.
+    for strategies defined with oracle knowledge. `durations`: each client's round trip in
+    seconds as its device reports it at registration (Oort's `code` protocol reads it).
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class Selector:
         classes: int = 0,
         oracle_features: Sequence[Sequence[float]] | None = None,
         oracle_label_histograms: Sequence[Sequence[int]] | None = None,
+        durations: Sequence[float] | None = None,
         **options: Any,
     ) -> None: ...
     @property
@@ -116,11 +118,15 @@ class Selector:
         updates: Sequence[Sequence[float]] | None = None,
         train_losses: Sequence[float] | None = None,
         durations: Sequence[float] | None = None,
+        dropped: Sequence[int] | None = None,
+        dropped_durations: Sequence[float] | None = None,
     ) -> list[int]:
         """Reports the last selection's outcome; returns the clients left out of what the
         strategy learns for a non-finite loss, update or duration (each also a
         RuntimeWarning). `durations`: each entry's measured round trip in seconds, one per
-        entry of `selected`, which system-aware strategies (Oort) learn from."""
+        entry of `selected`, which system-aware strategies (Oort) learn from. `dropped`:
+        entries of the selection whose update the server did not wait for, with
+        `dropped_durations` each one's lower bound in seconds (the round's close)."""
     @property
     def rejected(self) -> int:
         """How many reported entries `observe` has left out so far."""

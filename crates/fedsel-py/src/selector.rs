@@ -19,7 +19,8 @@ use fedsel::error::Error;
 use fedsel::rng::{Purpose, stream};
 use fedsel::select::guard::{self, AvailableOnly};
 use fedsel::select::{
-    self, ClientQuery, Feedback, GradientScope, Needs, RoundContext, Selector, Setup, UpdateKind,
+    self, ClientQuery, Dropped, Feedback, GradientScope, Needs, RoundContext, Selector, Setup,
+    UpdateKind,
 };
 
 use crate::{FedselError, convert, py_err};
@@ -196,7 +197,7 @@ impl PySelector {
 #[pymethods]
 impl PySelector {
     #[new]
-    #[pyo3(signature = (strategy, *, sizes, per_round, rounds, seed=None, classes=None, oracle_features=None, oracle_label_histograms=None, **options))]
+    #[pyo3(signature = (strategy, *, sizes, per_round, rounds, seed=None, classes=None, oracle_features=None, oracle_label_histograms=None, durations=None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         strategy: &str,
@@ -207,6 +208,7 @@ impl PySelector {
         classes: Option<&Bound<'_, PyAny>>,
         oracle_features: Option<&Bound<'_, PyAny>>,
         oracle_label_histograms: Option<&Bound<'_, PyAny>>,
+        durations: Option<&Bound<'_, PyAny>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let sizes = arg::<Vec<i64>>("sizes", sizes)?
@@ -242,6 +244,24 @@ impl PySelector {
             Some(c) => count("classes", arg("classes", c)?)?,
             None => 0,
         };
+        let durations: Option<Vec<f64>> = durations.map(|d| arg("durations", d)).transpose()?;
+        if let Some(d) = &durations {
+            if d.len() != n {
+                return Err(py_err(format!(
+                    "{} durations for {n} clients: give one registered round trip per client",
+                    d.len()
+                )));
+            }
+            if let Some((k, v)) = d
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !(v.is_finite() && **v >= 0.0))
+            {
+                return Err(py_err(format!(
+                    "`durations[{k}]` is {v}: a round trip is a finite, non-negative time in seconds"
+                )));
+            }
+        }
         let mut selection = toml::Table::new();
         selection.insert("strategy".into(), strategy.into());
         selection.insert("clients_per_round".into(), (per_round as i64).into());
@@ -345,6 +365,7 @@ impl PySelector {
             classes,
             oracle_label_histograms,
             oracle_features,
+            durations,
         };
         let name = inner.name();
         no_panic(name, "setup", || {
@@ -500,7 +521,13 @@ impl PySelector {
     /// (the model's broadcast to the update's arrival): system-aware strategies (Oort)
     /// prefer clients that finish fast. An entry with a negative or non-finite duration is
     /// left out like one with a non-finite loss.
-    #[pyo3(signature = (selected, *, updates=None, train_losses=None, durations=None))]
+    ///
+    /// `dropped` names entries of the last selection whose update the server did not use
+    /// (stragglers it stopped waiting for), and `dropped_durations` each one's lower bound
+    /// in seconds: the time from the broadcast until the round closed without it. Oort
+    /// raises such a client's duration to at least the bound (a censored observation).
+    #[pyo3(signature = (selected, *, updates=None, train_losses=None, durations=None, dropped=None, dropped_durations=None))]
+    #[allow(clippy::too_many_arguments)]
     fn observe(
         &self,
         py: Python<'_>,
@@ -508,6 +535,8 @@ impl PySelector {
         updates: Option<&Bound<'_, PyAny>>,
         train_losses: Option<&Bound<'_, PyAny>>,
         durations: Option<&Bound<'_, PyAny>>,
+        dropped: Option<&Bound<'_, PyAny>>,
+        dropped_durations: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<usize>> {
         let selected = client_ids(
             "selected",
@@ -516,6 +545,12 @@ impl PySelector {
         )?;
         let updates: Option<Vec<Vec<f32>>> = updates.map(|u| arg("updates", u)).transpose()?;
         let durations: Option<Vec<f64>> = durations.map(|d| arg("durations", d)).transpose()?;
+        let dropped: Option<Vec<usize>> = dropped
+            .map(|d| client_ids("dropped", &arg::<Vec<i64>>("dropped", d)?, self.clients))
+            .transpose()?;
+        let at_least: Option<Vec<f64>> = dropped_durations
+            .map(|d| arg("dropped_durations", d))
+            .transpose()?;
         let train_losses: Vec<f64> = match train_losses {
             Some(l) => arg("train_losses", l)?,
             None => vec![0.0; selected.len()],
@@ -544,6 +579,45 @@ impl PySelector {
                 }
             }
         }
+        let dropped = match (dropped, at_least) {
+            (None, None) => None,
+            (Some(d), Some(b)) => {
+                if b.len() != d.len() {
+                    return Err(py_err(format!(
+                        "{} dropped_durations for {} dropped clients",
+                        b.len(),
+                        d.len()
+                    )));
+                }
+                for (i, (k, v)) in d.iter().zip(&b).enumerate() {
+                    if !(v.is_finite() && *v >= 0.0) {
+                        return Err(py_err(format!(
+                            "`dropped_durations[{i}]` is {v}: a bound is a finite, non-negative time in seconds"
+                        )));
+                    }
+                    match left.iter().position(|x| x == k) {
+                        Some(p) => {
+                            left.swap_remove(p);
+                        }
+                        None => {
+                            return Err(py_err(format!(
+                                "`dropped[{i}]` is client {k}, which the selection of round {round} ({:?}) does not hold beside `selected` (once more)",
+                                state.last_selection
+                            )));
+                        }
+                    }
+                }
+                Some((d, b))
+            }
+            (Some(_), None) => {
+                return Err(py_err(
+                    "`dropped` without `dropped_durations`: give each dropped client's lower bound, the seconds until the round closed without it",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(py_err("`dropped_durations` without `dropped`"));
+            }
+        };
         if train_losses.len() != selected.len() {
             return Err(py_err(format!(
                 "{} train_losses for {} selected clients",
@@ -594,6 +668,10 @@ impl PySelector {
                         .as_deref()
                         .filter(|_| self.needs.updates != UpdateKind::None),
                     durations: durations.as_deref(),
+                    dropped: dropped.as_ref().map(|(clients, at_least_s)| Dropped {
+                        clients,
+                        at_least_s,
+                    }),
                 },
                 update_len,
             ))

@@ -484,6 +484,7 @@ pub fn selection_time(
                 .map(|h| h.iter().map(|&c| c as f64 / 60.0).collect())
                 .collect()
         }),
+        durations: None,
     });
     let mut clients = SyntheticClients::new(n, params, classes);
     s.initial_phase(&mut clients)?;
@@ -526,6 +527,7 @@ pub fn selection_time(
             train_losses: &losses,
             updates: updates.as_deref(),
             durations: Some(&durations),
+            dropped: None,
         });
         elapsed += began.elapsed();
         if t >= warmup {

@@ -39,7 +39,9 @@ use crate::model::{self, Architecture, ParamLayout};
 use crate::partition::{self, ClientData};
 use crate::rng::{Purpose, stream};
 use crate::select::guard::{self, AvailableOnly};
-use crate::select::{self, ClientQuery, Feedback, GradientScope, RoundContext, Setup, UpdateKind};
+use crate::select::{
+    self, ClientQuery, Dropped, Feedback, GradientScope, RoundContext, Setup, UpdateKind,
+};
 use crate::summary::{ClockSummary, RunSummary};
 use crate::system::clock::{Clock, QueryWork, RoundClock, RoundTiming};
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
@@ -837,8 +839,8 @@ pub fn run_with(
             record.elapsed_s = started.elapsed().as_secs_f64();
             run.log(record, Some(assessment), observer)?;
         }
-        let (selection, trained) = (selection?, trained.expect("trained when selected"));
-        let timing = run.time(&selection.clients, &trained, budget);
+        let (selection, mut trained) = (selection?, trained.expect("trained when selected"));
+        let timing = run.time(&selection.clients, &mut trained, budget);
         run.aggregate(t, &selection, &trained, timing.as_ref())?;
         let train_loss = trained.mean_loss();
         let (reported, trained, clock) =
@@ -974,6 +976,9 @@ struct Trained {
     /// Per selection entry, the virtual seconds until its update arrived, when the run has
     /// a clock.
     durations: Option<Vec<f64>>,
+    /// The entries the round policy discarded, each with the seconds from the broadcast
+    /// until the round closed without it, when the run has a clock.
+    dropped: Option<(Vec<usize>, Vec<f64>)>,
 }
 
 impl Trained {
@@ -1017,6 +1022,14 @@ impl<'a> Run<'a> {
                     .collect()
             }),
             oracle_features: needs.oracle_features.then(|| exp.oracle_features()),
+            durations: exp.clock.as_ref().map(|clock| {
+                let (work, batch) = (cfg.train.work, cfg.train.batch_size);
+                exp.clients
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| clock.finish_s(k, work.samples(c.train.len(), batch)))
+                    .collect()
+            }),
         });
         let env = availability::Environment::new(
             &cfg.availability,
@@ -1226,6 +1239,7 @@ impl<'a> Run<'a> {
             losses: Vec::new(),
             deltas: None,
             durations: None,
+            dropped: None,
         };
         trained.losses = selected.iter().map(|&k| trained.of(k).mean_loss).collect();
         trained.deltas = (self.needs.updates != UpdateKind::None).then(|| {
@@ -1259,7 +1273,9 @@ impl<'a> Run<'a> {
     /// Each selection entry's finish time on the virtual clock (its client's steps × batch
     /// samples, from the training broadcast), and the round policy's verdict for a round of
     /// budget `k` after the selector's query phase. `None` without a clock.
-    fn time(&mut self, selected: &[usize], trained: &Trained, k: usize) -> Option<RoundTiming> {
+    /// The entries the policy discards are recorded in `trained` with the censored bound
+    /// on their durations: the round's length after its query phase, when it closed.
+    fn time(&mut self, selected: &[usize], trained: &mut Trained, k: usize) -> Option<RoundTiming> {
         let query_s = std::mem::take(&mut self.query_s);
         let clock = self.exp.clock.as_ref()?;
         let batch = self.exp.config.train.batch_size as u64;
@@ -1267,7 +1283,17 @@ impl<'a> Run<'a> {
             .iter()
             .map(|&c| clock.finish_s(c, trained.of(c).steps as u64 * batch))
             .collect();
-        Some(clock.round(self.start_s, query_s, selected, &finish, k))
+        let timing = clock.round(self.start_s, query_s, selected, &finish, k);
+        let closed_s = (timing.round_s - query_s).max(0.0);
+        let dropped: Vec<usize> = selected
+            .iter()
+            .zip(&timing.kept)
+            .filter(|(_, kept)| !**kept)
+            .map(|(&c, _)| c)
+            .collect();
+        let bounds = vec![closed_s; dropped.len()];
+        trained.dropped = Some((dropped, bounds));
+        Some(timing)
     }
 
     /// The entries the selector hears of, and the round on the clock: updates the round
@@ -1423,6 +1449,13 @@ impl<'a> Run<'a> {
             train_losses: &trained.losses,
             updates: trained.deltas.as_deref(),
             durations: trained.durations.as_deref(),
+            dropped: trained
+                .dropped
+                .as_ref()
+                .map(|(clients, at_least_s)| Dropped {
+                    clients,
+                    at_least_s,
+                }),
         };
         for r in guard::observe_usable(self.selector.as_mut(), &feedback, update_len) {
             tracing::warn!(

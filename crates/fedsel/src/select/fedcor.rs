@@ -780,6 +780,7 @@ mod tests {
             classes: 2,
             oracle_label_histograms: None,
             oracle_features: None,
+            durations: None,
         });
         gp.x = DMatrix::from_fn(15, n, |_, _| nrm(&mut rng)) / 15f64.sqrt();
         for _ in 0..samples {
@@ -896,6 +897,7 @@ mod tests {
             classes: 2,
             oracle_label_histograms: None,
             oracle_features: None,
+            durations: None,
         });
         let mut q = Recorder {
             available: Vec::new(),

@@ -217,6 +217,7 @@ mod tests {
             train_losses: &vec![1.0; selected.len()],
             updates: None,
             durations: Some(durations),
+            dropped: None,
         });
     }
 
@@ -288,6 +289,7 @@ mod tests {
             train_losses: &[1.0, 1.0],
             updates: None,
             durations: None,
+            dropped: None,
         });
         assert!(s.estimate.iter().all(|&e| e == Estimate::Unknown));
         report(&mut s, &[3], &[0.5]);

@@ -267,6 +267,7 @@ pub fn observe_usable(
         train_losses: &losses,
         updates: kept_updates.as_deref(),
         durations: kept_durations.as_deref(),
+        dropped: feedback.dropped,
     });
     rejected
 }
@@ -327,6 +328,7 @@ mod tests {
                 train_losses: &[0.5, 0.1, f64::INFINITY, 0.2, 0.3],
                 updates: Some(&updates),
                 durations: None,
+                dropped: None,
             },
             None,
         );
@@ -356,6 +358,7 @@ mod tests {
                 train_losses: &[0.5, 0.1, 0.2, 0.3],
                 updates: None,
                 durations: Some(&[12.5, -1.0, f64::NAN, 0.0]),
+                dropped: None,
             },
             None,
         );
@@ -379,6 +382,7 @@ mod tests {
                 train_losses: &[0.5, 0.25],
                 updates: None,
                 durations: None,
+                dropped: None,
             },
             None,
         );

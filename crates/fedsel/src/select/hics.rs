@@ -878,6 +878,7 @@ mod tests {
                     train_losses: &[0.0, 0.0],
                     updates: Some(&updates),
                     durations: None,
+                    dropped: None,
                 });
             }
             // Round 0 and 1 wrote 1 and 2; round 2 writes 3 unless frozen.

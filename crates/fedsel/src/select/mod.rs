@@ -201,6 +201,11 @@ pub struct Setup {
     pub oracle_label_histograms: Option<Vec<Vec<usize>>>,
     /// **Oracle** features, present only when [`Needs::oracle_features`].
     pub oracle_features: Option<Vec<Vec<f64>>>,
+    /// Each client's round trip in seconds as its device reports it when it registers:
+    /// the model's download, one round's training and the upload on the device's profile,
+    /// as a real client reports its hardware (FedScale's aggregator
+    /// `client_register_handler` → `registerDuration`). `None` when the run has no clock.
+    pub durations: Option<Vec<f64>>,
 }
 
 /// The state of one round as the selector sees it.
@@ -388,6 +393,21 @@ pub struct Feedback<'a> {
     /// clock. Always the federation's time, never the simulator's own wall clock, so that
     /// results do not depend on the machine or its thread count.
     pub durations: Option<&'a [f64]>,
+    /// The selected entries whose update the round policy discarded, with what the server
+    /// knows of their durations; `None` when the run has no clock.
+    pub dropped: Option<Dropped<'a>>,
+}
+
+/// Selected entries whose updates the server did not use (over-commitment's stragglers,
+/// a deadline's late clients, clients that went offline): the server closed the round
+/// without them, so each one's duration is only known to exceed a bound (censored), the
+/// time from the broadcast until the round closed, as a server that timed it out knows.
+#[derive(Debug, Clone, Copy)]
+pub struct Dropped<'a> {
+    /// The clients, one per dropped entry.
+    pub clients: &'a [usize],
+    /// Per entry, the lower bound on its duration in seconds.
+    pub at_least_s: &'a [f64],
 }
 
 /// A client-selection strategy.
@@ -604,6 +624,7 @@ pub(crate) mod testing {
             classes: 2,
             oracle_label_histograms: None,
             oracle_features: None,
+            durations: None,
         }
     }
 }

@@ -24,11 +24,27 @@
 //! FedScale's client reports (FedScale issue #249): a last-batch utility is noise that
 //! the paper's argument (Eq. 1 approximates the gradient norm over B_i) does not support.
 //!
-//! **Durations.** t_i is the round trip the server last measured for client i
-//! ([`Feedback::durations`]). Without a clock every t_i is unknown and the system utility
-//! is 1, so Oort is purely statistical. A client's speed is known only once it has
-//! trained, so the system penalty never falls on a never-tried client here, whereas the
-//! code knows every device's speed in advance from its profile.
+//! **Durations.** t_i is what the server knows of client i's round trip, as a real server
+//! can know it:
+//! - at registration, under `code`, the round trip its device reports
+//!   ([`Setup::durations`]; FedScale's aggregator `client_register_handler` registers each
+//!   client's duration from its device profile). It is what the code's exploration prior
+//!   and T read for a never-tried client;
+//! - once it trained, the round trip the server last measured ([`Feedback::durations`]);
+//! - once the round policy dropped it (an over-committed straggler, a client past the
+//!   deadline), at least the time the round closed without it ([`Feedback::dropped`]): a
+//!   censored observation, so t_i ← max(t_i, bound). The code's aggregator
+//!   (`round_completion_handler`) instead registers a straggler with the simulator's exact
+//!   duration, which a server that stopped waiting cannot know, and with the round's mean
+//!   utility as its reward, counted as a trial; here a dropped client has no loss, so its
+//!   statistical state, stamp and count stay as they were, and a never-tried one stays
+//!   in exploration's pool, its prior now penalised by the bound.
+//!
+//! T is the `round_threshold` percentile of all the known t_i (the code sorts every
+//! registered client's). Without a clock every t_i is unknown and the system utility is 1,
+//! so Oort is purely statistical, bit for bit as before durations could be registered.
+//! Under `paper` nothing is registered (Alg. 1 measures t_i from participation), but
+//! censored bounds apply.
 //!
 //! **Protocols** (decisions.md), where the paper and the code differ:
 //! - utility: `paper` adds the staleness bonus to the clipped U(i) itself (Alg. 1);
@@ -435,7 +451,10 @@ impl Selector for Oort {
         self.sizes = setup.sizes.clone();
         self.state = State {
             reward: setup.sizes.iter().map(|&s| s as f64).collect(),
-            duration: vec![None; n],
+            duration: match (self.cfg.protocol, &setup.durations) {
+                (Protocol::Code, Some(d)) => d.iter().copied().map(Some).collect(),
+                _ => vec![None; n],
+            },
             stamp: vec![0; n],
             count: vec![0; n],
             exploration: self.cfg.exploration_factor,
@@ -496,9 +515,16 @@ impl Selector for Oort {
     }
 
     /// Each reporting client's statistical utility becomes n_k·|ℓ̄| and its duration the
-    /// measured one; it is stamped with this round (1-based) and counted.
+    /// measured one; it is stamped with this round (1-based) and counted. A dropped
+    /// client's duration becomes at least its censored bound; it is neither stamped nor
+    /// counted, since the server has no loss of it.
     fn observe(&mut self, f: &Feedback<'_>) {
         let s = &mut self.state;
+        if let Some(dropped) = f.dropped {
+            for (&k, &bound) in dropped.clients.iter().zip(dropped.at_least_s) {
+                s.duration[k] = Some(s.duration[k].map_or(bound, |d| d.max(bound)));
+            }
+        }
         for (i, (&k, &loss)) in f.selected.iter().zip(f.train_losses).enumerate() {
             s.reward[k] = self.sizes[k] as f64 * loss.abs();
             if let Some(d) = f.durations {
@@ -538,6 +564,7 @@ impl Selector for Oort {
 mod tests {
     use super::*;
     use crate::rng::{Purpose, stream};
+    use crate::select::Dropped;
     use crate::select::testing::{FixedLosses, setup};
 
     fn oort(cfg: OortConfig, sizes: &[usize]) -> Oort {
@@ -556,6 +583,7 @@ mod tests {
             train_losses: losses,
             updates: None,
             durations: Some(durations),
+            dropped: None,
         });
     }
 
@@ -606,6 +634,111 @@ mod tests {
         assert!((u - (20.0 + stale)).abs() < 1e-12, "{u}");
         // An unmeasured client pays no system penalty.
         assert_eq!(s.system_utility(2, 1e-9), 1.0);
+    }
+
+    #[test]
+    fn code_reads_the_registered_durations_and_paper_does_not() {
+        let registered = Setup {
+            sizes: vec![10, 20, 100, 100],
+            durations: Some(vec![1.0, 2.0, 10.0, 40.0]),
+            ..setup(&[0.25; 4])
+        };
+        let mut s = Oort::new(OortConfig::default());
+        s.setup(&registered);
+        let known = [Some(1.0), Some(2.0), Some(10.0), Some(40.0)];
+        assert_eq!(s.state.duration, known);
+        // T over every registered client: sorted (1, 2, 10, 40), element ⌊4·0.3⌋ = 1: 2 s.
+        assert_eq!(s.preferred_duration(), 2.0);
+        // Never tried, client 3 (n = 100, 40 s) is penalised by (2/40)² = 1/400 in
+        // exploration's prior and client 2 (10 s) by (2/10)² = 1/25; sampling one of the
+        // four over a window of 5 = all of them, ∝ (10, 20, 4, 0.25), client 3 is drawn
+        // about 0.25/34.25 = 0.7 % of the time.
+        let mut rng = stream(4, Purpose::Selection, 0, 0);
+        let mut drawn = [0usize; 4];
+        for _ in 0..4000 {
+            drawn[s.explore(&[0, 1, 2, 3], 1, 2.0, &mut rng)[0]] += 1;
+        }
+        assert!(
+            drawn[3] < 80 && drawn[1] > drawn[0] && drawn[0] > drawn[2],
+            "{drawn:?}"
+        );
+        // paper: Alg. 1 learns t_i by participation only.
+        let mut p = Oort::new(OortConfig {
+            protocol: Protocol::Paper,
+            ..OortConfig::default()
+        });
+        p.setup(&registered);
+        assert_eq!(p.state.duration, [None; 4]);
+        assert_eq!(p.preferred_duration(), f64::INFINITY);
+    }
+
+    #[test]
+    fn a_dropped_client_s_duration_becomes_at_least_the_round_s_cut() {
+        for protocol in [Protocol::Code, Protocol::Paper] {
+            let mut s = Oort::new(OortConfig {
+                protocol,
+                ..OortConfig::default()
+            });
+            s.setup(&Setup {
+                sizes: vec![10; 4],
+                durations: Some(vec![1.0, 2.0, 30.0, 4.0]),
+                ..setup(&[0.25; 4])
+            });
+            // Round 0: client 0 measured at 5 s; 3 was never seen under paper (4 s
+            // registered under code).
+            report(&mut s, 0, &[0], &[0.5], &[5.0]);
+            let before = s.state.clone();
+            // Round 1 keeps client 1 (6 s) and closes at 6 s without 0, 2 and 3.
+            s.observe(&Feedback {
+                round: 1,
+                selected: &[1],
+                train_losses: &[0.5],
+                updates: None,
+                durations: Some(&[6.0]),
+                dropped: Some(Dropped {
+                    clients: &[0, 2, 3],
+                    at_least_s: &[6.0; 3],
+                }),
+            });
+            let d = &s.state.duration;
+            // 0: measured 5 s, now known slower than 6 s → 6. 1: measured 6 s.
+            assert_eq!((d[0], d[1]), (Some(6.0), Some(6.0)), "{protocol:?}");
+            // 2: code registered 30 s, which the bound 6 s does not lower; paper knew
+            // nothing, so the bound. 3: code's 4 s registered rises to 6; paper 6.
+            let want2 = if protocol == Protocol::Code {
+                30.0
+            } else {
+                6.0
+            };
+            assert_eq!((d[2], d[3]), (Some(want2), Some(6.0)), "{protocol:?}");
+            // A dropped client sent no loss: its utility, stamp, count and report flag
+            // are those of before.
+            for k in [0, 2, 3] {
+                assert_eq!(s.state.reward[k], before.reward[k]);
+                assert_eq!(s.state.stamp[k], before.stamp[k]);
+                assert_eq!(s.state.count[k], before.count[k]);
+            }
+            assert_eq!(s.state.count, [1, 1, 0, 0]);
+            // Once known slower than T, the straggler is penalised: a bound of 60 s on
+            // client 0 leaves T at 6 s under both (sorted (6, 6, 30, 60) or (6, 6, 6, 60),
+            // element 1) and makes its system utility (6/60)² = 1/100.
+            s.observe(&Feedback {
+                round: 2,
+                selected: &[],
+                train_losses: &[],
+                updates: None,
+                durations: Some(&[]),
+                dropped: Some(Dropped {
+                    clients: &[0],
+                    at_least_s: &[60.0],
+                }),
+            });
+            assert_eq!(s.preferred_duration(), 6.0);
+            assert!(
+                (s.system_utility(0, 6.0) - 0.01).abs() < 1e-15,
+                "{protocol:?}"
+            );
+        }
     }
 
     #[test]
@@ -756,6 +889,7 @@ mod tests {
             train_losses: &losses,
             updates: None,
             durations: Some(&durations),
+            dropped: None,
         });
         let mut rng = stream(3, Purpose::Selection, 0, 0);
         let (mut slow, mut high) = (0, 0);

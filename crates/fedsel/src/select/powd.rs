@@ -285,6 +285,7 @@ mod tests {
                 train_losses: &[loss],
                 updates: None,
                 durations: None,
+                dropped: None,
             });
             k
         };

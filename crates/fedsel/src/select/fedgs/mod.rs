@@ -548,6 +548,7 @@ mod tests {
             train_losses: &vec![0.0; sel.len()],
             updates: None,
             durations: None,
+            dropped: None,
         });
         sel
     }
