@@ -183,7 +183,8 @@ pub struct FedCor {
     /// Losses at the start of the last round that opened a sample.
     last_losses: Option<Losses>,
     fits: Vec<FitRecord>,
-    prev_sigma: Option<DMatrix<f64>>,
+    /// X at the previous fit, for the cosine of the two Σ.
+    prev_x: Option<DMatrix<f64>>,
     select_ms: f64,
     /// X as it stood at the end of warm-up (FedCor Fig. 7 shows these).
     x_warmup: Option<DMatrix<f64>>,
@@ -395,8 +396,17 @@ pub fn greedy_select(
     Posterior::new(x, noise_var, p).select(alpha, candidates, m)
 }
 
-fn cosine(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
-    a.dot(b) / (a.norm() * b.norm())
+/// cos(Σ_a, Σ_b) of the covariances Σ = XᵀX + s² I of two embeddings, from d × d
+/// products: ⟨Σ_a, Σ_b⟩_F = ‖X_a X_bᵀ‖²_F + s²(‖X_a‖²_F + ‖X_b‖²_F) + N s⁴, every term
+/// non-negative, so O(N d²) and no N × N matrix.
+fn sigma_cosine(a: &DMatrix<f64>, b: &DMatrix<f64>, s2: f64) -> f64 {
+    let n = a.ncols() as f64;
+    let inner = |x: &DMatrix<f64>, y: &DMatrix<f64>| {
+        (x * y.transpose()).norm_squared()
+            + s2 * (x.norm_squared() + y.norm_squared())
+            + n * s2 * s2
+    };
+    inner(a, b) / (inner(a, a).sqrt() * inner(b, b).sqrt())
 }
 
 impl FedCor {
@@ -411,13 +421,14 @@ impl FedCor {
             samples: Vec::new(),
             last_losses: None,
             fits: Vec::new(),
-            prev_sigma: None,
+            prev_x: None,
             select_ms: 0.0,
             x_warmup: None,
         }
     }
 
-    /// The current covariance Σ = XᵀX + σ_n² I.
+    /// The current covariance Σ = XᵀX + σ_n² I, N × N: for inspection at small N (the
+    /// selection and the fits never build it).
     pub fn sigma(&self) -> DMatrix<f64> {
         let n = self.x.ncols();
         self.x.transpose() * &self.x + DMatrix::identity(n, n) * self.cfg.noise.powi(2)
@@ -492,9 +503,9 @@ impl FedCor {
         let nll_after = nll_and_grad(&self.x, self.cfg.noise, &data)
             .map_err(|e| err(anchor, e))?
             .0;
-        let sigma = self.sigma();
-        let sigma_cosine_prev = self.prev_sigma.as_ref().map(|p| cosine(p, &sigma));
-        self.prev_sigma = Some(sigma);
+        let s2 = self.cfg.noise.powi(2);
+        let sigma_cosine_prev = self.prev_x.as_ref().map(|p| sigma_cosine(p, &self.x, s2));
+        self.prev_x = Some(self.x.clone());
         self.fits.push(FitRecord {
             round: anchor,
             samples: window.len(),
@@ -654,7 +665,7 @@ impl Selector for FedCor {
             "samples": self.samples,
             "last_losses": self.last_losses,
             "fits": self.fits,
-            "prev_sigma": self.prev_sigma.as_ref().map(|s| s.as_slice().to_vec()),
+            "prev_x": self.prev_x.as_ref().map(|x| x.as_slice().to_vec()),
             "select_ms": self.select_ms,
             "x_warmup": self.x_warmup.as_ref().map(|x| x.as_slice().to_vec()),
         })
@@ -690,12 +701,20 @@ impl Selector for FedCor {
         }
         self.last_losses = serde_json::from_value(s["last_losses"].clone()).map_err(bad)?;
         self.fits = serde_json::from_value(s["fits"].clone()).map_err(bad)?;
-        let prev: Option<Vec<f64>> =
-            serde_json::from_value(s["prev_sigma"].clone()).map_err(bad)?;
-        if let Some(p) = &prev {
-            super::check_loaded(name, "covariance entries", p.len(), n * n)?;
+        if !s["prev_sigma"].is_null() {
+            return Err(err(
+                0,
+                "checkpoint state: it holds the previous fit's N × N covariance, as fedsel \
+                 before the low-rank selection wrote it, where the previous fit's embeddings \
+                 are expected; resume it with that version or start the run over"
+                    .into(),
+            ));
         }
-        self.prev_sigma = prev.map(|p| DMatrix::from_column_slice(n, n, &p));
+        let prev: Option<Vec<f64>> = serde_json::from_value(s["prev_x"].clone()).map_err(bad)?;
+        if let Some(p) = &prev {
+            super::check_loaded(name, "previous fit's embedding values", p.len(), d * n)?;
+        }
+        self.prev_x = prev.map(|p| DMatrix::from_column_slice(d, n, &p));
         self.select_ms = serde_json::from_value(s["select_ms"].clone()).map_err(bad)?;
         let xw: Option<Vec<f64>> = serde_json::from_value(s["x_warmup"].clone()).map_err(bad)?;
         if let Some(x) = &xw {
@@ -810,6 +829,11 @@ mod tests {
         x.transpose() * x + DMatrix::identity(n, n) * noise_var
     }
 
+    /// The reference's cosine of two N × N covariances, entry by entry.
+    fn reference_cosine(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
+        a.dot(b) / (a.norm() * b.norm())
+    }
+
     #[test]
     fn greedy_selection_follows_eq_12_and_13_on_three_clients() {
         // Clients 0 and 1 are strongly correlated, client 2 is independent: with σ_n² = 0.1
@@ -896,10 +920,13 @@ mod tests {
         }
     }
 
-    /// The selector at N = 200 (weights p_k ∝ 1 + k mod 5) with the default settings through warm-up and two
-    /// GP-training rounds, a seventh of the clients away each round: every GP round picks
-    /// what the dense reference picks from the selector's own X and α (reset to 1 on a
-    /// GP-training round), and α is then annealed bit for bit as Alg. 2 line 14 says.
+    /// The selector at N = 200 (weights p_k ∝ 1 + k mod 5) with the default settings through
+    /// warm-up and two GP-training rounds, a seventh of the clients away each round: every
+    /// GP round picks what the dense reference picks from the selector's own X and α (reset
+    /// to 1 on a GP-training round), α is then annealed bit for bit as Alg. 2 line 14 says,
+    /// and each fit's cosine with the previous fit's Σ (Fig. 3), now from d × d products,
+    /// is the reference's entry-by-entry cosine of the two N × N matrices to 1e-12
+    /// relative (the same sums in another order).
     #[test]
     fn the_selector_picks_as_the_dense_reference_at_n_200() {
         let (n, budget) = (200, 10);
@@ -909,6 +936,7 @@ mod tests {
             let weights: Vec<f64> = (0..n).map(|k| (1 + k % 5) as f64 / 600.0).collect();
             gp.setup(&super::super::testing::setup(&weights));
             let mut q = NoisyLosses(stream(21, Purpose::Strategy, 0, 0));
+            let mut fit_x: Option<DMatrix<f64>> = None;
             for t in 0..=cfg.warmup + 2 * cfg.interval {
                 let available: Vec<usize> = (0..n).filter(|k| (k + t) % 7 != 0).collect();
                 let ctx = RoundContext {
@@ -918,7 +946,24 @@ mod tests {
                 };
                 let alpha = gp.alpha.clone();
                 let mut rng = stream(22, Purpose::Selection, t as u64, 0);
+                let fits = gp.fits.len();
                 let sel = gp.select(&ctx, &mut q, &mut rng).unwrap().clients;
+                if gp.fits.len() > fits {
+                    let cosine = gp.fits.last().unwrap().sigma_cosine_prev;
+                    match &fit_x {
+                        Some(prev) => {
+                            let s2 = cfg.noise.powi(2);
+                            let want = reference_cosine(
+                                &reference_sigma(prev, s2),
+                                &reference_sigma(&gp.x, s2),
+                            );
+                            let got = cosine.unwrap();
+                            assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
+                        }
+                        None => assert_eq!(cosine, None),
+                    }
+                    fit_x = Some(gp.x.clone());
+                }
                 if gp.warm(t) {
                     continue;
                 }
@@ -1347,5 +1392,20 @@ mod tests {
             assert!(g.column(k).iter().all(|&v| v == 0.0));
         }
         assert_gradient_matches_finite_differences(&x, &data, &[(0, 1), (2, 4), (1, 3)]);
+    }
+
+    #[test]
+    fn a_checkpoint_with_the_dense_covariance_is_refused_and_the_embeddings_round_trip() {
+        let (gp, _, _) = drive(Variant::FedCor, 12);
+        let state = gp.save();
+        let mut back = FedCor::new(gp.cfg.clone(), Variant::FedCor);
+        back.setup(&super::super::testing::setup(&[1.0 / 6.0; 6]));
+        back.load(&state).unwrap();
+        assert_eq!(back.prev_x, gp.prev_x);
+        assert!(back.prev_x.is_some());
+        let mut old = state.clone();
+        old["prev_sigma"] = serde_json::json!(vec![0.0; 36]);
+        let e = back.load(&old).unwrap_err().to_string();
+        assert!(e.contains("covariance"), "{e}");
     }
 }
