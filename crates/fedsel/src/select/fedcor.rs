@@ -37,9 +37,10 @@
 //! error, never a NaN): Σ⁻¹y = (y − XᵀK⁻¹Xy)/σ_n², log|Σ| = (N−d) log σ_n² + log|K|, and
 //! ∂NLL/∂X = (Σ_s w_s) K⁻¹X − Σ_s w_s (X a_s) a_sᵀ with a_s = Σ⁻¹y_s.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
-use nalgebra::{DMatrix, DVector};
+use nalgebra::{DMatrix, DMatrixView, DVector, DVectorView};
 use rand::seq::index::sample;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
@@ -211,12 +212,13 @@ fn err(round: usize, reason: String) -> Error {
 
 /// Cholesky factor of K = σ²I + X Xᵀ (d × d), with the noise variance actually used:
 /// jitter is added until the factorisation succeeds, and a failure past 1e-2 is an error.
+/// Xᵀ is a strided view of X, not a copy (the matrix product packs either alike).
 fn factor(
     x: &DMatrix<f64>,
     s2: f64,
 ) -> Result<(nalgebra::Cholesky<f64, nalgebra::Dyn>, f64), String> {
-    let d = x.nrows();
-    let xxt = x * x.transpose();
+    let (d, n) = x.shape();
+    let xxt = x * DMatrixView::from_slice_with_strides(x.as_slice(), n, d, d, 1);
     let mut jitter = 0.0;
     loop {
         let k = &xxt + DMatrix::identity(d, d) * (s2 + jitter);
@@ -230,15 +232,127 @@ fn factor(
     }
 }
 
+/// Columns a tile of [`solve_scaled`] transposes at once.
+const TILE: usize = 32;
+
+/// w · K⁻¹B for K = LLᵀ (L the lower triangle of `l`) and B d × n, entry for entry what
+/// nalgebra's `Cholesky::solve` then `* w` compute: per column, forward substitution
+/// (b_i ← b_i / L_ii, then b_j ← b_j − b_i L_ji), back substitution with its dot product's
+/// order (eight running sums over blocks of eight rows, then the rest in order), and the
+/// product with w. Tiles of [`TILE`] columns are transposed so that each of those
+/// operations runs across the tile's columns at once, not down one column's chain of
+/// dependent divisions.
+fn solve_scaled(l: &DMatrix<f64>, b: &DMatrix<f64>, w: f64) -> DMatrix<f64> {
+    let (d, n) = b.shape();
+    let mut out = DMatrix::zeros(d, n);
+    if d == 0 {
+        return out;
+    }
+    // Row r of the tile; a last, partial tile is padded with zeros, which solve to zeros
+    // and are not written back.
+    let mut rows = vec![[0.0; TILE]; d];
+    for c0 in (0..n).step_by(TILE) {
+        let tw = TILE.min(n - c0);
+        let src = &b.as_slice()[c0 * d..(c0 + tw) * d];
+        for (r, row) in rows.iter_mut().enumerate() {
+            row.fill(0.0);
+            for (v, bc) in row.iter_mut().zip(src.chunks_exact(d)) {
+                *v = bc[r];
+            }
+        }
+        for i in 0..d {
+            let lii = l[(i, i)];
+            let (head, tail) = rows.split_at_mut(i + 1);
+            let ri = &mut head[i];
+            ri.iter_mut().for_each(|v| *v /= lii);
+            for (j, rj) in (i + 1..d).zip(tail) {
+                let lji = l[(j, i)];
+                for (v, &c) in rj.iter_mut().zip(ri.iter()) {
+                    *v += -c * lji;
+                }
+            }
+        }
+        for i in (0..d).rev() {
+            let len = d - 1 - i;
+            let mut acc = [[0.0; TILE]; 8];
+            let mut k = 0;
+            while len - k >= 8 {
+                for (q, accq) in acc.iter_mut().enumerate() {
+                    let row = i + 1 + k + q;
+                    let lv = l[(row, i)];
+                    for (a, &v) in accq.iter_mut().zip(&rows[row]) {
+                        *a += lv * v;
+                    }
+                }
+                k += 8;
+            }
+            let mut res = [0.0; TILE];
+            for (t, r) in res.iter_mut().enumerate() {
+                *r += acc[0][t] + acc[4][t];
+                *r += acc[1][t] + acc[5][t];
+                *r += acc[2][t] + acc[6][t];
+                *r += acc[3][t] + acc[7][t];
+            }
+            for row in i + 1 + k..d {
+                let lv = l[(row, i)];
+                for (r, &v) in res.iter_mut().zip(&rows[row]) {
+                    *r += lv * v;
+                }
+            }
+            let lii = l[(i, i)];
+            for (v, &r) in rows[i].iter_mut().zip(&res) {
+                *v = (*v - r) / lii;
+            }
+        }
+        let dst = &mut out.as_mut_slice()[c0 * d..(c0 + tw) * d];
+        for (t, oc) in dst.chunks_exact_mut(d).enumerate() {
+            for (o, row) in oc.iter_mut().zip(&rows) {
+                *o = row[t] * w;
+            }
+        }
+    }
+    out
+}
+
+/// X u for each u of `us` (n values each, X d × n) in one pass over X, each entry summed
+/// as nalgebra's matrix-vector product sums it: x_r0 u_0 first, then x_rc u_c added in order of c.
+fn products(x: &DMatrix<f64>, us: &[&[f64]]) -> Vec<DVector<f64>> {
+    let d = x.nrows();
+    let mut out = vec![DVector::zeros(d); us.len()];
+    if d == 0 {
+        return out;
+    }
+    for (c, xc) in x.as_slice().chunks_exact(d).enumerate() {
+        for (o, u) in out.iter_mut().zip(us) {
+            let uc = u[c];
+            let o = o.as_mut_slice();
+            if c == 0 {
+                o.iter_mut().zip(xc).for_each(|(o, &xr)| *o = xr * uc);
+            } else {
+                o.iter_mut().zip(xc).for_each(|(o, &xr)| *o += xr * uc);
+            }
+        }
+    }
+    out
+}
+
 /// The negative discounted log-likelihood Σ_s w_s · ½(log|Σ_S| + yᵀΣ_S⁻¹y) (without the
 /// constant) and its gradient in X, where Σ_S is the GP's marginal over the sample's
 /// observed clients S. Consecutive samples over the same clients share one factorisation.
+/// A sample over every client reads X in place. O(n_S d²) per group of samples over the
+/// same n_S clients and O(n_S d) per sample, with no n_S × n_S matrix; the arithmetic is
+/// entry for entry that of the plain nalgebra expressions, sample after sample
+/// (`select_columns`, `chol.solve(&xs) * w`, `xs y`, `xsᵀ v`, `g −= (xs a) aᵀ w`), but
+/// without their d × n_S temporaries, and each pass over X serves every sample of the group.
 pub fn nll_and_grad(
     x: &DMatrix<f64>,
     noise: f64,
     samples: &[Observation<'_>],
 ) -> Result<(f64, DMatrix<f64>), String> {
     let (d, n) = x.shape();
+    if d == 0 {
+        return Err("the embeddings have no dimension".into());
+    }
     let mut grad = DMatrix::zeros(d, n);
     let mut nll = 0.0;
     let mut i = 0;
@@ -250,19 +364,57 @@ pub fn nll_and_grad(
             .map_or(samples.len(), |j| i + j);
         let group = &samples[i..group_end];
         i = group_end;
-        let xs = x.select_columns(clients);
+        let every = clients.len() == n && clients.iter().enumerate().all(|(c, &k)| c == k);
+        let xs = if every {
+            Cow::Borrowed(x)
+        } else {
+            Cow::Owned(x.select_columns(clients))
+        };
         let (chol, s2) = factor(&xs, noise * noise)?;
-        let logdet_k: f64 = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+        let l = chol.l();
+        let logdet_k: f64 = 2.0 * l.diagonal().iter().map(|v| v.ln()).sum::<f64>();
         let logdet = (clients.len() as f64 - d as f64) * s2.ln() + logdet_k;
         let total_w: f64 = group.iter().map(|s| s.weight).sum();
-        let mut g = chol.solve(&xs) * total_w;
+        let mut g = solve_scaled(&l, &xs, total_w);
         nll += 0.5 * total_w * logdet;
-        for s in group {
-            let y = DVector::from_column_slice(s.dl);
-            let xy = &xs * &y;
-            let a = (&y - xs.transpose() * chol.solve(&xy)) / s2;
-            nll += 0.5 * s.weight * y.dot(&a);
-            g -= (&xs * &a) * a.transpose() * s.weight;
+        let ys: Vec<&[f64]> = group.iter().map(|s| s.dl).collect();
+        let vs: Vec<DVector<f64>> = products(&xs, &ys).iter().map(|xy| chol.solve(xy)).collect();
+        // a_s = (y_s − X_Sᵀ v_s)/σ², each (X_Sᵀ v_s)_c summed as the matrix-vector product
+        // sums it: x_0c v_0 first, then x_rc v_r added in order of r.
+        let mut a: Vec<Vec<f64>> = vec![vec![0.0; xs.ncols()]; group.len()];
+        // The v_s side by side (entry r of every sample together), so that the group's
+        // sums for one column run at once.
+        let k = group.len();
+        let mut vt = vec![0.0; d * k];
+        for (s, v) in vs.iter().enumerate() {
+            for (r, &vr) in v.iter().enumerate() {
+                vt[r * k + s] = vr;
+            }
+        }
+        let mut t = vec![0.0; k];
+        for (c, xc) in xs.as_slice().chunks_exact(d).enumerate() {
+            let (first, rest) = vt.split_at(k);
+            t.iter_mut().zip(first).for_each(|(t, &v)| *t = xc[0] * v);
+            for (&xr, vr) in xc[1..].iter().zip(rest.chunks_exact(k)) {
+                t.iter_mut().zip(vr).for_each(|(t, &v)| *t += xr * v);
+            }
+            for ((a_s, y), &ts) in a.iter_mut().zip(&ys).zip(&t) {
+                a_s[c] = (y[c] - ts) / s2;
+            }
+        }
+        for ((s, y), a_s) in group.iter().zip(&ys).zip(&a) {
+            let (y, a_s) = (DVectorView::from(*y), DVectorView::from(a_s.as_slice()));
+            nll += 0.5 * s.weight * y.dot(&a_s);
+        }
+        let a_refs: Vec<&[f64]> = a.iter().map(Vec::as_slice).collect();
+        let xa = products(&xs, &a_refs);
+        for (c, gc) in g.as_mut_slice().chunks_exact_mut(d).enumerate() {
+            for ((s, a_s), xa_s) in group.iter().zip(&a).zip(&xa) {
+                let ac = a_s[c];
+                for (gv, &xr) in gc.iter_mut().zip(xa_s.as_slice()) {
+                    *gv -= (xr * ac) * s.weight;
+                }
+            }
         }
         for (c, &k) in clients.iter().enumerate() {
             let mut col = grad.column_mut(k);
@@ -484,8 +636,8 @@ impl FedCor {
                 dl: &self.samples[i].dl,
             })
             .collect();
-        let (b1, b2, eps, lr) = (0.9, 0.999, 1e-8, self.cfg.lr);
-        let mut m = DMatrix::zeros(self.x.nrows(), self.x.ncols());
+        let (b1, b2, eps, lr): (f64, f64, f64, f64) = (0.9, 0.999, 1e-8, self.cfg.lr);
+        let mut m: DMatrix<f64> = DMatrix::zeros(self.x.nrows(), self.x.ncols());
         let mut v = m.clone();
         let mut nll_before = f64::NAN;
         for step in 1..=steps {
@@ -494,11 +646,21 @@ impl FedCor {
             if step == 1 {
                 nll_before = nll;
             }
-            m = &m * b1 + &g * (1.0 - b1);
-            v = &v * b2 + g.component_mul(&g) * (1.0 - b2);
             let c1 = 1.0 - b1.powi(step as i32);
             let c2 = 1.0 - b2.powi(step as i32);
-            self.x -= (&m / c1).zip_map(&(&v / c2), |mh, vh| lr * mh / (vh.sqrt() + eps));
+            // Adam, in place: each entry as the matrix expressions m ← m β₁ + g (1 − β₁),
+            // v ← v β₂ + g² (1 − β₂), x ← x − lr (m/c₁) / (√(v/c₂) + ε) compute it.
+            for (((xv, mv), vv), &gv) in self
+                .x
+                .iter_mut()
+                .zip(m.iter_mut())
+                .zip(v.iter_mut())
+                .zip(g.iter())
+            {
+                *mv = *mv * b1 + gv * (1.0 - b1);
+                *vv = *vv * b2 + (gv * gv) * (1.0 - b2);
+                *xv -= lr * (*mv / c1) / ((*vv / c2).sqrt() + eps);
+            }
         }
         let nll_after = nll_and_grad(&self.x, self.cfg.noise, &data)
             .map_err(|e| err(anchor, e))?
@@ -827,6 +989,148 @@ mod tests {
     fn reference_sigma(x: &DMatrix<f64>, noise_var: f64) -> DMatrix<f64> {
         let n = x.ncols();
         x.transpose() * x + DMatrix::identity(n, n) * noise_var
+    }
+
+    /// The likelihood and gradient as plain nalgebra expressions, as they stood before
+    /// [`nll_and_grad`] worked in place: the reference its results must equal bit for bit.
+    fn reference_nll_and_grad(
+        x: &DMatrix<f64>,
+        noise: f64,
+        samples: &[Observation<'_>],
+    ) -> (f64, DMatrix<f64>) {
+        let (d, n) = x.shape();
+        let mut grad = DMatrix::zeros(d, n);
+        let mut nll = 0.0;
+        let mut i = 0;
+        while i < samples.len() {
+            let clients = samples[i].clients;
+            let group_end = samples[i..]
+                .iter()
+                .position(|s| s.clients != clients)
+                .map_or(samples.len(), |j| i + j);
+            let group = &samples[i..group_end];
+            i = group_end;
+            let xs = x.select_columns(clients);
+            let xxt = &xs * xs.transpose();
+            let s2 = noise * noise;
+            let chol = (&xxt + DMatrix::identity(d, d) * s2).cholesky().unwrap();
+            let logdet_k: f64 = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+            let logdet = (clients.len() as f64 - d as f64) * s2.ln() + logdet_k;
+            let total_w: f64 = group.iter().map(|s| s.weight).sum();
+            let mut g = chol.solve(&xs) * total_w;
+            nll += 0.5 * total_w * logdet;
+            for s in group {
+                let y = DVector::from_column_slice(s.dl);
+                let xy = &xs * &y;
+                let a = (&y - xs.transpose() * chol.solve(&xy)) / s2;
+                nll += 0.5 * s.weight * y.dot(&a);
+                g -= (&xs * &a) * a.transpose() * s.weight;
+            }
+            for (c, &k) in clients.iter().enumerate() {
+                let mut col = grad.column_mut(k);
+                col += g.column(c);
+            }
+        }
+        (nll, grad)
+    }
+
+    /// Adam on X as matrix expressions, as [`FedCor::fit`] ran it before working in place,
+    /// on the reference likelihood.
+    fn reference_adam(
+        mut x: DMatrix<f64>,
+        noise: f64,
+        lr: f64,
+        data: &[Observation<'_>],
+        steps: usize,
+    ) -> DMatrix<f64> {
+        let (b1, b2, eps) = (0.9, 0.999, 1e-8);
+        let mut m = DMatrix::zeros(x.nrows(), x.ncols());
+        let mut v = m.clone();
+        for step in 1..=steps {
+            let (_, g) = reference_nll_and_grad(&x, noise, data);
+            m = &m * b1 + &g * (1.0 - b1);
+            v = &v * b2 + g.component_mul(&g) * (1.0 - b2);
+            let c1 = 1.0 - b1.powi(step as i32);
+            let c2 = 1.0 - b2.powi(step as i32);
+            x -= (&m / c1).zip_map(&(&v / c2), |mh, vh| lr * mh / (vh.sqrt() + eps));
+        }
+        x
+    }
+
+    fn bits(m: &DMatrix<f64>) -> Vec<u64> {
+        m.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The in-place likelihood, gradient and Adam steps give the reference's bits: at
+    /// d = 15 (the default; the back substitution's dot products reach eight terms, and
+    /// the Gram matrix goes through the blocked matrix product) and d = 4 (the plain
+    /// product), over 200 clients (several tiles and a partial one), with samples over
+    /// every client (X read in place) and over a subset, and groups that share a factor.
+    #[test]
+    fn in_place_likelihood_and_adam_equal_the_reference_bit_for_bit() {
+        let n = 200;
+        let mut rng = stream(31, Purpose::Strategy, 0, 0);
+        let all: Vec<usize> = (0..n).collect();
+        let some: Vec<usize> = (0..n).filter(|k| k % 3 != 0).collect();
+        let ys: Vec<Vec<f64>> = (0..4)
+            .map(|s| {
+                let len = if s == 2 { some.len() } else { n };
+                (0..len).map(|_| 0.05 * nrm(&mut rng)).collect()
+            })
+            .collect();
+        let data = [
+            Observation {
+                weight: 1.0,
+                clients: &all,
+                dl: &ys[0],
+            },
+            Observation {
+                weight: 0.9,
+                clients: &all,
+                dl: &ys[1],
+            },
+            Observation {
+                weight: 0.81,
+                clients: &some,
+                dl: &ys[2],
+            },
+            Observation {
+                weight: 0.729,
+                clients: &all,
+                dl: &ys[3],
+            },
+        ];
+        for d in [15, 4] {
+            let x = DMatrix::from_fn(d, n, |_, _| nrm(&mut rng) / (d as f64).sqrt());
+            let (nll, g) = nll_and_grad(&x, 0.01, &data).unwrap();
+            let (want_nll, want_g) = reference_nll_and_grad(&x, 0.01, &data);
+            assert_eq!(nll.to_bits(), want_nll.to_bits(), "d = {d}");
+            assert_eq!(bits(&g), bits(&want_g), "d = {d}");
+            let cfg = FedCorConfig {
+                dim: d,
+                ..FedCorConfig::default()
+            };
+            let mut gp = FedCor::new(cfg.clone(), Variant::FedCor);
+            gp.x = x.clone();
+            for (round, o) in data.iter().enumerate() {
+                gp.samples.push(Sample {
+                    round: 3 - round,
+                    clients: o.clients.to_vec(),
+                    dl: o.dl.to_vec(),
+                });
+            }
+            gp.fit(3, 20).unwrap();
+            let weighted: Vec<Observation<'_>> = data
+                .iter()
+                .enumerate()
+                .map(|(m, o)| Observation {
+                    weight: cfg.theta.powi(m as i32),
+                    ..*o
+                })
+                .collect();
+            let want_x = reference_adam(x, cfg.noise, cfg.lr, &weighted, 20);
+            assert_eq!(bits(&gp.x), bits(&want_x), "d = {d}");
+        }
     }
 
     /// The reference's cosine of two N × N covariances, entry by entry.
