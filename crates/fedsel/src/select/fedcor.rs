@@ -36,6 +36,15 @@
 //! matrix K = σ_n² I + XXᵀ (Cholesky with jitter; a factorisation that still fails is an
 //! error, never a NaN): Σ⁻¹y = (y − XᵀK⁻¹Xy)/σ_n², log|Σ| = (N−d) log σ_n² + log|K|, and
 //! ∂NLL/∂X = (Σ_s w_s) K⁻¹X − Σ_s w_s (X a_s) a_sᵀ with a_s = Σ⁻¹y_s.
+//!
+//! **Cost per round** (N clients, embeddings d × N, K picks, S samples in a fit's window).
+//! No N × N matrix is built ([`FedCor::sigma`] is for inspection only). The selection is
+//! O(N d) for the prior's variances and Σp, then O(N (d + j)) for the j-th pick's column
+//! of the conditioned Σ: O(N d + K N (d + K)) time and O(N (d + K)) memory. A round that
+//! fits X adds, per Adam step and per group of samples over the same clients,
+//! O(N d² + d³) for K and K⁻¹X, plus O(N d) per sample: O(steps · (N d² + S N d)) time
+//! and O(N (d + S)) memory. The fit's cosine with the previous fit's Σ (Fig. 3) is
+//! O(N d²), from d × d products.
 
 use std::borrow::Cow;
 use std::time::Instant;
