@@ -545,7 +545,7 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 
 /// Greedy posterior selection (Alg. 1): `m` picks among `candidates` under the GP with
 /// embeddings `x` (d × N) and noise variance σ_n², in O(N d + m N (d + m)) time and
-/// O(N (d + m)) memory ([`Posterior`]).
+/// O(N (d + m)) memory: Σ is held as its prior plus one downdate a pick, never built.
 pub fn greedy_select(
     x: &DMatrix<f64>,
     noise_var: f64,
