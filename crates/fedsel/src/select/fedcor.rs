@@ -36,10 +36,20 @@
 //! matrix K = σ_n² I + XXᵀ (Cholesky with jitter; a factorisation that still fails is an
 //! error, never a NaN): Σ⁻¹y = (y − XᵀK⁻¹Xy)/σ_n², log|Σ| = (N−d) log σ_n² + log|K|, and
 //! ∂NLL/∂X = (Σ_s w_s) K⁻¹X − Σ_s w_s (X a_s) a_sᵀ with a_s = Σ⁻¹y_s.
+//!
+//! **Cost per round** (N clients, embeddings d × N, K picks, S samples in a fit's window).
+//! No N × N matrix is built ([`FedCor::sigma`] is for inspection only). The selection is
+//! O(N d) for the prior's variances and Σp, then O(N (d + j)) for the j-th pick's column
+//! of the conditioned Σ: O(N d + K N (d + K)) time and O(N (d + K)) memory. A round that
+//! fits X adds, per Adam step and per group of samples over the same clients,
+//! O(N d² + d³) for K and K⁻¹X, plus O(N d) per sample: O(steps · (N d² + S N d)) time
+//! and O(N (d + S)) memory. The fit's cosine with the previous fit's Σ (Fig. 3) is
+//! O(N d²), from d × d products.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
-use nalgebra::{DMatrix, DVector};
+use nalgebra::{DMatrix, DMatrixView, DVector, DVectorView};
 use rand::seq::index::sample;
 use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
@@ -183,7 +193,8 @@ pub struct FedCor {
     /// Losses at the start of the last round that opened a sample.
     last_losses: Option<Losses>,
     fits: Vec<FitRecord>,
-    prev_sigma: Option<DMatrix<f64>>,
+    /// X at the previous fit, for the cosine of the two Σ.
+    prev_x: Option<DMatrix<f64>>,
     select_ms: f64,
     /// X as it stood at the end of warm-up (FedCor Fig. 7 shows these).
     x_warmup: Option<DMatrix<f64>>,
@@ -210,12 +221,13 @@ fn err(round: usize, reason: String) -> Error {
 
 /// Cholesky factor of K = σ²I + X Xᵀ (d × d), with the noise variance actually used:
 /// jitter is added until the factorisation succeeds, and a failure past 1e-2 is an error.
+/// Xᵀ is a strided view of X, not a copy (the matrix product packs either alike).
 fn factor(
     x: &DMatrix<f64>,
     s2: f64,
 ) -> Result<(nalgebra::Cholesky<f64, nalgebra::Dyn>, f64), String> {
-    let d = x.nrows();
-    let xxt = x * x.transpose();
+    let (d, n) = x.shape();
+    let xxt = x * DMatrixView::from_slice_with_strides(x.as_slice(), n, d, d, 1);
     let mut jitter = 0.0;
     loop {
         let k = &xxt + DMatrix::identity(d, d) * (s2 + jitter);
@@ -229,15 +241,127 @@ fn factor(
     }
 }
 
+/// Columns a tile of [`solve_scaled`] transposes at once.
+const TILE: usize = 32;
+
+/// w · K⁻¹B for K = LLᵀ (L the lower triangle of `l`) and B d × n, entry for entry what
+/// nalgebra's `Cholesky::solve` then `* w` compute: per column, forward substitution
+/// (b_i ← b_i / L_ii, then b_j ← b_j − b_i L_ji), back substitution with its dot product's
+/// order (eight running sums over blocks of eight rows, then the rest in order), and the
+/// product with w. Tiles of [`TILE`] columns are transposed so that each of those
+/// operations runs across the tile's columns at once, not down one column's chain of
+/// dependent divisions.
+fn solve_scaled(l: &DMatrix<f64>, b: &DMatrix<f64>, w: f64) -> DMatrix<f64> {
+    let (d, n) = b.shape();
+    let mut out = DMatrix::zeros(d, n);
+    if d == 0 {
+        return out;
+    }
+    // Row r of the tile; a last, partial tile is padded with zeros, which solve to zeros
+    // and are not written back.
+    let mut rows = vec![[0.0; TILE]; d];
+    for c0 in (0..n).step_by(TILE) {
+        let tw = TILE.min(n - c0);
+        let src = &b.as_slice()[c0 * d..(c0 + tw) * d];
+        for (r, row) in rows.iter_mut().enumerate() {
+            row.fill(0.0);
+            for (v, bc) in row.iter_mut().zip(src.chunks_exact(d)) {
+                *v = bc[r];
+            }
+        }
+        for i in 0..d {
+            let lii = l[(i, i)];
+            let (head, tail) = rows.split_at_mut(i + 1);
+            let ri = &mut head[i];
+            ri.iter_mut().for_each(|v| *v /= lii);
+            for (j, rj) in (i + 1..d).zip(tail) {
+                let lji = l[(j, i)];
+                for (v, &c) in rj.iter_mut().zip(ri.iter()) {
+                    *v += -c * lji;
+                }
+            }
+        }
+        for i in (0..d).rev() {
+            let len = d - 1 - i;
+            let mut acc = [[0.0; TILE]; 8];
+            let mut k = 0;
+            while len - k >= 8 {
+                for (q, accq) in acc.iter_mut().enumerate() {
+                    let row = i + 1 + k + q;
+                    let lv = l[(row, i)];
+                    for (a, &v) in accq.iter_mut().zip(&rows[row]) {
+                        *a += lv * v;
+                    }
+                }
+                k += 8;
+            }
+            let mut res = [0.0; TILE];
+            for (t, r) in res.iter_mut().enumerate() {
+                *r += acc[0][t] + acc[4][t];
+                *r += acc[1][t] + acc[5][t];
+                *r += acc[2][t] + acc[6][t];
+                *r += acc[3][t] + acc[7][t];
+            }
+            for row in i + 1 + k..d {
+                let lv = l[(row, i)];
+                for (r, &v) in res.iter_mut().zip(&rows[row]) {
+                    *r += lv * v;
+                }
+            }
+            let lii = l[(i, i)];
+            for (v, &r) in rows[i].iter_mut().zip(&res) {
+                *v = (*v - r) / lii;
+            }
+        }
+        let dst = &mut out.as_mut_slice()[c0 * d..(c0 + tw) * d];
+        for (t, oc) in dst.chunks_exact_mut(d).enumerate() {
+            for (o, row) in oc.iter_mut().zip(&rows) {
+                *o = row[t] * w;
+            }
+        }
+    }
+    out
+}
+
+/// X u for each u of `us` (n values each, X d × n) in one pass over X, each entry summed
+/// as nalgebra's matrix-vector product sums it: x_r0 u_0 first, then x_rc u_c added in order of c.
+fn products(x: &DMatrix<f64>, us: &[&[f64]]) -> Vec<DVector<f64>> {
+    let d = x.nrows();
+    let mut out = vec![DVector::zeros(d); us.len()];
+    if d == 0 {
+        return out;
+    }
+    for (c, xc) in x.as_slice().chunks_exact(d).enumerate() {
+        for (o, u) in out.iter_mut().zip(us) {
+            let uc = u[c];
+            let o = o.as_mut_slice();
+            if c == 0 {
+                o.iter_mut().zip(xc).for_each(|(o, &xr)| *o = xr * uc);
+            } else {
+                o.iter_mut().zip(xc).for_each(|(o, &xr)| *o += xr * uc);
+            }
+        }
+    }
+    out
+}
+
 /// The negative discounted log-likelihood Σ_s w_s · ½(log|Σ_S| + yᵀΣ_S⁻¹y) (without the
 /// constant) and its gradient in X, where Σ_S is the GP's marginal over the sample's
 /// observed clients S. Consecutive samples over the same clients share one factorisation.
+/// A sample over every client reads X in place. O(n_S d²) per group of samples over the
+/// same n_S clients and O(n_S d) per sample, with no n_S × n_S matrix; the arithmetic is
+/// entry for entry that of the plain nalgebra expressions, sample after sample
+/// (`select_columns`, `chol.solve(&xs) * w`, `xs y`, `xsᵀ v`, `g −= (xs a) aᵀ w`), but
+/// without their d × n_S temporaries, and each pass over X serves every sample of the group.
 pub fn nll_and_grad(
     x: &DMatrix<f64>,
     noise: f64,
     samples: &[Observation<'_>],
 ) -> Result<(f64, DMatrix<f64>), String> {
     let (d, n) = x.shape();
+    if d == 0 {
+        return Err("the embeddings have no dimension".into());
+    }
     let mut grad = DMatrix::zeros(d, n);
     let mut nll = 0.0;
     let mut i = 0;
@@ -249,19 +373,57 @@ pub fn nll_and_grad(
             .map_or(samples.len(), |j| i + j);
         let group = &samples[i..group_end];
         i = group_end;
-        let xs = x.select_columns(clients);
+        let every = clients.len() == n && clients.iter().enumerate().all(|(c, &k)| c == k);
+        let xs = if every {
+            Cow::Borrowed(x)
+        } else {
+            Cow::Owned(x.select_columns(clients))
+        };
         let (chol, s2) = factor(&xs, noise * noise)?;
-        let logdet_k: f64 = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+        let l = chol.l();
+        let logdet_k: f64 = 2.0 * l.diagonal().iter().map(|v| v.ln()).sum::<f64>();
         let logdet = (clients.len() as f64 - d as f64) * s2.ln() + logdet_k;
         let total_w: f64 = group.iter().map(|s| s.weight).sum();
-        let mut g = chol.solve(&xs) * total_w;
+        let mut g = solve_scaled(&l, &xs, total_w);
         nll += 0.5 * total_w * logdet;
-        for s in group {
-            let y = DVector::from_column_slice(s.dl);
-            let xy = &xs * &y;
-            let a = (&y - xs.transpose() * chol.solve(&xy)) / s2;
-            nll += 0.5 * s.weight * y.dot(&a);
-            g -= (&xs * &a) * a.transpose() * s.weight;
+        let ys: Vec<&[f64]> = group.iter().map(|s| s.dl).collect();
+        let vs: Vec<DVector<f64>> = products(&xs, &ys).iter().map(|xy| chol.solve(xy)).collect();
+        // a_s = (y_s − X_Sᵀ v_s)/σ², each (X_Sᵀ v_s)_c summed as the matrix-vector product
+        // sums it: x_0c v_0 first, then x_rc v_r added in order of r.
+        let mut a: Vec<Vec<f64>> = vec![vec![0.0; xs.ncols()]; group.len()];
+        // The v_s side by side (entry r of every sample together), so that the group's
+        // sums for one column run at once.
+        let k = group.len();
+        let mut vt = vec![0.0; d * k];
+        for (s, v) in vs.iter().enumerate() {
+            for (r, &vr) in v.iter().enumerate() {
+                vt[r * k + s] = vr;
+            }
+        }
+        let mut t = vec![0.0; k];
+        for (c, xc) in xs.as_slice().chunks_exact(d).enumerate() {
+            let (first, rest) = vt.split_at(k);
+            t.iter_mut().zip(first).for_each(|(t, &v)| *t = xc[0] * v);
+            for (&xr, vr) in xc[1..].iter().zip(rest.chunks_exact(k)) {
+                t.iter_mut().zip(vr).for_each(|(t, &v)| *t += xr * v);
+            }
+            for ((a_s, y), &ts) in a.iter_mut().zip(&ys).zip(&t) {
+                a_s[c] = (y[c] - ts) / s2;
+            }
+        }
+        for ((s, y), a_s) in group.iter().zip(&ys).zip(&a) {
+            let (y, a_s) = (DVectorView::from(*y), DVectorView::from(a_s.as_slice()));
+            nll += 0.5 * s.weight * y.dot(&a_s);
+        }
+        let a_refs: Vec<&[f64]> = a.iter().map(Vec::as_slice).collect();
+        let xa = products(&xs, &a_refs);
+        for (c, gc) in g.as_mut_slice().chunks_exact_mut(d).enumerate() {
+            for ((s, a_s), xa_s) in group.iter().zip(&a).zip(&xa) {
+                let ac = a_s[c];
+                for (gv, &xr) in gc.iter_mut().zip(xa_s.as_slice()) {
+                    *gv -= (xr * ac) * s.weight;
+                }
+            }
         }
         for (c, &k) in clients.iter().enumerate() {
             let mut col = grad.column_mut(k);
@@ -274,44 +436,138 @@ pub fn nll_and_grad(
     Ok((nll, grad))
 }
 
-/// Greedy posterior selection (Alg. 1): `m` picks among `candidates` from covariance `sigma`.
+/// Σ = XᵀX + σ_n² I conditioned on the clients picked so far (Eq. 11), never built as an
+/// N × N matrix. After j picks Σ⁽ʲ⁾ = Σ⁽⁰⁾ − Σ_{l<j} c_l c_lᵀ / v_l, where c_l and v_l are
+/// the column and variance Σ⁽ˡ⁾_{·k_l}, Σ⁽ˡ⁾_{k_l k_l} of the l-th pick when it was picked:
+/// a column costs O(N(d + j)), and the two things the scores read, the variances diag Σ
+/// and the weighted sums Σp (Eq. 12's Σ_i p_i Σ_ik, Σ being symmetric), are downdated in
+/// O(N) per pick.
+#[derive(Debug, Clone)]
+struct Posterior<'a> {
+    x: &'a DMatrix<f64>,
+    noise_var: f64,
+    p: &'a [f64],
+    /// c_0, c_1, …: N values each.
+    cols: Vec<f64>,
+    /// v_0, v_1, …
+    pivots: Vec<f64>,
+    /// Σ_kk of the current Σ.
+    var: Vec<f64>,
+    /// (Σp)_k of the current Σ.
+    sp: Vec<f64>,
+}
+
+impl<'a> Posterior<'a> {
+    /// The prior Σ⁽⁰⁾ = XᵀX + σ_n² I: its diagonal, and Σ⁽⁰⁾p = Xᵀ(Xp) + σ_n² p.
+    fn new(x: &'a DMatrix<f64>, noise_var: f64, p: &'a [f64]) -> Self {
+        let xp = x * DVector::from_column_slice(p);
+        let columns = || x.as_slice().chunks_exact(x.nrows().max(1));
+        let var = columns().map(|xk| dot(xk, xk) + noise_var).collect();
+        let sp = columns()
+            .zip(p)
+            .map(|(xk, &pk)| dot(xk, xp.as_slice()) + noise_var * pk)
+            .collect();
+        Self {
+            x,
+            noise_var,
+            p,
+            cols: Vec::new(),
+            pivots: Vec::new(),
+            var,
+            sp,
+        }
+    }
+
+    /// Column k of the current Σ: x_iᵀx_k + σ_n² δ_ik, then each pick's
+    /// (c_l,i · c_l,k) / v_l subtracted in the order of the picks, as Eq. 11's dense update
+    /// subtracts them.
+    fn column(&self, k: usize) -> Vec<f64> {
+        let n = self.p.len();
+        let d = self.x.nrows();
+        let xs = self.x.as_slice();
+        let xk = &xs[k * d..(k + 1) * d];
+        let mut col: Vec<f64> = (0..n).map(|i| dot(&xs[i * d..(i + 1) * d], xk)).collect();
+        col[k] += self.noise_var;
+        for (c, &v) in self.cols.chunks_exact(n).zip(&self.pivots) {
+            let ck = c[k];
+            for (o, &ci) in col.iter_mut().zip(c) {
+                *o -= (ci * ck) / v;
+            }
+        }
+        col
+    }
+
+    /// Eq. 11: Σ ← Σ − Σ_{·k} Σ_{k·} / Σ_kk, for a k whose variance is positive.
+    fn condition(&mut self, k: usize) {
+        let v = self.var[k];
+        let c = self.column(k);
+        let cp = dot(&c, self.p);
+        for ((vi, si), &ci) in self.var.iter_mut().zip(&mut self.sp).zip(&c) {
+            *vi -= (ci * ci) / v;
+            *si -= (ci * cp) / v;
+        }
+        self.cols.extend_from_slice(&c);
+        self.pivots.push(v);
+    }
+
+    /// Alg. 1: `m` greedy picks among `candidates`, each the argmax of
+    /// α_k (Σp)_k / √Σ_kk (Eq. 12–13; the first of equal scores), Σ conditioned on it.
+    fn select(&mut self, alpha: &[f64], candidates: &[usize], m: usize) -> Vec<usize> {
+        let mut left: Vec<usize> = candidates.to_vec();
+        let mut picked = Vec::with_capacity(m);
+        while picked.len() < m && !left.is_empty() {
+            let mut best: Option<(usize, f64)> = None;
+            for (j, &k) in left.iter().enumerate() {
+                let var = self.var[k];
+                let score = if var > 1e-300 {
+                    alpha[k] * self.sp[k] / var.sqrt()
+                } else {
+                    f64::NEG_INFINITY
+                };
+                if best.is_none_or(|b| score > b.1) {
+                    best = Some((j, score));
+                }
+            }
+            let (j, _) = best.expect("left is not empty");
+            let k = left.remove(j);
+            if self.var[k] > 1e-300 {
+                self.condition(k);
+            }
+            picked.push(k);
+        }
+        picked
+    }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(u, v)| u * v).sum()
+}
+
+/// Greedy posterior selection (Alg. 1): `m` picks among `candidates` under the GP with
+/// embeddings `x` (d × N) and noise variance σ_n², in O(N d + m N (d + m)) time and
+/// O(N (d + m)) memory: Σ is held as its prior plus one downdate a pick, never built.
 pub fn greedy_select(
-    mut sigma: DMatrix<f64>,
+    x: &DMatrix<f64>,
+    noise_var: f64,
     p: &[f64],
     alpha: &[f64],
     candidates: &[usize],
     m: usize,
 ) -> Vec<usize> {
-    let n = p.len();
-    let mut left: Vec<usize> = candidates.to_vec();
-    let mut picked = Vec::with_capacity(m);
-    while picked.len() < m && !left.is_empty() {
-        let mut best: Option<(usize, f64)> = None;
-        for (j, &k) in left.iter().enumerate() {
-            let var = sigma[(k, k)];
-            let score = if var > 1e-300 {
-                alpha[k] * (0..n).map(|i| p[i] * sigma[(i, k)]).sum::<f64>() / var.sqrt()
-            } else {
-                f64::NEG_INFINITY
-            };
-            if best.is_none_or(|b| score > b.1) {
-                best = Some((j, score));
-            }
-        }
-        let (j, _) = best.expect("left is not empty");
-        let k = left.remove(j);
-        let var = sigma[(k, k)];
-        if var > 1e-300 {
-            let col = sigma.column(k).clone_owned();
-            sigma -= (&col * col.transpose()) / var;
-        }
-        picked.push(k);
-    }
-    picked
+    Posterior::new(x, noise_var, p).select(alpha, candidates, m)
 }
 
-fn cosine(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
-    a.dot(b) / (a.norm() * b.norm())
+/// cos(Σ_a, Σ_b) of the covariances Σ = XᵀX + s² I of two embeddings, from d × d
+/// products: ⟨Σ_a, Σ_b⟩_F = ‖X_a X_bᵀ‖²_F + s²(‖X_a‖²_F + ‖X_b‖²_F) + N s⁴, every term
+/// non-negative, so O(N d²) and no N × N matrix.
+fn sigma_cosine(a: &DMatrix<f64>, b: &DMatrix<f64>, s2: f64) -> f64 {
+    let n = a.ncols() as f64;
+    let inner = |x: &DMatrix<f64>, y: &DMatrix<f64>| {
+        (x * y.transpose()).norm_squared()
+            + s2 * (x.norm_squared() + y.norm_squared())
+            + n * s2 * s2
+    };
+    inner(a, b) / (inner(a, a).sqrt() * inner(b, b).sqrt())
 }
 
 impl FedCor {
@@ -326,13 +582,14 @@ impl FedCor {
             samples: Vec::new(),
             last_losses: None,
             fits: Vec::new(),
-            prev_sigma: None,
+            prev_x: None,
             select_ms: 0.0,
             x_warmup: None,
         }
     }
 
-    /// The current covariance Σ = XᵀX + σ_n² I.
+    /// The current covariance Σ = XᵀX + σ_n² I, N × N: for inspection at small N (the
+    /// selection and the fits never build it).
     pub fn sigma(&self) -> DMatrix<f64> {
         let n = self.x.ncols();
         self.x.transpose() * &self.x + DMatrix::identity(n, n) * self.cfg.noise.powi(2)
@@ -388,8 +645,8 @@ impl FedCor {
                 dl: &self.samples[i].dl,
             })
             .collect();
-        let (b1, b2, eps, lr) = (0.9, 0.999, 1e-8, self.cfg.lr);
-        let mut m = DMatrix::zeros(self.x.nrows(), self.x.ncols());
+        let (b1, b2, eps, lr): (f64, f64, f64, f64) = (0.9, 0.999, 1e-8, self.cfg.lr);
+        let mut m: DMatrix<f64> = DMatrix::zeros(self.x.nrows(), self.x.ncols());
         let mut v = m.clone();
         let mut nll_before = f64::NAN;
         for step in 1..=steps {
@@ -398,18 +655,28 @@ impl FedCor {
             if step == 1 {
                 nll_before = nll;
             }
-            m = &m * b1 + &g * (1.0 - b1);
-            v = &v * b2 + g.component_mul(&g) * (1.0 - b2);
             let c1 = 1.0 - b1.powi(step as i32);
             let c2 = 1.0 - b2.powi(step as i32);
-            self.x -= (&m / c1).zip_map(&(&v / c2), |mh, vh| lr * mh / (vh.sqrt() + eps));
+            // Adam, in place: each entry as the matrix expressions m ← m β₁ + g (1 − β₁),
+            // v ← v β₂ + g² (1 − β₂), x ← x − lr (m/c₁) / (√(v/c₂) + ε) compute it.
+            for (((xv, mv), vv), &gv) in self
+                .x
+                .iter_mut()
+                .zip(m.iter_mut())
+                .zip(v.iter_mut())
+                .zip(g.iter())
+            {
+                *mv = *mv * b1 + gv * (1.0 - b1);
+                *vv = *vv * b2 + (gv * gv) * (1.0 - b2);
+                *xv -= lr * (*mv / c1) / ((*vv / c2).sqrt() + eps);
+            }
         }
         let nll_after = nll_and_grad(&self.x, self.cfg.noise, &data)
             .map_err(|e| err(anchor, e))?
             .0;
-        let sigma = self.sigma();
-        let sigma_cosine_prev = self.prev_sigma.as_ref().map(|p| cosine(p, &sigma));
-        self.prev_sigma = Some(sigma);
+        let s2 = self.cfg.noise.powi(2);
+        let sigma_cosine_prev = self.prev_x.as_ref().map(|p| sigma_cosine(p, &self.x, s2));
+        self.prev_x = Some(self.x.clone());
         self.fits.push(FitRecord {
             round: anchor,
             samples: window.len(),
@@ -543,7 +810,14 @@ impl Selector for FedCor {
         }
         let started = Instant::now();
         let m = ctx.budget.min(ctx.available.len());
-        let chosen = greedy_select(self.sigma(), &self.p, &self.alpha, ctx.available, m);
+        let chosen = greedy_select(
+            &self.x,
+            self.cfg.noise.powi(2),
+            &self.p,
+            &self.alpha,
+            ctx.available,
+            m,
+        );
         for &k in &chosen {
             self.alpha[k] *= self.cfg.beta;
         }
@@ -562,7 +836,7 @@ impl Selector for FedCor {
             "samples": self.samples,
             "last_losses": self.last_losses,
             "fits": self.fits,
-            "prev_sigma": self.prev_sigma.as_ref().map(|s| s.as_slice().to_vec()),
+            "prev_x": self.prev_x.as_ref().map(|x| x.as_slice().to_vec()),
             "select_ms": self.select_ms,
             "x_warmup": self.x_warmup.as_ref().map(|x| x.as_slice().to_vec()),
         })
@@ -598,12 +872,20 @@ impl Selector for FedCor {
         }
         self.last_losses = serde_json::from_value(s["last_losses"].clone()).map_err(bad)?;
         self.fits = serde_json::from_value(s["fits"].clone()).map_err(bad)?;
-        let prev: Option<Vec<f64>> =
-            serde_json::from_value(s["prev_sigma"].clone()).map_err(bad)?;
-        if let Some(p) = &prev {
-            super::check_loaded(name, "covariance entries", p.len(), n * n)?;
+        if !s["prev_sigma"].is_null() {
+            return Err(err(
+                0,
+                "checkpoint state: it holds the previous fit's N × N covariance, as fedsel \
+                 before the low-rank selection wrote it, where the previous fit's embeddings \
+                 are expected; resume it with that version or start the run over"
+                    .into(),
+            ));
         }
-        self.prev_sigma = prev.map(|p| DMatrix::from_column_slice(n, n, &p));
+        let prev: Option<Vec<f64>> = serde_json::from_value(s["prev_x"].clone()).map_err(bad)?;
+        if let Some(p) = &prev {
+            super::check_loaded(name, "previous fit's embedding values", p.len(), d * n)?;
+        }
+        self.prev_x = prev.map(|p| DMatrix::from_column_slice(d, n, &p));
         self.select_ms = serde_json::from_value(s["select_ms"].clone()).map_err(bad)?;
         let xw: Option<Vec<f64>> = serde_json::from_value(s["x_warmup"].clone()).map_err(bad)?;
         if let Some(x) = &xw {
@@ -674,26 +956,345 @@ mod tests {
         StandardNormal.sample(rng)
     }
 
+    /// Alg. 1 as it stood before the low-rank [`Posterior`], the reference the tests compare
+    /// with: Σ built N × N, each score summed down Σ's column, Eq. 11 applied to the whole
+    /// matrix. Returns the picks and the conditioned Σ.
+    fn reference_greedy(
+        mut sigma: DMatrix<f64>,
+        p: &[f64],
+        alpha: &[f64],
+        candidates: &[usize],
+        m: usize,
+    ) -> (Vec<usize>, DMatrix<f64>) {
+        let n = p.len();
+        let mut left: Vec<usize> = candidates.to_vec();
+        let mut picked = Vec::with_capacity(m);
+        while picked.len() < m && !left.is_empty() {
+            let mut best: Option<(usize, f64)> = None;
+            for (j, &k) in left.iter().enumerate() {
+                let var = sigma[(k, k)];
+                let score = if var > 1e-300 {
+                    alpha[k] * (0..n).map(|i| p[i] * sigma[(i, k)]).sum::<f64>() / var.sqrt()
+                } else {
+                    f64::NEG_INFINITY
+                };
+                if best.is_none_or(|b| score > b.1) {
+                    best = Some((j, score));
+                }
+            }
+            let (j, _) = best.expect("left is not empty");
+            let k = left.remove(j);
+            let var = sigma[(k, k)];
+            if var > 1e-300 {
+                let col = sigma.column(k).clone_owned();
+                sigma -= (&col * col.transpose()) / var;
+            }
+            picked.push(k);
+        }
+        (picked, sigma)
+    }
+
+    /// The reference's Σ = XᵀX + σ_n² I.
+    fn reference_sigma(x: &DMatrix<f64>, noise_var: f64) -> DMatrix<f64> {
+        let n = x.ncols();
+        x.transpose() * x + DMatrix::identity(n, n) * noise_var
+    }
+
+    /// The likelihood and gradient as plain nalgebra expressions, as they stood before
+    /// [`nll_and_grad`] worked in place: the reference its results must equal bit for bit.
+    fn reference_nll_and_grad(
+        x: &DMatrix<f64>,
+        noise: f64,
+        samples: &[Observation<'_>],
+    ) -> (f64, DMatrix<f64>) {
+        let (d, n) = x.shape();
+        let mut grad = DMatrix::zeros(d, n);
+        let mut nll = 0.0;
+        let mut i = 0;
+        while i < samples.len() {
+            let clients = samples[i].clients;
+            let group_end = samples[i..]
+                .iter()
+                .position(|s| s.clients != clients)
+                .map_or(samples.len(), |j| i + j);
+            let group = &samples[i..group_end];
+            i = group_end;
+            let xs = x.select_columns(clients);
+            let xxt = &xs * xs.transpose();
+            let s2 = noise * noise;
+            let chol = (&xxt + DMatrix::identity(d, d) * s2).cholesky().unwrap();
+            let logdet_k: f64 = 2.0 * chol.l().diagonal().iter().map(|v| v.ln()).sum::<f64>();
+            let logdet = (clients.len() as f64 - d as f64) * s2.ln() + logdet_k;
+            let total_w: f64 = group.iter().map(|s| s.weight).sum();
+            let mut g = chol.solve(&xs) * total_w;
+            nll += 0.5 * total_w * logdet;
+            for s in group {
+                let y = DVector::from_column_slice(s.dl);
+                let xy = &xs * &y;
+                let a = (&y - xs.transpose() * chol.solve(&xy)) / s2;
+                nll += 0.5 * s.weight * y.dot(&a);
+                g -= (&xs * &a) * a.transpose() * s.weight;
+            }
+            for (c, &k) in clients.iter().enumerate() {
+                let mut col = grad.column_mut(k);
+                col += g.column(c);
+            }
+        }
+        (nll, grad)
+    }
+
+    /// Adam on X as matrix expressions, as [`FedCor::fit`] ran it before working in place,
+    /// on the reference likelihood.
+    fn reference_adam(
+        mut x: DMatrix<f64>,
+        noise: f64,
+        lr: f64,
+        data: &[Observation<'_>],
+        steps: usize,
+    ) -> DMatrix<f64> {
+        let (b1, b2, eps) = (0.9, 0.999, 1e-8);
+        let mut m = DMatrix::zeros(x.nrows(), x.ncols());
+        let mut v = m.clone();
+        for step in 1..=steps {
+            let (_, g) = reference_nll_and_grad(&x, noise, data);
+            m = &m * b1 + &g * (1.0 - b1);
+            v = &v * b2 + g.component_mul(&g) * (1.0 - b2);
+            let c1 = 1.0 - b1.powi(step as i32);
+            let c2 = 1.0 - b2.powi(step as i32);
+            x -= (&m / c1).zip_map(&(&v / c2), |mh, vh| lr * mh / (vh.sqrt() + eps));
+        }
+        x
+    }
+
+    fn bits(m: &DMatrix<f64>) -> Vec<u64> {
+        m.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The in-place likelihood, gradient and Adam steps give the reference's bits: at
+    /// d = 15 (the default; the back substitution's dot products reach eight terms, and
+    /// the Gram matrix goes through the blocked matrix product) and d = 4 (the plain
+    /// product), over 200 clients (several tiles and a partial one), with samples over
+    /// every client (X read in place) and over a subset, and groups that share a factor.
+    #[test]
+    fn in_place_likelihood_and_adam_equal_the_reference_bit_for_bit() {
+        let n = 200;
+        let mut rng = stream(31, Purpose::Strategy, 0, 0);
+        let all: Vec<usize> = (0..n).collect();
+        let some: Vec<usize> = (0..n).filter(|k| k % 3 != 0).collect();
+        let ys: Vec<Vec<f64>> = (0..4)
+            .map(|s| {
+                let len = if s == 2 { some.len() } else { n };
+                (0..len).map(|_| 0.05 * nrm(&mut rng)).collect()
+            })
+            .collect();
+        let data = [
+            Observation {
+                weight: 1.0,
+                clients: &all,
+                dl: &ys[0],
+            },
+            Observation {
+                weight: 0.9,
+                clients: &all,
+                dl: &ys[1],
+            },
+            Observation {
+                weight: 0.81,
+                clients: &some,
+                dl: &ys[2],
+            },
+            Observation {
+                weight: 0.729,
+                clients: &all,
+                dl: &ys[3],
+            },
+        ];
+        for d in [15, 4] {
+            let x = DMatrix::from_fn(d, n, |_, _| nrm(&mut rng) / (d as f64).sqrt());
+            let (nll, g) = nll_and_grad(&x, 0.01, &data).unwrap();
+            let (want_nll, want_g) = reference_nll_and_grad(&x, 0.01, &data);
+            assert_eq!(nll.to_bits(), want_nll.to_bits(), "d = {d}");
+            assert_eq!(bits(&g), bits(&want_g), "d = {d}");
+            let cfg = FedCorConfig {
+                dim: d,
+                ..FedCorConfig::default()
+            };
+            let mut gp = FedCor::new(cfg.clone(), Variant::FedCor);
+            gp.x = x.clone();
+            for (round, o) in data.iter().enumerate() {
+                gp.samples.push(Sample {
+                    round: 3 - round,
+                    clients: o.clients.to_vec(),
+                    dl: o.dl.to_vec(),
+                });
+            }
+            gp.fit(3, 20).unwrap();
+            let weighted: Vec<Observation<'_>> = data
+                .iter()
+                .enumerate()
+                .map(|(m, o)| Observation {
+                    weight: cfg.theta.powi(m as i32),
+                    ..*o
+                })
+                .collect();
+            let want_x = reference_adam(x, cfg.noise, cfg.lr, &weighted, 20);
+            assert_eq!(bits(&gp.x), bits(&want_x), "d = {d}");
+        }
+    }
+
+    /// The reference's cosine of two N × N covariances, entry by entry.
+    fn reference_cosine(a: &DMatrix<f64>, b: &DMatrix<f64>) -> f64 {
+        a.dot(b) / (a.norm() * b.norm())
+    }
+
     #[test]
     fn greedy_selection_follows_eq_12_and_13_on_three_clients() {
-        // Clients 0 and 1 are strongly correlated, client 2 is independent.
-        let sigma = DMatrix::from_row_slice(3, 3, &[1.0, 0.9, 0.0, 0.9, 1.0, 0.0, 0.0, 0.0, 0.8]);
+        // Clients 0 and 1 are strongly correlated, client 2 is independent: with σ_n² = 0.1
+        // these embeddings give Σ = [[1, 0.9, 0], [0.9, 1, 0], [0, 0, 0.8]].
+        let x = DMatrix::from_row_slice(
+            2,
+            3,
+            &[0.9f64.sqrt(), 0.9f64.sqrt(), 0.0, 0.0, 0.0, 0.7f64.sqrt()],
+        );
         let p = [0.4, 0.3, 0.3];
         // Eq. 12: Σ_i p_i Σ_ik / σ_k = 0.67, 0.66, 0.268 → client 0 first.
         // Eq. 11 conditioning leaves Σ_11 = 1 − 0.81 = 0.19 and Σ_01 = 0, so the second
         // scores are 0.3·0.19/√0.19 = 0.131 for client 1 and 0.268 for client 2 (Eq. 13's
         // redundancy penalty): client 2 second, although client 1 scored higher alone.
         assert_eq!(
-            greedy_select(sigma.clone(), &p, &[1.0; 3], &[0, 1, 2], 2),
+            greedy_select(&x, 0.1, &p, &[1.0; 3], &[0, 1, 2], 2),
             vec![0, 2]
         );
         // Annealing α_0 = 0.5 halves client 0's score (0.335 < 0.66): client 1 first, then 2.
         assert_eq!(
-            greedy_select(sigma.clone(), &p, &[0.5, 1.0, 1.0], &[0, 1, 2], 2),
+            greedy_select(&x, 0.1, &p, &[0.5, 1.0, 1.0], &[0, 1, 2], 2),
             vec![1, 2]
         );
         // Only available clients are chosen.
-        assert_eq!(greedy_select(sigma, &p, &[1.0; 3], &[1, 2], 1), vec![1]);
+        assert_eq!(greedy_select(&x, 0.1, &p, &[1.0; 3], &[1, 2], 1), vec![1]);
+    }
+
+    /// The low-rank greedy against the dense reference at N = 200, d = 15: 20 picks among
+    /// 150 available clients (more than the rank d, where Σ is left near σ_n² I), unequal p
+    /// and α, embeddings at the initial scale and at ten times it. The picks are the same.
+    /// The conditioned Σ (every column), its diagonal and Σp, the state the next pick reads,
+    /// agree to 1e-12 of the prior Σ's largest entry rather than bit for bit: the reference
+    /// sums x_iᵀx_k in the matrix product's order and Eq. 12's Σ_i p_i Σ_ik down the
+    /// conditioned column, where the low-rank form takes Σp = Xᵀ(Xp) + σ_n² p and downdates
+    /// it, which is what makes a pick O(N) instead of O(N²), in another order of the same
+    /// sums. Both round at the scale of the prior entries they subtract, so the bound is
+    /// relative to those and not to the conditioned entries, which Eq. 11 brings down to
+    /// about σ_n².
+    #[test]
+    fn low_rank_selection_matches_the_dense_reference_at_n_200() {
+        let (n, d, m, noise_var) = (200, 15, 20, 1e-4);
+        for (seed, scale) in [(11, 1.0), (12, 1.0), (13, 10.0)] {
+            let mut rng = stream(seed, Purpose::Strategy, 0, 0);
+            let x = DMatrix::from_fn(d, n, |_, _| nrm(&mut rng) * scale / (d as f64).sqrt());
+            let w: Vec<f64> = (0..n).map(|_| 0.5 + nrm(&mut rng).abs()).collect();
+            let p: Vec<f64> = w.iter().map(|v| v / w.iter().sum::<f64>()).collect();
+            let alpha: Vec<f64> = (0..n).map(|k| 0.95f64.powi((k % 4) as i32)).collect();
+            let candidates: Vec<usize> = (0..n).filter(|k| k % 4 != 1).collect();
+            let prior = reference_sigma(&x, noise_var);
+            let tol = 1e-12 * prior.amax();
+            let (want, sigma) = reference_greedy(prior, &p, &alpha, &candidates, m);
+            let mut post = Posterior::new(&x, noise_var, &p);
+            assert_eq!(post.select(&alpha, &candidates, m), want, "seed {seed}");
+            let sp = &sigma * DVector::from_column_slice(&p);
+            for k in 0..n {
+                let col = post.column(k);
+                for i in 0..n {
+                    assert!((col[i] - sigma[(i, k)]).abs() <= tol, "Σ_{i}{k}");
+                }
+                assert!((post.var[k] - sigma[(k, k)]).abs() <= tol, "Σ_{k}{k}");
+                assert!((post.sp[k] - sp[k]).abs() <= tol, "(Σp)_{k}");
+            }
+        }
+    }
+
+    /// Held-out losses with a per-client level and fresh N(0, 0.05²) noise on every call.
+    struct NoisyLosses(Rng);
+
+    impl ClientQuery for NoisyLosses {
+        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(clients
+                .iter()
+                .map(|&k| 1.0 + 0.01 * (k % 13) as f64 + 0.05 * nrm(&mut self.0))
+                .collect())
+        }
+        fn minibatch_losses(&mut self, _: &[usize]) -> Result<Vec<f64>, Error> {
+            unreachable!("FedCor asks for no mini-batch losses")
+        }
+        fn probe(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            self.holdout_losses(evaluate)
+        }
+        fn advance(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            self.holdout_losses(evaluate)
+        }
+    }
+
+    /// The selector at N = 200 (weights p_k ∝ 1 + k mod 5) with the default settings through
+    /// warm-up and two GP-training rounds, a seventh of the clients away each round: every
+    /// GP round picks what the dense reference picks from the selector's own X and α (reset
+    /// to 1 on a GP-training round), α is then annealed bit for bit as Alg. 2 line 14 says,
+    /// and each fit's cosine with the previous fit's Σ (Fig. 3), now from d × d products,
+    /// is the reference's entry-by-entry cosine of the two N × N matrices to 1e-12
+    /// relative (the same sums in another order).
+    #[test]
+    fn the_selector_picks_as_the_dense_reference_at_n_200() {
+        let (n, budget) = (200, 10);
+        for variant in [Variant::FedCor, Variant::FedGp] {
+            let cfg = FedCorConfig::default();
+            let mut gp = FedCor::new(cfg.clone(), variant);
+            let weights: Vec<f64> = (0..n).map(|k| (1 + k % 5) as f64 / 600.0).collect();
+            gp.setup(&super::super::testing::setup(&weights));
+            let mut q = NoisyLosses(stream(21, Purpose::Strategy, 0, 0));
+            let mut fit_x: Option<DMatrix<f64>> = None;
+            for t in 0..=cfg.warmup + 2 * cfg.interval {
+                let available: Vec<usize> = (0..n).filter(|k| (k + t) % 7 != 0).collect();
+                let ctx = RoundContext {
+                    round: t,
+                    available: &available,
+                    budget,
+                };
+                let alpha = gp.alpha.clone();
+                let mut rng = stream(22, Purpose::Selection, t as u64, 0);
+                let fits = gp.fits.len();
+                let sel = gp.select(&ctx, &mut q, &mut rng).unwrap().clients;
+                if gp.fits.len() > fits {
+                    let cosine = gp.fits.last().unwrap().sigma_cosine_prev;
+                    match &fit_x {
+                        Some(prev) => {
+                            let s2 = cfg.noise.powi(2);
+                            let want = reference_cosine(
+                                &reference_sigma(prev, s2),
+                                &reference_sigma(&gp.x, s2),
+                            );
+                            let got = cosine.unwrap();
+                            assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
+                        }
+                        None => assert_eq!(cosine, None),
+                    }
+                    fit_x = Some(gp.x.clone());
+                }
+                if gp.warm(t) {
+                    continue;
+                }
+                let alpha = if t.is_multiple_of(cfg.interval) {
+                    vec![1.0; n]
+                } else {
+                    alpha
+                };
+                let sigma = reference_sigma(&gp.x, cfg.noise.powi(2));
+                let (want, _) = reference_greedy(sigma, &gp.p, &alpha, &available, budget);
+                assert_eq!(sel, want, "{variant:?} round {t}");
+                let mut annealed = alpha;
+                for &k in &want {
+                    annealed[k] *= cfg.beta;
+                }
+                assert_eq!(gp.alpha, annealed, "{variant:?} round {t}");
+            }
+        }
     }
 
     /// Checks ∂NLL/∂X at `entries` against forward differences (σ_n = 0.3); returns the NLL.
@@ -1106,5 +1707,20 @@ mod tests {
             assert!(g.column(k).iter().all(|&v| v == 0.0));
         }
         assert_gradient_matches_finite_differences(&x, &data, &[(0, 1), (2, 4), (1, 3)]);
+    }
+
+    #[test]
+    fn a_checkpoint_with_the_dense_covariance_is_refused_and_the_embeddings_round_trip() {
+        let (gp, _, _) = drive(Variant::FedCor, 12);
+        let state = gp.save();
+        let mut back = FedCor::new(gp.cfg.clone(), Variant::FedCor);
+        back.setup(&super::super::testing::setup(&[1.0 / 6.0; 6]));
+        back.load(&state).unwrap();
+        assert_eq!(back.prev_x, gp.prev_x);
+        assert!(back.prev_x.is_some());
+        let mut old = state.clone();
+        old["prev_sigma"] = serde_json::json!(vec![0.0; 36]);
+        let e = back.load(&old).unwrap_err().to_string();
+        assert!(e.contains("covariance"), "{e}");
     }
 }
