@@ -807,7 +807,7 @@ pub fn render(
         } else {
             let _ = writeln!(
                 s,
-                "The paper gives no number for these cells, so none is judged against it: our per-seed results only.\n"
+                "No paper value is filed for this section's cells, so none is judged against the paper; they are our per-seed results, summarised:\n"
             );
         }
         if planned_cells > 0 {
@@ -824,7 +824,9 @@ pub fn render(
             s.push('\n');
         }
         if !unpaired.is_empty() {
-            s.push_str("Cells the paper does not report (never counted):\n\n");
+            if planned_cells > 0 {
+                s.push_str("Cells the paper does not report (never counted):\n\n");
+            }
             s.push_str(HEADER);
             s.push_str(&unpaired);
             s.push('\n');

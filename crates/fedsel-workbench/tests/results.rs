@@ -382,7 +382,8 @@ fn hand_made_rows_give_each_verdict_and_name_a_repeated_arm() {
         "section,table,setting,method,metric,seed,value,censored,planned,command,commit,config_hash\n",
     );
     // Per setting: A's and B's rounds on seeds 1-5 (None: censored at 200).
-    let arms: [(&str, [Option<f64>; 5], [Option<f64>; 5]); 4] = [
+    type Arm = [Option<f64>; 5];
+    let arms: [(&str, Arm, Arm); 4] = [
         // b/a = 1.25 on every seed: reproduced for "1.2-1.3", direction only for "1.5-2".
         (
             "up",
