@@ -1110,7 +1110,7 @@ enum ResultsAction {
     },
     /// Fail when the page's blocks (the claims block included) no longer match the results
     /// directory, or a section's code paths changed after the commit that ran it without a
-    /// note.
+    /// note; name each claim written after its runs (post hoc), from the git history.
     Check {
         /// The results directory.
         #[arg(long, default_value = "results")]
@@ -1153,6 +1153,9 @@ fn results(action: ResultsAction) -> Result<()> {
         }
         ResultsAction::Render { results: dir, doc } => {
             let r = results::render_doc(&dir, &doc)?;
+            if let Some(why) = &r.claims_kept {
+                eprintln!("the claims block was left as it was: {why}");
+            }
             println!(
                 "{}: {} blocks rewritten{}",
                 doc.display(),
@@ -1166,7 +1169,11 @@ fn results(action: ResultsAction) -> Result<()> {
             Ok(())
         }
         ResultsAction::Check { results: dir, doc } => {
-            let problems = results::check(&dir, &doc)?;
+            let checked = results::check(&dir, &doc)?;
+            for n in &checked.notes {
+                println!("note: {n}");
+            }
+            let problems = checked.problems;
             if problems.is_empty() {
                 println!("{} matches {}", doc.display(), dir.display());
                 return Ok(());

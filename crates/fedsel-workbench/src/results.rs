@@ -732,9 +732,12 @@ fn table_row(
 /// The generated text of every section with rows or paper values: its verdict table over
 /// the planned cells (those in `paper.csv`), the counts computed from it, the unplanned arms
 /// and the cells without a paper value below it (shown, never counted), and where the rows
-/// came from; and, when the directory has claims, the `claims` block ([`claims::render`]).
-/// Errors name a claim whose values cannot be tested.
-pub fn render(data: &Data) -> Result<BTreeMap<String, String>> {
+/// came from; and, when the directory has claims and `history` can date them, the `claims`
+/// block ([`claims::render`]). Errors name a claim whose values cannot be tested.
+pub fn render(
+    data: &Data,
+    history: Option<&dyn claims::History>,
+) -> Result<BTreeMap<String, String>> {
     let mut by_cell: BTreeMap<CellKey, Vec<&Row>> = BTreeMap::new();
     for r in &data.rows {
         by_cell.entry(r.key()).or_default().push(r);
@@ -795,11 +798,18 @@ pub fn render(data: &Data) -> Result<BTreeMap<String, String>> {
             .map(|st| format!("{} {}", counts.get(&st).copied().unwrap_or(0), st.label()))
             .collect();
         let last = parts.pop().unwrap_or_default();
-        let _ = writeln!(
-            s,
-            "**Counts** (computed): {}, {last}, of {planned_cells} planned cells.\n",
-            parts.join(", ")
-        );
+        if planned_cells > 0 {
+            let _ = writeln!(
+                s,
+                "**Counts** (computed): {}, {last}, of {planned_cells} planned cells.\n",
+                parts.join(", ")
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "No paper value is filed for this section's cells, so none is judged against the paper; they are our per-seed results, summarised:\n"
+            );
+        }
         if planned_cells > 0 {
             s.push_str(HEADER);
             s.push_str(&planned_table);
@@ -814,7 +824,9 @@ pub fn render(data: &Data) -> Result<BTreeMap<String, String>> {
             s.push('\n');
         }
         if !unpaired.is_empty() {
-            s.push_str("Cells the paper does not report (never counted):\n\n");
+            if planned_cells > 0 {
+                s.push_str("Cells the paper does not report (never counted):\n\n");
+            }
             s.push_str(HEADER);
             s.push_str(&unpaired);
             s.push('\n');
@@ -841,10 +853,11 @@ pub fn render(data: &Data) -> Result<BTreeMap<String, String>> {
         }
         out.insert(section, s);
     }
-    if !data.claims.is_empty() {
+    if let (false, Some(h)) = (data.claims.is_empty(), history) {
+        let prov = claims::provenance(&data.claims, &data.rows, h);
         out.insert(
             claims::BLOCK.to_string(),
-            claims::render(&data.claims, &data.rows)?,
+            claims::render(&data.claims, &data.rows, &prov)?,
         );
     }
     Ok(out)
@@ -906,13 +919,91 @@ pub struct Rendered {
     pub updated: Vec<String>,
     /// Sections the page had no block for, appended at its end.
     pub appended: Vec<String>,
+    /// Why the claims block was left as it was: the history cannot date the claims.
+    pub claims_kept: Option<String>,
+}
+
+/// The repository holding a results directory, through git: what [`claims::provenance`]
+/// asks of its history.
+pub struct Git {
+    root: PathBuf,
+    claims: PathBuf,
+}
+
+impl Git {
+    /// The repository holding `dir`; `Err` says why its history cannot date the claims: no
+    /// git, no repository, or a shallow clone (whose oldest commit would pass for the one
+    /// that added every claim).
+    pub fn open(dir: &Path) -> std::result::Result<Git, String> {
+        let root = git(dir, &["rev-parse", "--show-toplevel"]).map_err(|e| e.to_string())?;
+        let root = PathBuf::from(root.trim());
+        let shallow =
+            git(&root, &["rev-parse", "--is-shallow-repository"]).map_err(|e| e.to_string())?;
+        if shallow.trim() == "true" {
+            return Err(format!(
+                "{} is a shallow clone: fetch its whole history (`git fetch --unshallow`)",
+                root.display()
+            ));
+        }
+        let claims = std::fs::canonicalize(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .join(claims::CLAIMS_DIR);
+        Ok(Git { root, claims })
+    }
+}
+
+impl claims::History for Git {
+    fn first_adding(&self, needle: &str) -> std::result::Result<Option<String>, String> {
+        let path = self.claims.to_string_lossy();
+        let out = git(
+            &self.root,
+            &[
+                "log",
+                "--format=%H",
+                "--reverse",
+                "-S",
+                needle,
+                "--",
+                path.as_ref(),
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(out.lines().next().map(str::to_string))
+    }
+
+    fn is_ancestor(&self, ancestor: &str, commit: &str) -> std::result::Result<bool, String> {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&self.root)
+            .args(["merge-base", "--is-ancestor", ancestor, commit])
+            .output()
+            .map_err(|e| format!("git: {e}"))?;
+        match out.status.code() {
+            Some(0) => Ok(true),
+            Some(1) => Ok(false),
+            _ => Err(format!(
+                "git merge-base --is-ancestor {ancestor} {commit}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+        }
+    }
 }
 
 /// `fedsel results render`: rewrites every generated block of the page `doc` from the
 /// results directory `dir`, and appends a block for each section the page lacks (move it
-/// where it belongs; later renders keep it there).
+/// where it belongs; later renders keep it there). Without a history that can date the
+/// claims ([`Git::open`]) the claims block is left as it was, and [`Rendered`] says why.
 pub fn render_doc(dir: &Path, doc: &Path) -> Result<Rendered> {
-    let rendered = render(&load(dir)?)?;
+    let data = load(dir)?;
+    let history = Git::open(dir);
+    let claims_kept = match (&history, data.claims.is_empty()) {
+        (Err(why), false) => Some(why.clone()),
+        _ => None,
+    };
+    let rendered = render(
+        &data,
+        history.as_ref().ok().map(|g| g as &dyn claims::History),
+    )?;
     let text = std::fs::read_to_string(doc).map_err(io(doc))?;
     let found = blocks(&text, doc)?;
     let mut ranges: Vec<(&String, &std::ops::Range<usize>)> = found.iter().collect();
@@ -926,6 +1017,9 @@ pub fn render_doc(dir: &Path, doc: &Path) -> Result<Rendered> {
             Some(body) => {
                 new.push_str(body);
                 updated.push(name.clone());
+            }
+            None if name == claims::BLOCK && claims_kept.is_some() => {
+                new.push_str(&text[range.clone()]);
             }
             None => {
                 return Err(bad(
@@ -951,22 +1045,55 @@ pub fn render_doc(dir: &Path, doc: &Path) -> Result<Rendered> {
         }
     }
     std::fs::write(doc, new).map_err(io(doc))?;
-    Ok(Rendered { updated, appended })
+    Ok(Rendered {
+        updated,
+        appended,
+        claims_kept,
+    })
 }
 
-/// `fedsel results check`: every problem that should stop CI, each a sentence naming the
-/// section; empty when the page `doc` matches what [`render`] makes of `dir`, every section
-/// with rows has a block and names its code paths in `sections.toml`, and no code path
-/// changed after a row's commit without a note. Code-path changes are asked of `git log`
-/// in the repository that holds `dir`.
-pub fn check(dir: &Path, doc: &Path) -> Result<Vec<String>> {
+/// What [`check`] found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Checked {
+    /// Every problem that should stop CI, each a sentence naming the section.
+    pub problems: Vec<String>,
+    /// What a reader should know and CI need not stop for: each post-hoc claim, and why the
+    /// claims block could not be checked when the history cannot date the claims.
+    pub notes: Vec<String>,
+}
+
+/// `fedsel results check`: no problem when the page `doc` matches what [`render`] makes of
+/// `dir`, every section with rows has a block and names its code paths in `sections.toml`,
+/// and no code path changed after a row's commit without a note. Code-path changes and the
+/// claims' provenance are asked of git in the repository that holds `dir`; the notes name
+/// each post-hoc claim ([`claims::post_hoc_notes`]). Without a history that can date the
+/// claims the claims block is not compared, and a note says why (never a problem: a shallow
+/// clone cannot tell).
+pub fn check(dir: &Path, doc: &Path) -> Result<Checked> {
     let data = load(dir)?;
-    let rendered = render(&data)?;
+    let history = Git::open(dir);
+    let mut notes = Vec::new();
+    match &history {
+        Ok(h) => {
+            let prov = claims::provenance(&data.claims, &data.rows, h);
+            notes.extend(claims::post_hoc_notes(&data.claims, &prov));
+        }
+        Err(why) if !data.claims.is_empty() => notes.push(format!(
+            "the claims block was not checked: their provenance needs the repository's history ({why})"
+        )),
+        Err(_) => {}
+    }
+    let rendered = render(
+        &data,
+        history.as_ref().ok().map(|g| g as &dyn claims::History),
+    )?;
     let text = std::fs::read_to_string(doc).map_err(io(doc))?;
     let found = blocks(&text, doc)?;
     let mut problems = Vec::new();
+    let unchecked_claims = history.is_err() && !data.claims.is_empty();
     for (name, range) in &found {
         match rendered.get(name) {
+            None if unchecked_claims && name == claims::BLOCK => {}
             None => problems.push(format!(
                 "{}: block `{name}` names a section with no rows or paper values in {}",
                 doc.display(),
@@ -1030,7 +1157,7 @@ pub fn check(dir: &Path, doc: &Path) -> Result<Vec<String>> {
             }
         }
     }
-    Ok(problems)
+    Ok(Checked { problems, notes })
 }
 
 /// Runs git in `dir` and returns its standard output; an error carries git's message.

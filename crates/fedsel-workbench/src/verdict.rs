@@ -27,10 +27,21 @@
 //! **Claims** ("A is faster than B"): over seeds paired on the same data and availability, the
 //! effect is the mean paired difference a − b or the mean log-ratio ln(a/b), with its 95 %
 //! t-interval and the exact Wilcoxon signed-rank p of the paired differences
-//! ([`crate::stats::wilcoxon`]). The claim is **reproduced** when the interval excludes 0 on
-//! the claimed side, **not reproduced** otherwise, and **too few seeds** below [`MIN_SEEDS`]
-//! pairs.
-
+//! ([`crate::stats::wilcoxon`]). The verdict ([`ClaimOutcome`]):
+//! - **reproduced**: the interval excludes 0 on the claimed side and, where the claim states
+//!   a size or range ([`Size`]), the interval meets it;
+//! - **direction only**: the interval is on the claimed side but misses the stated size (the
+//!   verdict says by how much);
+//! - **not reproduced**: the interval contains 0;
+//! - **contradicted**: the interval excludes 0 on the other side, a significant result
+//!   against the claim;
+//! - **too few seeds** below [`MIN_SEEDS`] pairs, and **too few informative seeds** when
+//!   that many remain only after leaving out the pairs with both arms censored.
+//!
+//! *Censored pairs* (a target neither arm reached) say nothing of which arm is faster, so they
+//! are left out of the test and counted. A pair with one arm censored enters at that arm's
+//! bound (the rounds it ran), so the effect is then a bound, on the side [`Claim::bound`]
+//! names.
 use fedsel::error::ConfigError;
 
 use crate::stats::{Obs, mean_std, wilcoxon};
@@ -284,33 +295,158 @@ pub enum Direction {
     Higher,
 }
 
-/// A claim's outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A claim's outcome (the rule is in the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ClaimOutcome {
-    /// The effect's interval excludes 0 on the claimed side.
+    /// The interval lies on the claimed side and meets the stated size, if any.
     Reproduced,
-    /// It does not.
+    /// On the claimed side, but the interval misses the stated size.
+    DirectionOnly,
+    /// The interval contains 0.
     NotReproduced,
+    /// The interval lies on the other side.
+    Contradicted,
     /// Fewer than [`MIN_SEEDS`] pairs.
     TooFewSeeds,
+    /// Fewer than [`MIN_SEEDS`] pairs once the pairs with both arms censored are left out.
+    TooFewInformative,
 }
 
 impl ClaimOutcome {
+    /// Every outcome, in the order the counts list them.
+    pub const ALL: [ClaimOutcome; 6] = [
+        ClaimOutcome::Reproduced,
+        ClaimOutcome::DirectionOnly,
+        ClaimOutcome::NotReproduced,
+        ClaimOutcome::Contradicted,
+        ClaimOutcome::TooFewSeeds,
+        ClaimOutcome::TooFewInformative,
+    ];
+
     /// The outcome as a results table writes it.
     pub fn label(self) -> &'static str {
         match self {
             ClaimOutcome::Reproduced => "reproduced",
+            ClaimOutcome::DirectionOnly => "direction only",
             ClaimOutcome::NotReproduced => "not reproduced",
+            ClaimOutcome::Contradicted => "contradicted",
             ClaimOutcome::TooFewSeeds => "too few seeds",
+            ClaimOutcome::TooFewInformative => "too few informative seeds",
         }
     }
+
+    /// The outcome of a claim made of several tests that must each hold ("in every
+    /// setting"): the first of contradicted, not reproduced, too few (informative) seeds and
+    /// direction only that any test has, reproduced when every test is. `None` for no test.
+    pub fn all_of(outcomes: &[ClaimOutcome]) -> Option<ClaimOutcome> {
+        [
+            ClaimOutcome::Contradicted,
+            ClaimOutcome::NotReproduced,
+            ClaimOutcome::TooFewInformative,
+            ClaimOutcome::TooFewSeeds,
+            ClaimOutcome::DirectionOnly,
+            ClaimOutcome::Reproduced,
+        ]
+        .into_iter()
+        .find(|o| outcomes.contains(o))
+    }
+}
+
+/// The size a claim states, as a closed range of the effect as the page shows it: the ratio
+/// b/a for a log-ratio ("34 % ∼ 99 % faster": b/a in [1.34, 1.99]), a − b for a difference.
+/// A point ("4.9 % below") is the range its rounding allows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Size {
+    /// The smallest value the claim allows.
+    pub lo: f64,
+    /// The largest.
+    pub hi: f64,
+}
+
+impl Size {
+    /// Checks a stated range: finite, `lo ≤ hi`, and wholly on the claimed side (b/a above 1
+    /// for a claim that A is lower on a log-ratio, and so on), so that no size can turn a
+    /// result on the other side into "reproduced". Errors say which.
+    pub fn new(
+        lo: f64,
+        hi: f64,
+        effect: Effect,
+        direction: Direction,
+    ) -> Result<Self, ConfigError> {
+        if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
+            return Err(ConfigError::invalid(
+                "size",
+                format!("[{lo}, {hi}]: a size is a finite range, low end first"),
+            ));
+        }
+        let s = Size { lo, hi };
+        let (dlo, dhi) = s.on_effect_scale(effect);
+        let side = match direction {
+            Direction::Lower => dhi < 0.0,
+            Direction::Higher => dlo > 0.0,
+        };
+        if (effect == Effect::LogRatio && lo <= 0.0) || !side {
+            return Err(ConfigError::invalid(
+                "size",
+                format!(
+                    "[{lo}, {hi}] is not wholly on the claimed side ({})",
+                    match (effect, direction) {
+                        (Effect::LogRatio, Direction::Lower) => "b/a above 1",
+                        (Effect::LogRatio, Direction::Higher) => "b/a below 1",
+                        (Effect::Difference, Direction::Lower) => "a − b below 0",
+                        (Effect::Difference, Direction::Higher) => "a − b above 0",
+                    }
+                ),
+            ));
+        }
+        Ok(s)
+    }
+
+    /// The range on the scale of the test's effect: ln(a/b) = −ln(b/a) for a log-ratio.
+    fn on_effect_scale(self, effect: Effect) -> (f64, f64) {
+        match effect {
+            Effect::Difference => (self.lo, self.hi),
+            Effect::LogRatio => (-self.hi.ln(), -self.lo.ln()),
+        }
+    }
+}
+
+/// How the stated size was missed, on the page's scale (b/a or a − b).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SizeMiss {
+    /// The interval's end nearest the stated range.
+    pub nearest: f64,
+    /// The stated range's end nearest the interval.
+    pub stated: f64,
+}
+
+/// What the censored arms make of the effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// No informative pair has a censored arm: the effect is as measured.
+    Exact,
+    /// Only A is censored in some pairs: its true values are larger, so the true a − b (or
+    /// ln(a/b)) is at least the effect shown.
+    AtLeast,
+    /// Only B is censored in some pairs: the true a − b is at most the effect shown.
+    AtMost,
+    /// Both arms are censored in different pairs: the effect bounds neither way.
+    Neither,
 }
 
 /// The test of one paired claim.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
-    /// Pairs.
+    /// Informative pairs: those tested.
     pub n: usize,
+    /// Pairs left out because both arms are censored.
+    pub both_censored: usize,
+    /// Tested pairs with A censored (at its bound).
+    pub a_censored: usize,
+    /// Tested pairs with B censored (at its bound).
+    pub b_censored: usize,
+    /// Whether the effect is exact or a bound.
+    pub bound: Bound,
     /// The mean paired effect.
     pub effect: f64,
     /// Its 95 % t-interval, when n ≥ 2.
@@ -320,59 +456,118 @@ pub struct Claim {
     pub wilcoxon_p: Option<f64>,
     /// The outcome.
     pub outcome: ClaimOutcome,
+    /// For "direction only": how the stated size was missed.
+    pub size_miss: Option<SizeMiss>,
 }
 
-/// Tests the claim that A's values lie on `direction`'s side of B's: `a[i]` and `b[i]` are
-/// the same seed's values (same data and availability). Only uncensored values can be
-/// paired this way. Errors name the value that cannot be used.
+/// Tests the claim that A's values lie on `direction`'s side of B's, and within `size` when
+/// the claim states one. `pairs[i]` holds one seed's values of A and B (same data and
+/// availability), each exact or censored at its bound. Pairs with both censored are left
+/// out (see the module doc). Errors name the pair whose value cannot be used.
 pub fn claim(
-    a: &[f64],
-    b: &[f64],
+    pairs: &[(Obs, Obs)],
     effect: Effect,
     direction: Direction,
+    size: Option<Size>,
 ) -> Result<Claim, ConfigError> {
-    if a.len() != b.len() {
-        return Err(ConfigError::invalid(
-            "claim",
-            format!(
-                "A has {} values and B {}: a claim pairs the same seeds",
-                a.len(),
-                b.len()
-            ),
-        ));
-    }
-    let d: Vec<f64> = a
+    let value = |o: Obs| match o {
+        Obs::Value(x) | Obs::Above(x) => x,
+    };
+    let censored = |o: Obs| matches!(o, Obs::Above(_));
+    let informative: Vec<(usize, Obs, Obs)> = pairs
         .iter()
-        .zip(b)
         .enumerate()
-        .map(|(i, (&x, &y))| match effect {
-            _ if !x.is_finite() || !y.is_finite() => Err(ConfigError::invalid(
-                "claim",
-                format!("pair {i}: {x} and {y} must both be finite"),
-            )),
-            Effect::Difference => Ok(x - y),
-            Effect::LogRatio if x > 0.0 && y > 0.0 => Ok((x / y).ln()),
-            Effect::LogRatio => Err(ConfigError::invalid(
-                "claim",
-                format!("pair {i}: {x} and {y} must both be positive for a log-ratio"),
-            )),
+        .filter(|(_, (x, y))| !(censored(*x) && censored(*y)))
+        .map(|(i, &(x, y))| (i, x, y))
+        .collect();
+    let d: Vec<f64> = informative
+        .iter()
+        .map(|&(i, x, y)| {
+            let (x, y) = (value(x), value(y));
+            match effect {
+                _ if !x.is_finite() || !y.is_finite() => Err(ConfigError::invalid(
+                    "claim",
+                    format!("pair {i}: {x} and {y} must both be finite"),
+                )),
+                Effect::Difference => Ok(x - y),
+                Effect::LogRatio if x > 0.0 && y > 0.0 => Ok((x / y).ln()),
+                Effect::LogRatio => Err(ConfigError::invalid(
+                    "claim",
+                    format!("pair {i}: {x} and {y} must both be positive for a log-ratio"),
+                )),
+            }
         })
         .collect::<Result<_, _>>()?;
     let n = d.len();
+    let both_censored = pairs.len() - n;
+    let a_censored = informative.iter().filter(|p| censored(p.1)).count();
+    let b_censored = informative.iter().filter(|p| censored(p.2)).count();
+    let bound = match (a_censored > 0, b_censored > 0) {
+        (false, false) => Bound::Exact,
+        (true, false) => Bound::AtLeast,
+        (false, true) => Bound::AtMost,
+        (true, true) => Bound::Neither,
+    };
     let interval = t_interval(&d).map(|(_, i)| i);
+    let mut size_miss = None;
     let outcome = match interval {
+        _ if n < MIN_SEEDS && both_censored > 0 => ClaimOutcome::TooFewInformative,
         _ if n < MIN_SEEDS => ClaimOutcome::TooFewSeeds,
-        Some((_, hi)) if direction == Direction::Lower && hi < 0.0 => ClaimOutcome::Reproduced,
-        Some((lo, _)) if direction == Direction::Higher && lo > 0.0 => ClaimOutcome::Reproduced,
-        _ => ClaimOutcome::NotReproduced,
+        None => unreachable!("n ≥ MIN_SEEDS ≥ 2 pairs have an interval"),
+        Some((lo, hi)) => {
+            let (claimed, against) = match direction {
+                Direction::Lower => (hi < 0.0, lo > 0.0),
+                Direction::Higher => (lo > 0.0, hi < 0.0),
+            };
+            if against {
+                ClaimOutcome::Contradicted
+            } else if !claimed {
+                ClaimOutcome::NotReproduced
+            } else {
+                size_miss = size.and_then(|s| miss(s, (lo, hi), effect));
+                if size_miss.is_some() {
+                    ClaimOutcome::DirectionOnly
+                } else {
+                    ClaimOutcome::Reproduced
+                }
+            }
+        }
     };
     Ok(Claim {
         n,
+        both_censored,
+        a_censored,
+        b_censored,
+        bound,
         effect: if n == 0 { f64::NAN } else { mean_std(&d).0 },
         interval,
         wilcoxon_p: wilcoxon(&d),
         outcome,
+        size_miss,
     })
+}
+
+/// Where the interval `(lo, hi)` of the effect misses the stated size, on the page's scale;
+/// `None` when they meet.
+fn miss(size: Size, (lo, hi): (f64, f64), effect: Effect) -> Option<SizeMiss> {
+    let (slo, shi) = size.on_effect_scale(effect);
+    let shown = |x: f64| match effect {
+        Effect::Difference => x,
+        Effect::LogRatio => (-x).exp(),
+    };
+    if hi < slo {
+        Some(SizeMiss {
+            nearest: shown(hi),
+            stated: shown(slo),
+        })
+    } else if lo > shi {
+        Some(SizeMiss {
+            nearest: shown(lo),
+            stated: shown(shi),
+        })
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -475,20 +670,151 @@ mod tests {
         assert_eq!(margin(10.0, Some(0.0), &[10.0]), None);
     }
 
+    fn exact(a: &[f64], b: &[f64]) -> Vec<(Obs, Obs)> {
+        a.iter()
+            .zip(b)
+            .map(|(&x, &y)| (Obs::Value(x), Obs::Value(y)))
+            .collect()
+    }
+
     #[test]
     fn a_claim_needs_the_interval_on_its_side() {
         // a − b = −3, −2, −4, −3, −3: mean −3, s = √0.5, half-width 0.878; p = 2/32.
         let b = [100.0, 90.0, 80.0, 70.0, 60.0];
         let a = [97.0, 88.0, 76.0, 67.0, 57.0];
-        let c = claim(&a, &b, Effect::Difference, Direction::Lower).unwrap();
+        let c = claim(&exact(&a, &b), Effect::Difference, Direction::Lower, None).unwrap();
         assert_eq!(c.outcome, ClaimOutcome::Reproduced);
         assert!((c.effect + 3.0).abs() < 1e-12);
         assert!((c.wilcoxon_p.unwrap() - 0.0625).abs() < 1e-12);
-        let c = claim(&a, &b, Effect::Difference, Direction::Higher).unwrap();
-        assert_eq!(c.outcome, ClaimOutcome::NotReproduced);
-        let c = claim(&a[..3], &b[..3], Effect::LogRatio, Direction::Lower).unwrap();
+        assert_eq!((c.bound, c.both_censored), (Bound::Exact, 0));
+        let c = claim(
+            &exact(&a[..3], &b[..3]),
+            Effect::LogRatio,
+            Direction::Lower,
+            None,
+        )
+        .unwrap();
         assert_eq!(c.outcome, ClaimOutcome::TooFewSeeds);
-        assert!(claim(&a, &b[..4], Effect::Difference, Direction::Lower).is_err());
-        assert!(claim(&[0.0; 5], &b, Effect::LogRatio, Direction::Lower).is_err());
+        assert!(
+            claim(
+                &exact(&[0.0; 5], &b),
+                Effect::LogRatio,
+                Direction::Lower,
+                None
+            )
+            .is_err()
+        );
+    }
+
+    /// The four verdicts from one set of differences and its mirror images.
+    #[test]
+    fn reversed_and_straddling_intervals_are_contradicted_and_not_reproduced() {
+        let b = [100.0, 90.0, 80.0, 70.0, 60.0];
+        let a = [97.0, 88.0, 76.0, 67.0, 57.0];
+        // The interval [−3.88, −2.12] lies below 0: a claim that A is higher is contradicted.
+        let c = claim(&exact(&a, &b), Effect::Difference, Direction::Higher, None).unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::Contradicted);
+        // a − b = −3, +2, −4, +3, −3: mean −1, the interval holds 0.
+        let a2 = [97.0, 92.0, 76.0, 73.0, 57.0];
+        for dir in [Direction::Lower, Direction::Higher] {
+            let c = claim(&exact(&a2, &b), Effect::Difference, dir, None).unwrap();
+            assert_eq!(c.outcome, ClaimOutcome::NotReproduced);
+            let (lo, hi) = c.interval.unwrap();
+            assert!(lo < 0.0 && hi > 0.0);
+        }
+    }
+
+    /// b/a = 1.25 on every seed but one (1.20, 1.30 around it): the interval of b/a is about
+    /// [1.20, 1.30]. A claim of "4.9 % below" (b/a 1.051-1.052) is right in direction and
+    /// wrong in size; "1.2-14.1×" is met.
+    #[test]
+    fn a_stated_size_must_meet_the_interval() {
+        let b = [125.0, 250.0, 375.0, 500.0, 625.0];
+        let a = [100.0, 200.0, 300.0, 416.0, 480.0];
+        let pairs = exact(&a, &b);
+        let small = Size::new(1.051, 1.052, Effect::LogRatio, Direction::Lower).unwrap();
+        let c = claim(&pairs, Effect::LogRatio, Direction::Lower, Some(small)).unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::DirectionOnly);
+        let m = c.size_miss.unwrap();
+        // The interval of ln(a/b) lies below the stated range's: its upper end is b/a's lower.
+        let (_, hi) = c.interval.unwrap();
+        assert!((m.nearest - (-hi).exp()).abs() < 1e-12 && (m.stated - 1.052).abs() < 1e-12);
+        assert!(m.nearest > m.stated, "{m:?}");
+        let range = Size::new(1.2, 14.1, Effect::LogRatio, Direction::Lower).unwrap();
+        let c = claim(&pairs, Effect::LogRatio, Direction::Lower, Some(range)).unwrap();
+        assert_eq!((c.outcome, c.size_miss), (ClaimOutcome::Reproduced, None));
+        // Above the stated range: a − b of +0.05 against a claimed +0.001 to +0.01.
+        let up = [0.80, 0.81, 0.79, 0.80, 0.80];
+        let down = [0.75, 0.76, 0.74, 0.75, 0.75];
+        let s = Size::new(0.001, 0.01, Effect::Difference, Direction::Higher).unwrap();
+        let c = claim(
+            &exact(&up, &down),
+            Effect::Difference,
+            Direction::Higher,
+            Some(s),
+        )
+        .unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::DirectionOnly);
+        assert_eq!(c.size_miss.unwrap().stated, 0.01);
+        // A size on the wrong side, or upside down, is refused.
+        assert!(Size::new(0.5, 0.9, Effect::LogRatio, Direction::Lower).is_err());
+        assert!(Size::new(0.02, 0.01, Effect::Difference, Direction::Higher).is_err());
+        assert!(Size::new(-0.02, -0.01, Effect::Difference, Direction::Higher).is_err());
+    }
+
+    /// Pairs with both arms censored say nothing about which is faster: left out and counted;
+    /// one censored arm makes the effect a bound.
+    #[test]
+    fn censored_pairs_are_left_out_or_make_a_bound() {
+        use Obs::{Above, Value};
+        let all = vec![(Above(200.0), Above(200.0)); 10];
+        let c = claim(&all, Effect::LogRatio, Direction::Lower, None).unwrap();
+        assert_eq!((c.n, c.both_censored), (0, 10));
+        assert_eq!(c.outcome, ClaimOutcome::TooFewInformative);
+        assert_eq!(c.wilcoxon_p, None);
+        // Six informative pairs, B censored in two: the effect is at most what is shown.
+        let mut pairs = vec![
+            (Value(50.0), Value(100.0)),
+            (Value(60.0), Value(110.0)),
+            (Value(55.0), Value(90.0)),
+            (Value(70.0), Value(120.0)),
+            (Value(65.0), Above(200.0)),
+            (Value(52.0), Above(200.0)),
+        ];
+        pairs.extend(vec![(Above(200.0), Above(200.0)); 4]);
+        let c = claim(&pairs, Effect::LogRatio, Direction::Lower, None).unwrap();
+        assert_eq!((c.n, c.both_censored, c.b_censored), (6, 4, 2));
+        assert_eq!(
+            (c.bound, c.outcome),
+            (Bound::AtMost, ClaimOutcome::Reproduced)
+        );
+        // Four informative pairs are below the minimum once the censored ones are gone.
+        let c = claim(&pairs[2..], Effect::LogRatio, Direction::Lower, None).unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::TooFewInformative);
+        pairs[0] = (Above(200.0), Value(100.0));
+        let c = claim(&pairs, Effect::LogRatio, Direction::Lower, None).unwrap();
+        assert_eq!(c.bound, Bound::Neither);
+    }
+
+    #[test]
+    fn every_setting_must_hold_for_the_claim_to() {
+        use ClaimOutcome::*;
+        assert_eq!(
+            ClaimOutcome::all_of(&[Reproduced, Reproduced]),
+            Some(Reproduced)
+        );
+        assert_eq!(
+            ClaimOutcome::all_of(&[Reproduced, DirectionOnly]),
+            Some(DirectionOnly)
+        );
+        assert_eq!(
+            ClaimOutcome::all_of(&[Reproduced, NotReproduced, Contradicted]),
+            Some(Contradicted)
+        );
+        assert_eq!(
+            ClaimOutcome::all_of(&[TooFewInformative, NotReproduced]),
+            Some(NotReproduced)
+        );
+        assert_eq!(ClaimOutcome::all_of(&[]), None);
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use fedsel::config::Config;
+use fedsel_workbench::results::claims::History;
 use fedsel_workbench::results::{self, CollectArgs};
 
 /// A finished sweep cell of `strategy` and `seed` with a final accuracy and rounds to the
@@ -157,7 +158,7 @@ fn collect_render_and_check_round_trip_and_catch_drift() {
         "# Page\n\n<!-- results:demo begin -->\nstale\n<!-- results:demo end -->\n\nAfter.\n",
     )
     .unwrap();
-    assert_eq!(results::check(&res, &doc).unwrap().len(), 1);
+    assert_eq!(results::check(&res, &doc).unwrap().problems.len(), 1);
     let r = results::render_doc(&res, &doc).unwrap();
     assert_eq!((r.updated, r.appended), (vec!["demo".to_string()], vec![]));
     let page = std::fs::read_to_string(&doc).unwrap();
@@ -182,18 +183,21 @@ fn collect_render_and_check_round_trip_and_catch_drift() {
         "{page}"
     );
     assert!(page.contains("| T1 | all | uniform | rounds_to_target | 5 | 13.0 [11.0, 15.0] | 30.0 ± 2.0, 5 seeds | 2.0 (paper's std) | differs |"), "{page}");
-    assert_eq!(results::check(&res, &doc).unwrap(), Vec::<String>::new());
+    assert_eq!(
+        results::check(&res, &doc).unwrap().problems,
+        Vec::<String>::new()
+    );
 
     // A hand edit of the block fails the check.
     std::fs::write(&doc, page.replace("1 agrees", "2 agrees")).unwrap();
-    let p = results::check(&res, &doc).unwrap();
+    let p = results::check(&res, &doc).unwrap().problems;
     assert!(p.len() == 1 && p[0].contains("no longer matches"), "{p:?}");
     std::fs::write(&doc, &page).unwrap();
 
     // The code path changes after the rows' commit: stale until a note explains it.
     std::fs::write(root.join("src/select.rs"), "v2\n").unwrap();
     git(root, &["commit", "-qam", "two"]);
-    let p = results::check(&res, &doc).unwrap();
+    let p = results::check(&res, &doc).unwrap().problems;
     assert!(
         p.len() == 1 && p[0].contains("code paths changed after commit"),
         "{p:?}"
@@ -203,7 +207,10 @@ fn collect_render_and_check_round_trip_and_catch_drift() {
         "[demo]\npaths = [\"src/select.rs\"]\nnotes = \"two only renames a variable\"\n",
     )
     .unwrap();
-    assert_eq!(results::check(&res, &doc).unwrap(), Vec::<String>::new());
+    assert_eq!(
+        results::check(&res, &doc).unwrap().problems,
+        Vec::<String>::new()
+    );
 }
 
 #[test]
@@ -212,7 +219,10 @@ fn the_committed_example_matches_its_page() {
     let data = results::load(&root).unwrap();
     assert_eq!(data.rows.len(), 45);
     let page = std::fs::read_to_string(root.join("results.md")).unwrap();
-    let body = results::render(&data).unwrap().remove("example").unwrap();
+    let body = results::render(&data, None)
+        .unwrap()
+        .remove("example")
+        .unwrap();
     assert!(
         page.contains(&body),
         "rerun `fedsel results render --results results/example --doc results/example/results.md`"
@@ -277,44 +287,79 @@ claimed = "fewer rounds than Pow-d on CIFAR-10"
 not_testable = "needs the CIFAR-10 CNN at 2,000 rounds"
 "#;
 
+/// A history in which every claim was written at `c0`, before (`true`) or after (`false`)
+/// every run.
+struct Fixed(bool);
+
+impl History for Fixed {
+    fn first_adding(&self, _: &str) -> Result<Option<String>, String> {
+        Ok(Some("c0".into()))
+    }
+    fn is_ancestor(&self, _: &str, _: &str) -> Result<bool, String> {
+        Ok(self.0)
+    }
+}
+
+fn claims_block(dir: &Path, history: &dyn History) -> String {
+    results::render(&results::load(dir).unwrap(), Some(history))
+        .unwrap()
+        .remove("claims")
+        .unwrap()
+}
+
 #[test]
 fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
     let dir = claims_dir(TESTED);
     let data = results::load(dir.path()).unwrap();
     assert_eq!(data.claims.len(), 2);
-    let block = results::render(&data).unwrap().remove("claims").unwrap();
+    let block = claims_block(dir.path(), &Fixed(true));
     // S1: b/a = 1.25, 1.6, 1.25, 1.25, 1.25. ln(a/b) has mean −0.272516 and s = 0.110399, so
     // the 95 % t half-width is 2.776445·0.110399/√5 = 0.137079; the geometric-mean ratio is
     // e^0.272516 = 1.313 within [e^0.135437, e^0.409594] = [1.145, 1.506]. Every pair favours
     // fedcor: the exact Wilcoxon p is 2/2^5 = 0.0625.
     assert!(
-        block.contains("| `fedcor-faster` | FedCor | fewer rounds than Pow-d | Sec. 5.2 | S1 | fedcor vs powd, rounds_to_target | 5 | b/a = 1.313 [1.145, 1.506] | 0.0625 | reproduced |"),
+        block.contains("| `fedcor-faster` | FedCor | fewer rounds than Pow-d | S1 | as run (1-5) | fedcor vs powd, rounds_to_target | 5 | b/a = 1.313 [1.145, 1.506] | 0.0625 | reproduced |"),
         "{block}"
     );
-    // S2: the censored seed enters at its bound (500 / 100) and the row says so; that pair's
-    // ln(1/5) = −1.609 beside −0.29 … −0.41 widens the interval across 0.
+    // S2: the censored seed enters at its bound (500 / 100) and the row says the effect is
+    // then a bound; that pair's ln(1/5) = −1.609 beside −0.29 … −0.41 widens the interval
+    // across 0.
     assert!(
-        block.contains("| `fedcor-faster` | 〃 | 〃 | 〃 | S2 | fedcor vs powd, rounds_to_target | 5 (1 censored) |")
-            && block.contains("| 0.0625 | not reproduced |"),
-        "{block}"
-    );
-    assert!(
-        block.contains("| `fedcor-cifar` | FedCor | fewer rounds than Pow-d on CIFAR-10 | Abstract | — | — | — | — | — | not testable on CPU: needs the CIFAR-10 CNN at 2,000 rounds |"),
+        block.contains("| `fedcor-faster` | 〃 | 〃 | S2 | as run (1-5) | fedcor vs powd, rounds_to_target | 5 (B censored in 1) | b/a = ")
+            && block.contains(", a lower bound: the censored arm's values are only bounds | 0.0625 | not reproduced |"),
         "{block}"
     );
     assert!(
-        block.contains(
-            "**Counts** (computed): 1 reproduced, 1 not reproduced, 0 too few seeds, 1 not testable on CPU, of 3 tests of 2 claims."
-        ),
+        block.contains("| `fedcor-cifar` | FedCor | fewer rounds than Pow-d on CIFAR-10 | — | — | — | — | — | — | not testable on CPU: needs the CIFAR-10 CNN at 2,000 rounds |"),
         "{block}"
     );
+    // One count per claim: S2 fails, so the claim does.
+    assert!(
+        block.contains("| pre-registered (written before its runs) | 0 | 0 | 1 | 0 | 0 | 0 | 1 |"),
+        "{block}"
+    );
+    assert!(
+        block.contains("| `fedcor-faster` | authors' code | pre-registered: written at `c0`, run at `abc1234` | **not reproduced** |"),
+        "{block}"
+    );
+    assert!(block.contains("Not counted: 1 not testable on CPU; 0 repeating"));
     assert!(block.contains("- `fedcor-cifar` (FedCor, Abstract): “26% ~ 51% on CIFAR-10”"));
 
-    // The other way round the same pairs do not reproduce; four pairs are too few.
+    // Written after its runs: counted apart, as post hoc.
+    let block = claims_block(dir.path(), &Fixed(false));
+    assert!(
+        block.contains("| post hoc, no fresh seeds yet (the verdict on the seeds seen before it was written) | 0 | 0 | 1 | 0 | 0 | 0 | 1 |"),
+        "{block}"
+    );
+    assert!(block.contains("post hoc: written at `c0`, after its runs at `abc1234`"));
+
+    // The other way round, S1's interval lies on the other side: contradicted.
     let flipped = TESTED.replace("direction = \"lower\"", "direction = \"higher\"");
-    let data = results::load(claims_dir(&flipped).path()).unwrap();
-    let block = results::render(&data).unwrap().remove("claims").unwrap();
-    assert!(block.contains("2 not reproduced"), "{block}");
+    let block = claims_block(claims_dir(&flipped).path(), &Fixed(true));
+    assert!(
+        block.contains("| 0.0625 | contradicted |") && block.contains("**contradicted**"),
+        "{block}"
+    );
     let dir = claims_dir(TESTED);
     let csv = std::fs::read_to_string(dir.path().join("demo.csv")).unwrap();
     let without_seed_5: String = csv
@@ -323,37 +368,258 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(dir.path().join("demo.csv"), without_seed_5).unwrap();
-    let block = results::render(&results::load(dir.path()).unwrap())
-        .unwrap()
-        .remove("claims")
-        .unwrap();
+    let block = claims_block(dir.path(), &Fixed(true));
     assert!(block.contains("| 4 | b/a = "), "{block}");
+    assert!(block.contains("**too few seeds**"), "{block}");
+}
+
+/// Hand-made rows for each verdict, a stated size, pairs both censored, and an arm that
+/// repeats another.
+#[test]
+fn hand_made_rows_give_each_verdict_and_name_a_repeated_arm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut csv = String::from(
+        "section,table,setting,method,metric,seed,value,censored,planned,command,commit,config_hash\n",
+    );
+    // Per setting: A's and B's rounds on seeds 1-5 (None: censored at 200).
+    type Arm = [Option<f64>; 5];
+    let arms: [(&str, Arm, Arm); 4] = [
+        // b/a = 1.25 on every seed: reproduced for "1.2-1.3", direction only for "1.5-2".
+        (
+            "up",
+            [100.0, 80.0, 120.0, 60.0, 40.0].map(Some),
+            [125.0, 100.0, 150.0, 75.0, 50.0].map(Some),
+        ),
+        // b/a = 0.8 on every seed: contradicted.
+        (
+            "down",
+            [125.0, 100.0, 150.0, 75.0, 50.0].map(Some),
+            [100.0, 80.0, 120.0, 60.0, 40.0].map(Some),
+        ),
+        // Both ways: not reproduced.
+        (
+            "mixed",
+            [100.0, 125.0, 100.0, 125.0, 110.0].map(Some),
+            [125.0, 100.0, 125.0, 100.0, 110.0].map(Some),
+        ),
+        // Neither arm reaches the target on any seed.
+        ("never", [None; 5], [None; 5]),
+    ];
+    for (setting, a, b) in arms {
+        for (method, values) in [("fast", a), ("slow", b), ("slow-copy", b)] {
+            for (i, v) in values.iter().enumerate() {
+                // The copy differs from `slow` in the fourth decimal only.
+                let copy = if method == "slow-copy" { 0.0002 } else { 0.0 };
+                let _ = writeln!(
+                    csv,
+                    "demo,T1,{setting},{method},rounds_to_target,{},{},{},true,x,abc1234,h",
+                    i + 1,
+                    v.unwrap_or(200.0) + copy,
+                    v.is_none()
+                );
+            }
+        }
+    }
+    std::fs::write(dir.path().join("demo.csv"), csv).unwrap();
+    std::fs::create_dir_all(dir.path().join("claims")).unwrap();
+    let claim = |id: &str, setting: &str, b: &str, size: &str| {
+        format!(
+            "[[claim]]\nid = \"{id}\"\npaper = \"P\"\nquote = \"q\"\nplace = \"p\"\nclaimed = \"c\"\nsection = \"demo\"\nmetric = \"rounds_to_target\"\nsettings = [\"{setting}\"]\na = \"fast\"\nb = \"{b}\"\neffect = \"log_ratio\"\ndirection = \"lower\"\n{size}\n"
+        )
+    };
+    let claims = [
+        claim("sized", "up", "slow", "size = [1.2, 1.3]"),
+        claim("missed", "up", "slow", "size = [1.5, 2.0]"),
+        claim("reversed", "down", "slow", ""),
+        claim("straddling", "mixed", "slow", ""),
+        claim("censored", "never", "slow", ""),
+        claim("sized-copy", "up", "slow-copy", "size = [1.2, 1.3]"),
+    ]
+    .concat();
+    std::fs::write(dir.path().join("claims/p.toml"), claims).unwrap();
+    let block = claims_block(dir.path(), &Fixed(true));
+    let verdict_of = |id: &str| {
+        block
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{id}` | authors' code |")))
+            .unwrap_or_else(|| panic!("{id}: {block}"))
+            .to_string()
+    };
     assert!(
-        block.contains("0 reproduced, 0 not reproduced, 2 too few seeds"),
+        verdict_of("sized").ends_with("| **reproduced** |"),
         "{block}"
     );
+    assert!(
+        block.contains("| reproduced (meets the stated b/a 1.2-1.3) |"),
+        "{block}"
+    );
+    assert!(
+        verdict_of("missed").ends_with("| **direction only** |"),
+        "{block}"
+    );
+    // b/a = 1.25 exactly on every seed: the interval is the point 1.250, 0.25 below 1.5.
+    assert!(
+        block.contains(
+            "| direction only: the interval ends at 1.250, 0.250 below the stated b/a 1.5-2 |"
+        ),
+        "{block}"
+    );
+    assert!(
+        verdict_of("reversed").ends_with("| **contradicted** |"),
+        "{block}"
+    );
+    assert!(
+        verdict_of("straddling").ends_with("| **not reproduced** |"),
+        "{block}"
+    );
+    assert!(
+        verdict_of("censored").ends_with("| **too few informative seeds** |"),
+        "{block}"
+    );
+    assert!(
+        block
+            .contains("| 0 (5 with both censored, left out) | — | — | too few informative seeds |"),
+        "{block}"
+    );
+    assert!(
+        verdict_of("sized-copy").contains(
+            "reproduced — not counted: repeats `sized` (`slow-copy` equals `slow` to 3 decimals on every seed)"
+        ),
+        "{block}"
+    );
+    assert!(
+        block.contains("| pre-registered (written before its runs) | 1 | 1 | 1 | 1 | 0 | 1 | 5 |"),
+        "{block}"
+    );
+    // A size on the wrong side of the claim is refused.
+    let bad = claim("wrong", "up", "slow", "size = [0.5, 0.9]");
+    std::fs::write(dir.path().join("claims/p.toml"), bad).unwrap();
+    let e = results::load(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("claim `wrong`") && e.contains("b/a above 1"),
+        "{e}"
+    );
+}
 
-    // The block goes where the page has it, and check compares it like any section.
-    let dir = claims_dir(TESTED);
-    let doc = dir.path().join("page.md");
+/// The history in a real repository: a claim committed before the runs' commit is
+/// pre-registered; one added after is post hoc, and its fresh seeds, run after the commit
+/// that names their section, are the verdict counted.
+#[test]
+fn check_dates_claims_by_the_git_history() {
+    let repo = tempfile::tempdir().unwrap();
+    let root = repo.path();
+    git(root, &["init", "-q"]);
+    let res = root.join("results");
+    std::fs::create_dir_all(res.join("claims")).unwrap();
+    let early = TESTED.replace("fedcor-cifar", "early");
+    std::fs::write(res.join("claims/early.toml"), &early).unwrap();
+    std::fs::write(res.join("x"), "code\n").unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "claims before the runs"]);
+    let run = git(root, &["rev-parse", "HEAD"]).trim().to_string();
+    let rows = |section: &str, seeds: std::ops::RangeInclusive<u64>, commit: &str| {
+        let mut csv = String::from(
+            "section,table,setting,method,metric,seed,value,censored,planned,command,commit,config_hash\n",
+        );
+        for seed in seeds {
+            for (method, v) in [
+                ("fedcor", 80.0 + seed as f64),
+                ("powd", 100.0 + 2.0 * seed as f64),
+            ] {
+                for setting in ["S1", "S2"] {
+                    let _ = writeln!(
+                        csv,
+                        "{section},T1,{setting},{method},rounds_to_target,{seed},{v},false,true,x,{commit},h"
+                    );
+                }
+            }
+        }
+        csv
+    };
+    std::fs::write(res.join("demo.csv"), rows("demo", 1..=5, &run)).unwrap();
     std::fs::write(
-        &doc,
-        "# Page\n\n<!-- results:claims begin -->\n<!-- results:claims end -->\n\n<!-- results:demo begin -->\n<!-- results:demo end -->\n",
+        res.join("sections.toml"),
+        "[demo]\npaths = []\n[demo-fresh]\npaths = []\n",
     )
     .unwrap();
-    let p = results::check(dir.path(), &doc).unwrap();
-    assert_eq!(p.len(), 2, "{p:?}");
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "the runs' rows"]);
+    // Written after the runs, with a confirmatory set to come.
+    let late = TESTED
+        .replace("fedcor-faster", "late")
+        .replace("fedcor-cifar", "late-cifar")
+        .replace(
+            "direction = \"lower\"",
+            "direction = \"lower\"\nconfirmatory_section = \"demo-fresh\"",
+        );
+    std::fs::write(res.join("claims/late.toml"), &late).unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "a claim after its runs"]);
+    let late_commit = git(root, &["rev-parse", "--short=7", "HEAD"])
+        .trim()
+        .to_string();
+    let doc = root.join("page.md");
+    std::fs::write(&doc, "<!-- results:claims begin -->\n<!-- results:claims end -->\n<!-- results:demo begin -->\n<!-- results:demo end -->\n").unwrap();
+    results::render_doc(&res, &doc).unwrap();
+    let c = results::check(&res, &doc).unwrap();
+    assert_eq!(c.problems, Vec::<String>::new());
+    assert_eq!(c.notes.len(), 1, "{:?}", c.notes);
     assert!(
-        p.iter()
-            .any(|p| p.contains("block `claims` no longer matches"))
-    );
-    results::render_doc(dir.path(), &doc).unwrap();
-    assert_eq!(
-        results::check(dir.path(), &doc).unwrap(),
-        Vec::<String>::new()
+        c.notes[0].contains(&format!(
+            "claim `late`: post hoc: written at `{late_commit}`, after its runs at `{}`; no confirmatory runs",
+            &run[..7]
+        )),
+        "{:?}",
+        c.notes
     );
     let page = std::fs::read_to_string(&doc).unwrap();
-    assert!(page.starts_with("# Page\n\n<!-- results:claims begin -->\n_Generated"));
+    assert!(page.contains("| fresh seeds (not run yet) |"), "{page}");
+    // The fresh seeds run after the claim: their verdict counts.
+    std::fs::write(
+        res.join("fresh.csv"),
+        rows("demo-fresh", 11..=15, &late_commit),
+    )
+    .unwrap();
+    std::fs::write(&doc, "<!-- results:claims begin -->\n<!-- results:claims end -->\n<!-- results:demo begin -->\n<!-- results:demo end -->\n<!-- results:demo-fresh begin -->\n<!-- results:demo-fresh end -->\n").unwrap();
+    results::render_doc(&res, &doc).unwrap();
+    let c = results::check(&res, &doc).unwrap();
+    assert_eq!(c.problems, Vec::<String>::new());
+    assert!(
+        c.notes[0].contains("confirmatory set pre-registered"),
+        "{:?}",
+        c.notes
+    );
+    let page = std::fs::read_to_string(&doc).unwrap();
+    assert!(
+        page.contains("| post hoc, confirmed on fresh seeds (the fresh seeds' verdict counts) | 1 | 0 | 0 | 0 | 0 | 0 | 1 |")
+            && page.contains("| pre-registered (written before its runs) | 1 | 0 | 0 | 0 | 0 | 0 | 1 |")
+            && page.contains("| S1 | fresh seeds (11-15) |"),
+        "{page}"
+    );
+    // A directory outside any repository: the claims block is kept and check says why.
+    let lone = tempfile::tempdir().unwrap();
+    for f in [
+        "demo.csv",
+        "fresh.csv",
+        "sections.toml",
+        "claims/early.toml",
+        "claims/late.toml",
+    ] {
+        std::fs::create_dir_all(lone.path().join("claims")).unwrap();
+        std::fs::copy(res.join(f), lone.path().join(f)).unwrap();
+    }
+    let lone_doc = lone.path().join("page.md");
+    std::fs::copy(&doc, &lone_doc).unwrap();
+    let r = results::render_doc(lone.path(), &lone_doc).unwrap();
+    assert!(r.claims_kept.is_some());
+    assert_eq!(std::fs::read_to_string(&lone_doc).unwrap(), page);
+    let c = results::check(lone.path(), &lone_doc).unwrap();
+    assert_eq!(c.problems, Vec::<String>::new());
+    assert!(
+        c.notes[0].starts_with("the claims block was not checked"),
+        "{:?}",
+        c.notes
+    );
 }
 
 #[test]
@@ -402,7 +668,9 @@ fn the_committed_page_holds_its_claims_and_sections_as_rendered() {
     let data = results::load(&root.join("results")).unwrap();
     assert!(!data.claims.is_empty());
     let page = std::fs::read_to_string(root.join("docs/results.md")).unwrap();
-    for (name, body) in results::render(&data).unwrap() {
+    let git = results::Git::open(&root.join("results")).ok();
+    let history = git.as_ref().map(|g| g as &dyn History);
+    for (name, body) in results::render(&data, history).unwrap() {
         assert!(
             page.contains(&format!(
                 "<!-- results:{name} begin -->\n{body}<!-- results:{name} end -->"

@@ -5,6 +5,19 @@
 //! A results directory holds them in `claims/*.toml`, one file per paper, each a list of
 //! `[[claim]]` tables ([`ClaimSpec`]; `results/README.md` documents the keys). A claim the
 //! CPU cannot test names what is missing in `not_testable` instead of the keys of a test.
+//!
+//! **Written before the runs?** A claim written after the runs it is tested on could have been
+//! worded to fit them. [`provenance`] asks the repository's history ([`History`]) for the
+//! commit that first added each claim and whether it is an ancestor of every commit its rows
+//! ran at; a claim that is not is *post hoc*. A post-hoc claim is confirmed on fresh seeds run
+//! after it: the rows of its `confirmatory_section`, whose first mention in the claims must
+//! itself precede their runs. The confirmatory verdict is the one counted; the page shows both.
+//!
+//! **Counted once per claim** ([`render`]): a claim over several settings holds only if each
+//! does ([`ClaimOutcome::all_of`]); a claim whose arms repeat another claim's (every seed's
+//! values within [`DUPLICATE_TOLERANCE`]) is named a duplicate and not counted again; a claim
+//! on the paper's text's variant of a method, which the authors' code did not run, is
+//! counted apart ([`Variant`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -14,13 +27,30 @@ use fedsel::error::Result;
 use serde::Deserialize;
 
 use super::{PaperRow, Row, bad, io, num};
-use crate::verdict::{self, ClaimOutcome, Direction, Effect};
+use crate::stats::Obs;
+use crate::verdict::{self, Bound, ClaimOutcome, Direction, Effect, Size};
 
 /// The folder of claim files in a results directory.
 pub const CLAIMS_DIR: &str = "claims";
 
 /// The name of the page's block of claims; no section may take it.
 pub const BLOCK: &str = "claims";
+
+/// Two arms whose values differ by at most this on every paired seed are the same result to
+/// 3 decimals: a claim on one repeats a claim on the other.
+pub const DUPLICATE_TOLERANCE: f64 = 5e-4;
+
+/// Which protocol a claim's arm A runs (`variant` in a claims file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Variant {
+    /// The protocol of the authors' code, which produced the paper's tables.
+    #[default]
+    Authors,
+    /// The paper's text's protocol where the authors' code differs: a result on it says
+    /// what the paper describes would do, not what the authors ran, so it is counted apart.
+    Paper,
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +75,9 @@ struct Raw {
     b: Option<String>,
     effect: Option<Effect>,
     direction: Option<Direction>,
+    size: Option<[f64; 2]>,
+    variant: Option<Variant>,
+    confirmatory_section: Option<String>,
 }
 
 /// How a claim is tested.
@@ -74,6 +107,10 @@ pub struct Paired {
     pub effect: Effect,
     /// The side the claim puts A on.
     pub direction: Direction,
+    /// The size or range the claim states, if any.
+    pub size: Option<Size>,
+    /// The section of the fresh-seed rows that confirm a claim written after its runs.
+    pub confirmatory_section: Option<String>,
 }
 
 /// One claim, checked.
@@ -91,6 +128,8 @@ pub struct ClaimSpec {
     pub claimed: String,
     /// How it is tested.
     pub test: Test,
+    /// Whose protocol arm A runs.
+    pub variant: Variant,
     /// The file it came from, for errors.
     pub file: PathBuf,
 }
@@ -171,6 +210,8 @@ fn check_raw(raw: Raw, file: &Path, rows: &[Row], paper: &[PaperRow]) -> Result<
         }
     }
     let test_keys = [
+        ("size", raw.size.is_some()),
+        ("confirmatory_section", raw.confirmatory_section.is_some()),
         ("section", raw.section.is_some()),
         ("metric", raw.metric.is_some()),
         ("settings", raw.settings.is_some()),
@@ -202,14 +243,20 @@ fn check_raw(raw: Raw, file: &Path, rows: &[Row], paper: &[PaperRow]) -> Result<
                 raw.effect,
                 raw.direction,
             ) else {
+                let optional = ["settings", "size", "confirmatory_section"];
                 let key = test_keys
                     .iter()
-                    .find(|(k, set)| !set && *k != "settings")
+                    .find(|(k, set)| !set && !optional.contains(k))
                     .map_or("section", |(k, _)| k);
                 return Err(err(format!(
                     "no `{key}`: a tested claim gives section, metric, a, b, effect and direction; one the CPU cannot test gives `not_testable`"
                 )));
             };
+            let size = raw
+                .size
+                .map(|[lo, hi]| Size::new(lo, hi, effect, direction))
+                .transpose()
+                .map_err(|e| err(e.to_string()))?;
             let p = Paired {
                 section,
                 metric,
@@ -218,8 +265,21 @@ fn check_raw(raw: Raw, file: &Path, rows: &[Row], paper: &[PaperRow]) -> Result<
                 b,
                 effect,
                 direction,
+                size,
+                confirmatory_section: raw.confirmatory_section,
             };
-            check_against_rows(&p, rows, paper).map_err(err)?;
+            check_against_rows(&p, &p.section, rows, paper).map_err(err)?;
+            if let Some(c) = &p.confirmatory_section {
+                if c == &p.section {
+                    return Err(err(format!(
+                        "`confirmatory_section` is its own `section` `{c}`: fresh seeds go in a section of their own"
+                    )));
+                }
+                // A confirmatory set not run yet has no rows: its test says so.
+                if rows.iter().any(|r| &r.section == c) {
+                    check_against_rows(&p, c, rows, &[]).map_err(err)?;
+                }
+            }
             Test::Paired(p)
         }
     };
@@ -230,13 +290,16 @@ fn check_raw(raw: Raw, file: &Path, rows: &[Row], paper: &[PaperRow]) -> Result<
         place: raw.place,
         claimed: raw.claimed,
         test,
+        variant: raw.variant.unwrap_or_default(),
         file: file.to_path_buf(),
     })
 }
 
-/// Says what a paired claim names that neither the rows nor the paper values have.
+/// Says what a paired claim names that neither the rows nor the paper values of `section`
+/// have.
 fn check_against_rows(
     p: &Paired,
+    section: &str,
     rows: &[Row],
     paper: &[PaperRow],
 ) -> std::result::Result<(), String> {
@@ -246,19 +309,19 @@ fn check_against_rows(
     // (metric, method, setting) of every row and paper value of the section.
     let cells: Vec<(&str, &str, &str)> = rows
         .iter()
-        .filter(|r| r.section == p.section)
+        .filter(|r| r.section == section)
         .map(|r| (r.metric.as_str(), r.method.as_str(), r.setting.as_str()))
         .chain(
             paper
                 .iter()
-                .filter(|r| r.section == p.section)
+                .filter(|r| r.section == section)
                 .map(|r| (r.metric.as_str(), r.method.as_str(), r.setting.as_str())),
         )
         .collect();
     if cells.is_empty() {
         return Err(format!(
             "section `{}` has no rows or paper values in the results directory",
-            p.section
+            section
         ));
     }
     let list = |xs: BTreeSet<&str>| xs.into_iter().collect::<Vec<_>>().join(", ");
@@ -266,7 +329,7 @@ fn check_against_rows(
     if of_metric.is_empty() {
         return Err(format!(
             "section `{}` has no metric `{}` (metrics: {})",
-            p.section,
+            section,
             p.metric,
             list(cells.iter().map(|c| c.0).collect())
         ));
@@ -275,7 +338,7 @@ fn check_against_rows(
         if !of_metric.iter().any(|c| c.1 == m) {
             return Err(format!(
                 "`{key}` = `{m}` is no method of section `{}` (methods: {})",
-                p.section,
+                section,
                 list(of_metric.iter().map(|c| c.1).collect())
             ));
         }
@@ -284,50 +347,77 @@ fn check_against_rows(
     if let Some(s) = p.settings.iter().find(|s| !settings.contains(s.as_str())) {
         return Err(format!(
             "setting `{s}` is no setting of section `{}` (settings: {})",
-            p.section,
+            section,
             list(settings)
         ));
     }
     Ok(())
 }
 
-/// One (claim, setting) test, as the block shows it.
+/// One (claim, setting) test over the rows of one section, as the block shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tested {
     /// The setting, or `None` for all rows as one.
     pub setting: Option<String>,
     /// The paired test.
     pub result: verdict::Claim,
-    /// Paired values that are only bounds (a target never reached), on either side.
-    pub censored: usize,
+    /// The seeds paired, censored pairs included.
+    pub seeds: BTreeSet<u64>,
 }
 
-/// Pairs A's and B's rows of one setting (all settings when `setting` is `None`) by
-/// (setting, seed), censored values at their bound, and tests them. Errors name the claim.
-pub fn test(spec: &ClaimSpec, p: &Paired, setting: Option<&str>, rows: &[Row]) -> Result<Tested> {
-    let side = |method: &str| -> BTreeMap<(&str, u64), (f64, bool)> {
-        rows.iter()
-            .filter(|r| {
-                r.section == p.section
-                    && r.metric == p.metric
-                    && r.method == method
-                    && setting.is_none_or(|s| r.setting == s)
-            })
-            .map(|r| ((r.setting.as_str(), r.seed), (r.value, r.censored)))
-            .collect()
-    };
-    let (a_side, b_side) = (side(&p.a), side(&p.b));
-    let mut a = Vec::new();
-    let mut b = Vec::new();
-    let mut censored = 0;
-    for (key, &(x, xc)) in &a_side {
-        if let Some(&(y, yc)) = b_side.get(key) {
-            a.push(x);
-            b.push(y);
-            censored += usize::from(xc) + usize::from(yc);
+/// One arm's rows of a claim in `section`: (setting, seed) → value, censored ones at their
+/// bound.
+fn arm<'a>(
+    p: &Paired,
+    section: &str,
+    method: &str,
+    setting: Option<&str>,
+    rows: &'a [Row],
+) -> BTreeMap<(&'a str, u64), Obs> {
+    rows.iter()
+        .filter(|r| {
+            r.section == section
+                && r.metric == p.metric
+                && r.method == method
+                && setting.map_or(
+                    p.settings.is_empty() || p.settings.contains(&r.setting),
+                    |s| r.setting == s,
+                )
+        })
+        .map(|r| {
+            let o = if r.censored {
+                Obs::Above(r.value)
+            } else {
+                Obs::Value(r.value)
+            };
+            ((r.setting.as_str(), r.seed), o)
+        })
+        .collect()
+}
+
+/// Pairs A's and B's rows of `section` in one setting (all settings when `setting` is
+/// `None`) by (setting, seed) and tests them ([`verdict::claim`]: pairs with both arms
+/// censored are left out, one censored arm enters at its bound). Errors name the claim.
+pub fn test(
+    spec: &ClaimSpec,
+    p: &Paired,
+    section: &str,
+    setting: Option<&str>,
+    rows: &[Row],
+) -> Result<Tested> {
+    let (a_side, b_side) = (
+        arm(p, section, &p.a, setting, rows),
+        arm(p, section, &p.b, setting, rows),
+    );
+    let mut pairs = Vec::new();
+    let mut seeds = BTreeSet::new();
+    for (key, &x) in &a_side {
+        if let Some(&y) = b_side.get(key) {
+            pairs.push((x, y));
+            seeds.insert(key.1);
         }
     }
-    let result = verdict::claim(&a, &b, p.effect, p.direction).map_err(|e| {
+    let result = verdict::claim(&pairs, p.effect, p.direction, p.size).map_err(|e| {
         bad(
             &spec.file,
             format!(
@@ -340,62 +430,469 @@ pub fn test(spec: &ClaimSpec, p: &Paired, setting: Option<&str>, rows: &[Row]) -
     Ok(Tested {
         setting: setting.map(str::to_string),
         result,
-        censored,
+        seeds,
     })
+}
+
+/// What [`provenance`] asks of the repository's history; errors are git's words.
+pub trait History {
+    /// The oldest commit whose change to the claims folder adds `needle`; `None` when no
+    /// commit does (the claim is not committed yet).
+    fn first_adding(&self, needle: &str) -> std::result::Result<Option<String>, String>;
+    /// Whether `ancestor` is `commit` or one of its ancestors.
+    fn is_ancestor(&self, ancestor: &str, commit: &str) -> std::result::Result<bool, String>;
+}
+
+/// When a claim (or its confirmatory set) was written, beside when its rows ran.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registration {
+    /// The commit that first added it to the claims folder.
+    pub commit: String,
+    /// Each commit its rows ran at, with whether `commit` is that commit or an ancestor.
+    pub runs: BTreeMap<String, bool>,
+}
+
+impl Registration {
+    /// Some of its rows ran at a commit that does not descend from the claim's: the claim
+    /// was written with (some of) its results at hand.
+    pub fn post_hoc(&self) -> bool {
+        self.runs.values().any(|&after| !after)
+    }
+}
+
+/// A registration, or why the history cannot give it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Provenance {
+    /// From the history.
+    Known(Registration),
+    /// Not committed yet, or a commit the history lacks.
+    Unknown(String),
+}
+
+/// A claim's provenance and its confirmatory set's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimProvenance {
+    /// The claim's, over the rows of its section.
+    pub claim: Provenance,
+    /// The confirmatory set's, over the rows of its section, when the claim names one with
+    /// rows.
+    pub confirmatory: Option<Provenance>,
+}
+
+fn short(commit: &str) -> &str {
+    commit.get(..7).unwrap_or(commit)
+}
+
+/// The commits the rows of `section` tested by `p` ran at.
+fn run_commits<'a>(p: &Paired, section: &str, rows: &'a [Row]) -> BTreeSet<&'a str> {
+    rows.iter()
+        .filter(|r| {
+            r.section == section
+                && r.metric == p.metric
+                && (r.method == p.a || r.method == p.b)
+                && (p.settings.is_empty() || p.settings.contains(&r.setting))
+        })
+        .map(|r| r.commit.as_str())
+        .collect()
+}
+
+fn register(needle: &str, runs: &BTreeSet<&str>, history: &dyn History) -> Provenance {
+    let commit = match history.first_adding(needle) {
+        Ok(Some(c)) => c,
+        Ok(None) => return Provenance::Unknown(format!("{needle} is not committed yet")),
+        Err(e) => return Provenance::Unknown(e),
+    };
+    let mut after = BTreeMap::new();
+    for run in runs {
+        match history.is_ancestor(&commit, run) {
+            Ok(a) => {
+                after.insert((*run).to_string(), a);
+            }
+            Err(e) => {
+                return Provenance::Unknown(format!("run commit {}: {e}", short(run)));
+            }
+        }
+    }
+    Provenance::Known(Registration {
+        commit,
+        runs: after,
+    })
+}
+
+/// Each paired claim's provenance from `history`: the commit that first added its id (quoted,
+/// as `id = "…"` writes it) to the claims folder, against the commits its rows ran at; and
+/// likewise its confirmatory set's, first added where the claims first name its section.
+pub fn provenance(
+    claims: &[ClaimSpec],
+    rows: &[Row],
+    history: &dyn History,
+) -> BTreeMap<String, ClaimProvenance> {
+    let mut out = BTreeMap::new();
+    for spec in claims {
+        let Test::Paired(p) = &spec.test else {
+            continue;
+        };
+        let claim = register(
+            &format!("\"{}\"", spec.id),
+            &run_commits(p, &p.section, rows),
+            history,
+        );
+        let confirmatory = p.confirmatory_section.as_ref().and_then(|c| {
+            let runs = run_commits(p, c, rows);
+            (!runs.is_empty()).then(|| register(&format!("\"{c}\""), &runs, history))
+        });
+        out.insert(
+            spec.id.clone(),
+            ClaimProvenance {
+                claim,
+                confirmatory,
+            },
+        );
+    }
+    out
+}
+
+/// How a claim's counted verdict was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Evidence {
+    /// Written before every run it is tested on.
+    PreRegistered,
+    /// Written after its runs, and tested again on fresh seeds run after its confirmatory
+    /// set was written: that test counts.
+    Confirmed,
+    /// Written after its runs, no confirmatory set yet: the verdict is on seeds seen first.
+    PostHoc,
+    /// The history cannot tell.
+    Unknown,
+}
+
+impl Evidence {
+    const ALL: [Evidence; 4] = [
+        Evidence::PreRegistered,
+        Evidence::Confirmed,
+        Evidence::PostHoc,
+        Evidence::Unknown,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Evidence::PreRegistered => "pre-registered (written before its runs)",
+            Evidence::Confirmed => {
+                "post hoc, confirmed on fresh seeds (the fresh seeds' verdict counts)"
+            }
+            Evidence::PostHoc => {
+                "post hoc, no fresh seeds yet (the verdict on the seeds seen before it was written)"
+            }
+            Evidence::Unknown => "written when? (the history cannot tell)",
+        }
+    }
+}
+
+/// Whether two arms hold the same values to 3 decimals on every seed.
+fn same_values(x: &BTreeMap<(&str, u64), Obs>, y: &BTreeMap<(&str, u64), Obs>) -> bool {
+    !x.is_empty()
+        && x.len() == y.len()
+        && x.iter().all(|(k, a)| match (a, y.get(k)) {
+            (Obs::Value(a), Some(Obs::Value(b))) | (Obs::Above(a), Some(Obs::Above(b))) => {
+                (a - b).abs() <= DUPLICATE_TOLERANCE
+            }
+            _ => false,
+        })
+}
+
+/// Each claim that repeats an earlier one: the same section, metric, settings, effect and
+/// direction, and arms that are the same method or hold the same values to 3 decimals on
+/// every seed. Maps its id to the earlier claim's id and the arms found equal.
+fn duplicates<'a>(claims: &'a [ClaimSpec], rows: &[Row]) -> BTreeMap<&'a str, (&'a str, String)> {
+    let mut out = BTreeMap::new();
+    let paired: Vec<(&ClaimSpec, &Paired)> = claims
+        .iter()
+        .filter_map(|c| match &c.test {
+            Test::Paired(p) => Some((c, p)),
+            Test::NotTestable(_) => None,
+        })
+        .collect();
+    for (j, (cj, pj)) in paired.iter().enumerate() {
+        for (ci, pi) in &paired[..j] {
+            let comparable = pi.section == pj.section
+                && pi.metric == pj.metric
+                && pi.settings == pj.settings
+                && pi.effect == pj.effect
+                && pi.direction == pj.direction
+                && (pi.a != pj.a || pi.b != pj.b)
+                && !out.contains_key(ci.id.as_str());
+            if !comparable {
+                continue;
+            }
+            let mut equal = Vec::new();
+            let arms_match = [(&pi.a, &pj.a), (&pi.b, &pj.b)].iter().all(|(x, y)| {
+                if x == y {
+                    return true;
+                }
+                let same = same_values(
+                    &arm(pi, &pi.section, x, None, rows),
+                    &arm(pj, &pj.section, y, None, rows),
+                );
+                if same {
+                    equal.push(format!("`{y}` equals `{x}`"));
+                }
+                same
+            });
+            if arms_match {
+                out.insert(
+                    cj.id.as_str(),
+                    (
+                        ci.id.as_str(),
+                        format!("{} to 3 decimals on every seed", equal.join(" and ")),
+                    ),
+                );
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// The effect as the block writes it: the geometric-mean ratio b/a for a log-ratio (so that
 /// "b takes 1.34× a's rounds" reads directly), the mean difference a − b otherwise, each
-/// with its 95 % t-interval.
+/// with its 95 % t-interval, and which way it is a bound when an arm is censored.
 fn effect_text(p: &Paired, c: &verdict::Claim) -> String {
     if c.n == 0 {
         return "—".into();
     }
-    match p.effect {
+    let (shown, ratio) = match p.effect {
         Effect::LogRatio => {
             let r = |x: f64| format!("{:.3}", (-x).exp());
-            match c.interval {
-                Some((lo, hi)) => format!("b/a = {} [{}, {}]", r(c.effect), r(hi), r(lo)),
-                None => format!("b/a = {}", r(c.effect)),
-            }
+            (
+                match c.interval {
+                    Some((lo, hi)) => format!("b/a = {} [{}, {}]", r(c.effect), r(hi), r(lo)),
+                    None => format!("b/a = {}", r(c.effect)),
+                },
+                true,
+            )
         }
         Effect::Difference => {
             let d = |x: f64| num(&p.metric, x);
-            match c.interval {
-                Some((lo, hi)) => format!("a − b = {} [{}, {}]", d(c.effect), d(lo), d(hi)),
-                None => format!("a − b = {}", d(c.effect)),
+            (
+                match c.interval {
+                    Some((lo, hi)) => format!("a − b = {} [{}, {}]", d(c.effect), d(lo), d(hi)),
+                    None => format!("a − b = {}", d(c.effect)),
+                },
+                false,
+            )
+        }
+    };
+    // A censored A is larger than its bound, so a − b is larger and b/a smaller than shown.
+    let bound = match (c.bound, ratio) {
+        (Bound::Exact, _) => return shown,
+        (Bound::AtLeast, true) | (Bound::AtMost, false) => {
+            "an upper bound: the censored arm's values are only bounds"
+        }
+        (Bound::AtLeast, false) | (Bound::AtMost, true) => {
+            "a lower bound: the censored arm's values are only bounds"
+        }
+        (Bound::Neither, _) => "no bound either way: each arm is censored in some pair",
+    };
+    format!("{shown}, {bound}")
+}
+
+/// The stated size as the page writes it.
+fn size_text(p: &Paired, s: Size) -> String {
+    let scale = match p.effect {
+        Effect::LogRatio => "b/a",
+        Effect::Difference => "a − b",
+    };
+    if s.lo == s.hi {
+        format!("{scale} {}", s.lo)
+    } else {
+        format!("{scale} {}-{}", s.lo, s.hi)
+    }
+}
+
+fn verdict_text(p: &Paired, c: &verdict::Claim) -> String {
+    match (c.outcome, p.size, c.size_miss) {
+        (ClaimOutcome::Reproduced, Some(s), _) => {
+            format!("reproduced (meets the stated {})", size_text(p, s))
+        }
+        (ClaimOutcome::DirectionOnly, Some(s), Some(m)) => {
+            let fmt = |x: f64| match p.effect {
+                Effect::LogRatio => format!("{x:.3}"),
+                Effect::Difference => num(&p.metric, x),
+            };
+            format!(
+                "direction only: the interval ends at {}, {} {} the stated {}",
+                fmt(m.nearest),
+                fmt((m.nearest - m.stated).abs()),
+                if m.nearest > m.stated {
+                    "above"
+                } else {
+                    "below"
+                },
+                size_text(p, s)
+            )
+        }
+        (o, _, _) => o.label().to_string(),
+    }
+}
+
+fn pairs_text(c: &verdict::Claim) -> String {
+    let mut notes = Vec::new();
+    if c.both_censored > 0 {
+        notes.push(format!("{} with both censored, left out", c.both_censored));
+    }
+    if c.a_censored > 0 {
+        notes.push(format!("A censored in {}", c.a_censored));
+    }
+    if c.b_censored > 0 {
+        notes.push(format!("B censored in {}", c.b_censored));
+    }
+    if notes.is_empty() {
+        c.n.to_string()
+    } else {
+        format!("{} ({})", c.n, notes.join("; "))
+    }
+}
+
+/// Seeds as ranges: 1-10, or 1-5, 7.
+fn seeds_text(seeds: &BTreeSet<u64>) -> String {
+    let mut parts: Vec<(u64, u64)> = Vec::new();
+    for &s in seeds {
+        match parts.last_mut() {
+            Some((_, hi)) if *hi + 1 == s => *hi = s,
+            _ => parts.push((s, s)),
+        }
+    }
+    parts
+        .iter()
+        .map(|&(lo, hi)| {
+            if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}-{hi}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn provenance_text(p: &Provenance) -> String {
+    match p {
+        Provenance::Unknown(why) => format!("unknown: {why}"),
+        Provenance::Known(r) => {
+            let list = |after: bool| {
+                r.runs
+                    .iter()
+                    .filter(|(_, a)| **a == after)
+                    .map(|(c, _)| format!("`{}`", short(c)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if r.runs.is_empty() {
+                format!("written at `{}`, not run yet", short(&r.commit))
+            } else if r.post_hoc() {
+                let after = list(true);
+                format!(
+                    "post hoc: written at `{}`, after its runs at {}{}",
+                    short(&r.commit),
+                    list(false),
+                    if after.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (and before those at {after})")
+                    }
+                )
+            } else {
+                format!(
+                    "pre-registered: written at `{}`, run at {}",
+                    short(&r.commit),
+                    list(true)
+                )
             }
         }
     }
 }
 
-const HEADER: &str = "| claim | paper | claimed | place | setting | a vs b | pairs | effect [95 % t-interval] | Wilcoxon p | verdict |\n|---|---|---|---|---|---|---|---|---|---|\n";
+/// One line per post-hoc claim: what `fedsel results check` reports of the history.
+pub fn post_hoc_notes(
+    claims: &[ClaimSpec],
+    prov: &BTreeMap<String, ClaimProvenance>,
+) -> Vec<String> {
+    claims
+        .iter()
+        .filter_map(|spec| {
+            let cp = prov.get(&spec.id)?;
+            let Provenance::Known(r) = &cp.claim else {
+                return Some(format!(
+                    "claim `{}`: {}",
+                    spec.id,
+                    provenance_text(&cp.claim)
+                ));
+            };
+            r.post_hoc().then(|| {
+                format!(
+                    "claim `{}`: {}; {}",
+                    spec.id,
+                    provenance_text(&cp.claim),
+                    cp.confirmatory.as_ref().map_or(
+                        "no confirmatory runs".to_string(),
+                        |c| format!("confirmatory set {}", provenance_text(c))
+                    )
+                )
+            })
+        })
+        .collect()
+}
 
-/// The `claims` block: one row per (claim, setting) with its paired test and verdict, the
-/// counts of verdicts, and each claim's quote below. Errors name a claim whose values
+const HEADER: &str = "| claim | paper | claimed | setting | test (seeds) | a vs b | pairs | effect [95 % t-interval] | Wilcoxon p | verdict |\n|---|---|---|---|---|---|---|---|---|---|\n";
+
+const PER_CLAIM_HEADER: &str =
+    "| claim | variant | written | counted verdict |\n|---|---|---|---|\n";
+
+/// The `claims` block: the counts, one per claim, by evidence (pre-registered, confirmed on
+/// fresh seeds, post hoc) and variant; one row per claim saying when it was written and the
+/// verdict counted; one row per (claim, setting, set of seeds) with its paired test; and
+/// each claim's quote below. `prov` is [`provenance`]'s. Errors name a claim whose values
 /// cannot be tested (a log-ratio of a non-positive value).
-pub fn render(claims: &[ClaimSpec], rows: &[Row]) -> Result<String> {
+pub fn render(
+    claims: &[ClaimSpec],
+    rows: &[Row],
+    prov: &BTreeMap<String, ClaimProvenance>,
+) -> Result<String> {
+    let dups = duplicates(claims, rows);
     let mut table = String::new();
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut per_claim = String::new();
+    let mut counts: BTreeMap<(Variant, Evidence, ClaimOutcome), usize> = BTreeMap::new();
+    let mut not_testable = 0;
     for spec in claims {
-        // A claim's later settings leave its paper, statement and place to its first row.
+        // A claim's later rows leave its paper and statement to its first row.
         let mut first = true;
-        let mut row = |setting: &str, ab: &str, pairs: &str, effect: &str, p: &str, v: &str| {
-            let (paper, claimed, place) = if first {
-                (cell(&spec.paper), cell(&spec.claimed), cell(&spec.place))
+        let mut row = |setting: &str,
+                       test: &str,
+                       ab: &str,
+                       pairs: &str,
+                       effect: &str,
+                       p: &str,
+                       v: &str| {
+            let (paper, claimed) = if first {
+                (cell(&spec.paper), cell(&spec.claimed))
             } else {
-                ("〃".into(), "〃".into(), "〃".into())
+                ("〃".into(), "〃".into())
             };
             first = false;
             format!(
-                "| `{}` | {paper} | {claimed} | {place} | {setting} | {ab} | {pairs} | {effect} | {p} | {v} |\n",
+                "| `{}` | {paper} | {claimed} | {setting} | {test} | {ab} | {pairs} | {effect} | {p} | {v} |\n",
                 spec.id
             )
         };
-        match &spec.test {
+        let variant = match spec.variant {
+            Variant::Authors => "authors' code",
+            Variant::Paper => "paper's text (not the authors' code)",
+        };
+        let p = match &spec.test {
             Test::NotTestable(reason) => {
-                *counts.entry("not testable on CPU").or_default() += 1;
+                not_testable += 1;
                 table.push_str(&row(
+                    "—",
                     "—",
                     "—",
                     "—",
@@ -403,56 +900,158 @@ pub fn render(claims: &[ClaimSpec], rows: &[Row]) -> Result<String> {
                     "—",
                     &format!("not testable on CPU: {}", cell(reason)),
                 ));
+                let _ = writeln!(
+                    per_claim,
+                    "| `{}` | {variant} | — | not testable on CPU |",
+                    spec.id
+                );
+                continue;
             }
-            Test::Paired(p) => {
-                let settings: Vec<Option<&str>> = if p.settings.is_empty() {
-                    vec![None]
-                } else {
-                    p.settings.iter().map(|s| Some(s.as_str())).collect()
-                };
-                for s in settings {
-                    let t = test(spec, p, s, rows)?;
-                    let c = &t.result;
-                    *counts.entry(c.outcome.label()).or_default() += 1;
-                    let pairs = if t.censored > 0 {
-                        format!("{} ({} censored)", c.n, t.censored)
-                    } else {
-                        c.n.to_string()
-                    };
-                    table.push_str(&row(
-                        s.unwrap_or("all"),
-                        &format!("{} vs {}, {}", p.a, p.b, p.metric),
-                        &pairs,
-                        &effect_text(p, c),
-                        &c.wilcoxon_p.map_or("—".into(), |p| format!("{p:.4}")),
-                        c.outcome.label(),
-                    ));
+            Test::Paired(p) => p,
+        };
+        let settings: Vec<Option<&str>> = if p.settings.is_empty() {
+            vec![None]
+        } else {
+            p.settings.iter().map(|s| Some(s.as_str())).collect()
+        };
+        let mut run_tests = |section: &str, label: &str| -> Result<Vec<ClaimOutcome>> {
+            let mut outcomes = Vec::new();
+            for s in &settings {
+                let t = test(spec, p, section, *s, rows)?;
+                let c = &t.result;
+                outcomes.push(c.outcome);
+                table.push_str(&row(
+                    s.unwrap_or("all"),
+                    &format!("{label} ({})", seeds_text(&t.seeds)),
+                    &format!("{} vs {}, {}", p.a, p.b, p.metric),
+                    &pairs_text(c),
+                    &effect_text(p, c),
+                    &c.wilcoxon_p.map_or("—".into(), |p| format!("{p:.4}")),
+                    &verdict_text(p, c),
+                ));
+            }
+            Ok(outcomes)
+        };
+        let original = run_tests(&p.section, "as run")?;
+        let cp = prov.get(&spec.id);
+        let confirmed = match (
+            &p.confirmatory_section,
+            cp.and_then(|c| c.confirmatory.as_ref()),
+        ) {
+            (Some(c), Some(_)) => Some(run_tests(c, "fresh seeds")?),
+            (Some(_), None) => {
+                table.push_str(&row(
+                    "—",
+                    "fresh seeds (not run yet)",
+                    "—",
+                    "—",
+                    "—",
+                    "—",
+                    "—",
+                ));
+                None
+            }
+            (None, _) => None,
+        };
+        let (evidence, outcomes) = match cp.map(|c| (&c.claim, &c.confirmatory)) {
+            Some((Provenance::Known(r), _)) if !r.post_hoc() => (Evidence::PreRegistered, original),
+            Some((Provenance::Known(_), Some(Provenance::Known(c)))) if !c.post_hoc() => {
+                (Evidence::Confirmed, confirmed.unwrap_or_default())
+            }
+            Some((Provenance::Known(_), _)) => (Evidence::PostHoc, original),
+            Some((Provenance::Unknown(_), _)) | None => (Evidence::Unknown, original),
+        };
+        let outcome = ClaimOutcome::all_of(&outcomes).unwrap_or(ClaimOutcome::TooFewSeeds);
+        let written = match cp {
+            Some(c) => {
+                let mut w = provenance_text(&c.claim);
+                if let Some(conf) = &c.confirmatory {
+                    let _ = write!(w, "; fresh seeds {}", provenance_text(conf));
                 }
+                w
             }
-        }
+            None => "unknown: no history".into(),
+        };
+        let counted = match dups.get(spec.id.as_str()) {
+            Some((of, why)) => format!("{} — not counted: repeats `{of}` ({why})", outcome.label()),
+            None => {
+                *counts.entry((spec.variant, evidence, outcome)).or_default() += 1;
+                format!("**{}**", outcome.label())
+            }
+        };
+        let _ = writeln!(
+            per_claim,
+            "| `{}` | {variant} | {} | {counted} |",
+            spec.id,
+            cell(&written)
+        );
     }
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "_Generated by `fedsel results render` from `claims/*.toml` and the per-seed rows of the results directory; the test is in docs/reproducing.md. Do not edit by hand._\n"
+        "_Generated by `fedsel results render` from `claims/*.toml`, the per-seed rows of the results directory and the repository's history; the test is in docs/reproducing.md. Do not edit by hand._\n"
     );
-    let labels = [
-        ClaimOutcome::Reproduced.label(),
-        ClaimOutcome::NotReproduced.label(),
-        ClaimOutcome::TooFewSeeds.label(),
-        "not testable on CPU",
-    ];
-    let total: usize = counts.values().sum();
+    let counted: usize = counts.values().sum();
     let _ = writeln!(
         s,
-        "**Counts** (computed): {}, of {total} tests of {} claims.\n",
-        labels
-            .iter()
-            .map(|l| format!("{} {l}", counts.get(l).copied().unwrap_or(0)))
-            .collect::<Vec<_>>()
-            .join(", "),
+        "**Counts** (computed, one per claim: a claim over several settings holds only if each does), {counted} claims counted of {}:\n",
         claims.len()
     );
+    s.push_str("| claims | ");
+    for o in ClaimOutcome::ALL {
+        let _ = write!(s, "{} | ", o.label());
+    }
+    s.push_str("all |\n|---|");
+    for _ in ClaimOutcome::ALL {
+        s.push_str("---|");
+    }
+    s.push_str("---|\n");
+    for variant in [Variant::Authors, Variant::Paper] {
+        for evidence in Evidence::ALL {
+            let n: Vec<usize> = ClaimOutcome::ALL
+                .iter()
+                .map(|o| counts.get(&(variant, evidence, *o)).copied().unwrap_or(0))
+                .collect();
+            let total: usize = n.iter().sum();
+            if total == 0 {
+                continue;
+            }
+            let _ = write!(
+                s,
+                "| {}{} | ",
+                evidence.label(),
+                match variant {
+                    Variant::Authors => "",
+                    Variant::Paper =>
+                        "; the paper's text's variant, which the authors' code does not run",
+                }
+            );
+            for x in n {
+                let _ = write!(s, "{x} | ");
+            }
+            let _ = writeln!(s, "{total} |");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nNot counted: {} not testable on CPU; {} repeating another claim's result{}.\n",
+        not_testable,
+        dups.len(),
+        if dups.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({})",
+                dups.iter()
+                    .map(|(id, (of, _))| format!("`{id}` repeats `{of}`"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        }
+    );
+    s.push_str(PER_CLAIM_HEADER);
+    s.push_str(&per_claim);
+    s.push_str("\nThe tests, one per setting and set of seeds:\n\n");
     s.push_str(HEADER);
     s.push_str(&table);
     s.push_str("\nIn the papers' words:\n\n");
