@@ -452,9 +452,20 @@ pub fn selection_time(
 ) -> Result<SelectionTime, crate::error::Error> {
     use crate::select::{Feedback, RoundContext, Setup, UpdateKind};
     let (params, classes) = (7850, 10);
-    let cfg = crate::config::SelectionConfig {
-        strategy: strategy.into(),
-        ..Default::default()
+    // "divfl-stale": DivFL under the refresh of the DivFL code, the default being "ideal".
+    let cfg = match strategy {
+        "divfl-stale" => crate::config::SelectionConfig {
+            strategy: "divfl".into(),
+            divfl: crate::select::divfl::DivflConfig {
+                refresh: crate::select::divfl::DivflRefresh::Stale,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        _ => crate::config::SelectionConfig {
+            strategy: strategy.into(),
+            ..Default::default()
+        },
     };
     let mut s = crate::select::build(&cfg)?;
     let needs = s.needs();
@@ -663,6 +674,7 @@ pub fn scaling(strategy: &str) -> Option<Scaling> {
         "cs2" => ("N³ + K N P", 2, 3),
         "hics" => ("N³", 2, 3),
         "divfl" => ("N² P", 1, 2),
+        "divfl-stale" => ("K N P + K N²", 1, 2),
         "fedgs" => ("N² (setup N³)", 2, 2),
         _ => return None,
     };
@@ -683,10 +695,26 @@ impl Scaling {
     }
 }
 
-/// Every strategy [`selection_time`] knows, in the order `fedsel bench` prints them.
+/// Every strategy [`selection_time`] knows, in the order `fedsel bench` prints them;
+/// `divfl-stale` is DivFL under its stale refresh.
 pub const STRATEGIES: &[&str] = &[
-    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "f3ast", "fedcor", "fedgp", "cs1", "cs2",
-    "hics", "divfl", "fedgs", "oort", "fedcs",
+    "uniform",
+    "md",
+    "powd",
+    "cpowd",
+    "rpowd",
+    "afl",
+    "f3ast",
+    "fedcor",
+    "fedgp",
+    "cs1",
+    "cs2",
+    "hics",
+    "divfl",
+    "divfl-stale",
+    "fedgs",
+    "oort",
+    "fedcs",
 ];
 
 #[cfg(test)]

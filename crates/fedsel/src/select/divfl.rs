@@ -12,11 +12,15 @@
 //! receives; `gradient = "minibatch"` takes one batch instead, which is cheaper. The
 //! ledger books the examples either passed over.
 //!
-//! Cost at N available clients with P parameters: O(N² P) a round for the distances
-//! (N²/2 dot products, each kept in parameter order so that the selections stay bit for
-//! bit), then O(K N²) for the greedy, and one N × N matrix. Under "ideal" refresh every
-//! gradient is new each round, so no distance carries over: at 10,000 clients and 7,850
-//! parameters that is 4·10¹¹ multiply-adds a round, the figure `fedsel bench` shows.
+//! Cost at N available clients with P parameters. Under the "ideal" refresh every
+//! gradient is new each round, so no distance carries over: O(N² P) a round for the
+//! distances (N²/2 dot products, each kept in parameter order so that the selections stay
+//! bit for bit), one N × N matrix, then O(K N²) for the greedy. At 10,000 clients and
+//! 7,850 parameters that is 4·10¹¹ multiply-adds a round, seconds at any precision on two
+//! cores: inherent to the refresh, whose N gradients are also N passes over the clients'
+//! data. Under the "stale" refresh only the K selected (and newly available) clients send a
+//! new gradient, and the kept matrix changes in their rows alone: O(K N P + K N²) a round
+//! after the first (`Cache`), the same picks as recomputing it.
 //!
 //! Refresh (decisions.md): "ideal" asks every available client for its gradient
 //! each round (the HiCS-FL comparison); "stale" asks all clients once
@@ -89,7 +93,25 @@ pub fn facility_location(
     subsample: Option<usize>,
     rng: &mut Rng,
 ) -> Vec<usize> {
-    let n = dist.len();
+    let all: Vec<usize> = (0..dist.len()).collect();
+    facility_location_among(dist, &all, k, subsample, rng)
+}
+
+/// Candidate costs summed side by side: independent chains of additions, each still in
+/// point order.
+const COST_LANES: usize = 8;
+
+/// [`facility_location`] on the points `members` of a larger symmetric matrix (the
+/// stale refresh's matrix of every client): `k` positions in `members`, in pick order,
+/// the picks the submatrix would give, bit for bit.
+fn facility_location_among(
+    dist: &[Vec<f64>],
+    members: &[usize],
+    k: usize,
+    subsample: Option<usize>,
+    rng: &mut Rng,
+) -> Vec<usize> {
+    let n = members.len();
     let k = k.min(n);
     let mut chosen = Vec::with_capacity(k);
     let mut taken = vec![false; n];
@@ -109,11 +131,20 @@ pub fn facility_location(
             }
             _ => left,
         };
-        // Each candidate's cost is one sequential sum, whatever thread computes it; the
-        // choice among them is made in candidate order.
+        // Each candidate's cost is one sequential sum from −0.0 (as `Iterator::sum`),
+        // whatever thread computes it; the choice among them is made in candidate order.
         let costs: Vec<f64> = candidates
-            .par_iter()
-            .map(|&j| nearest.iter().zip(&dist[j]).map(|(&a, &b)| a.min(b)).sum())
+            .par_chunks(COST_LANES)
+            .flat_map_iter(|group| {
+                let rows: Vec<&[f64]> = group.iter().map(|&j| &dist[members[j]][..]).collect();
+                let mut sums = [-0.0f64; COST_LANES];
+                for (&near, &m) in nearest.iter().zip(members) {
+                    for (s, row) in sums.iter_mut().zip(&rows) {
+                        *s += near.min(row[m]);
+                    }
+                }
+                sums.into_iter().take(group.len())
+            })
             .collect();
         let best = candidates
             .iter()
@@ -127,8 +158,9 @@ pub fn facility_location(
             .0;
         taken[best] = true;
         chosen.push(best);
-        for (a, &b) in nearest.iter_mut().zip(&dist[best]) {
-            *a = a.min(b);
+        let row = &dist[members[best]];
+        for (a, &m) in nearest.iter_mut().zip(members) {
+            *a = a.min(row[m]);
         }
     }
     chosen
@@ -139,6 +171,9 @@ pub fn facility_location(
 pub struct DivFl {
     cfg: DivflConfig,
     state: State,
+    /// The stale refresh's distances between every pair of clients with a gradient,
+    /// rebuilt from `state` when absent (after `setup` or `load`).
+    cache: Option<Cache>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -147,12 +182,89 @@ struct State {
     gradients: Vec<Vec<f32>>,
 }
 
+/// Under the stale refresh only the clients that sent a new gradient change their row
+/// and column of the distance matrix: K rows a round, O(K N P), where recomputing the
+/// matrix is O(N² P). Each entry depends on its two gradients alone, so the kept matrix
+/// is the one a full recomputation gives, bit for bit.
+#[derive(Debug, Clone)]
+struct Cache {
+    /// ‖g_k‖² per client ([`distances::squared_norm`]).
+    sq: Vec<f64>,
+    /// N × N; rows and columns of clients without a gradient are unused.
+    dist: Vec<Vec<f64>>,
+    /// Clients whose gradient changed since the matrix was last brought up to date.
+    changed: Vec<usize>,
+}
+
+impl Cache {
+    /// The distances of every client with a gradient in `gradients`.
+    fn build(gradients: &[Vec<f32>]) -> Self {
+        let known: Vec<usize> = (0..gradients.len())
+            .filter(|&k| !gradients[k].is_empty())
+            .collect();
+        let g: Vec<&[f32]> = known.iter().map(|&k| gradients[k].as_slice()).collect();
+        let sub = gradient_distances(&g);
+        let n = gradients.len();
+        let mut dist = vec![Vec::new(); n];
+        let mut sq = vec![0.0; n];
+        let mut rows = sub.into_iter();
+        for &k in &known {
+            sq[k] = distances::squared_norm(&gradients[k]);
+            let mut row = vec![0.0; n];
+            for (&j, d) in known
+                .iter()
+                .zip(rows.next().expect("a row per known client"))
+            {
+                row[j] = d;
+            }
+            dist[k] = row;
+        }
+        for row in dist.iter_mut().filter(|r| r.is_empty()) {
+            *row = vec![0.0; n];
+        }
+        Self {
+            sq,
+            dist,
+            changed: Vec::new(),
+        }
+    }
+
+    /// Brings the rows and columns of the changed clients up to date.
+    fn refresh(&mut self, gradients: &[Vec<f32>]) {
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.sort_unstable();
+        changed.dedup();
+        let g: Vec<&[f32]> = gradients.iter().map(Vec::as_slice).collect();
+        for &k in &changed {
+            self.sq[k] = distances::squared_norm(&gradients[k]);
+        }
+        for &k in &changed {
+            let row = distances::distances_from(&g, &self.sq, k);
+            for (j, &d) in row.iter().enumerate() {
+                self.dist[j][k] = d;
+            }
+            self.dist[k] = row;
+        }
+    }
+}
+
 impl DivFl {
     /// A selector with the given settings.
     pub fn new(cfg: DivflConfig) -> Self {
         Self {
             cfg,
             state: State::default(),
+            cache: None,
+        }
+    }
+
+    /// Stores new gradients of `clients` (stale refresh), marking their rows stale.
+    fn store(&mut self, clients: &[usize], gradients: Vec<Vec<f32>>) {
+        for (&k, v) in clients.iter().zip(gradients) {
+            self.state.gradients[k] = v;
+        }
+        if let Some(cache) = &mut self.cache {
+            cache.changed.extend_from_slice(clients);
         }
     }
 }
@@ -164,6 +276,7 @@ impl Selector for DivFl {
 
     fn setup(&mut self, setup: &Setup) {
         self.state.gradients = vec![Vec::new(); setup.sizes.len()];
+        self.cache = None;
     }
 
     fn select(
@@ -173,11 +286,15 @@ impl Selector for DivFl {
         rng: &mut Rng,
     ) -> Result<Selection, Error> {
         let a = ctx.available;
-        let fresh: Vec<Vec<f32>>;
-        let g: Vec<&[f32]> = match self.cfg.refresh {
+        let subsample = self
+            .cfg
+            .stochastic
+            .then(|| ((self.cfg.fraction * a.len() as f64).floor() as usize).max(ctx.budget));
+        let picks = match self.cfg.refresh {
             DivflRefresh::Ideal => {
-                fresh = query.gradients(a, self.cfg.gradient)?;
-                fresh.iter().map(Vec::as_slice).collect()
+                let fresh = query.gradients(a, self.cfg.gradient)?;
+                let g: Vec<&[f32]> = fresh.iter().map(Vec::as_slice).collect();
+                facility_location(&gradient_distances(&g), ctx.budget, subsample, rng)
             }
             DivflRefresh::Stale => {
                 let missing: Vec<usize> = a
@@ -186,36 +303,21 @@ impl Selector for DivFl {
                     .filter(|&k| self.state.gradients[k].is_empty())
                     .collect();
                 if !missing.is_empty() {
-                    for (k, v) in missing
-                        .iter()
-                        .zip(query.gradients(&missing, self.cfg.gradient)?)
-                    {
-                        self.state.gradients[*k] = v;
-                    }
+                    let got = query.gradients(&missing, self.cfg.gradient)?;
+                    self.store(&missing, got);
                 }
-                a.iter()
-                    .map(|&k| self.state.gradients[k].as_slice())
-                    .collect()
+                let gradients = &self.state.gradients;
+                let cache = self.cache.get_or_insert_with(|| Cache::build(gradients));
+                cache.refresh(gradients);
+                facility_location_among(&cache.dist, a, ctx.budget, subsample, rng)
             }
         };
-        let dist = gradient_distances(&g);
-        let subsample = self
-            .cfg
-            .stochastic
-            .then(|| ((self.cfg.fraction * a.len() as f64).floor() as usize).max(ctx.budget));
-        let mut clients: Vec<usize> = facility_location(&dist, ctx.budget, subsample, rng)
-            .into_iter()
-            .map(|i| a[i])
-            .collect();
+        let mut clients: Vec<usize> = picks.into_iter().map(|i| a[i]).collect();
         clients.sort_unstable();
         if self.cfg.refresh == DivflRefresh::Stale && !clients.is_empty() {
             // The selected compute their gradient at the model they receive (DivFL code).
-            for (k, v) in clients
-                .iter()
-                .zip(query.gradients(&clients, self.cfg.gradient)?)
-            {
-                self.state.gradients[*k] = v;
-            }
+            let got = query.gradients(&clients, self.cfg.gradient)?;
+            self.store(&clients, got);
         }
         Ok(Selection {
             clients,
@@ -232,6 +334,7 @@ impl Selector for DivFl {
         let n = self.state.gradients.len();
         super::check_loaded("divfl", "gradients", loaded.gradients.len(), n)?;
         self.state = loaded;
+        self.cache = None;
         Ok(())
     }
 }
@@ -323,6 +426,255 @@ mod tests {
         let mut s = facility_location(&dist, 3, None, &mut rng);
         s.sort();
         assert_eq!(s, vec![1, 3, 6]);
+    }
+
+    /// The greedy as it was, one sequential sum per candidate over a submatrix.
+    fn one_sum_per_candidate(
+        dist: &[Vec<f64>],
+        k: usize,
+        subsample: Option<usize>,
+        rng: &mut Rng,
+    ) -> Vec<usize> {
+        let n = dist.len();
+        let mut chosen = Vec::new();
+        let mut taken = vec![false; n];
+        let mut nearest = vec![f64::INFINITY; n];
+        for _ in 0..k.min(n) {
+            let left: Vec<usize> = (0..n).filter(|&j| !taken[j]).collect();
+            let candidates: Vec<usize> = match subsample {
+                Some(s) if s < left.len() => {
+                    let mut c: Vec<usize> = sample(rng, left.len(), s)
+                        .into_iter()
+                        .map(|i| left[i])
+                        .collect();
+                    c.sort_unstable();
+                    c
+                }
+                _ => left,
+            };
+            let mut best: Option<(usize, f64)> = None;
+            for j in candidates {
+                let c: f64 = nearest.iter().zip(&dist[j]).map(|(&a, &b)| a.min(b)).sum();
+                if best.is_none_or(|(_, bc)| c < bc) {
+                    best = Some((j, c));
+                }
+            }
+            let best = best.unwrap().0;
+            taken[best] = true;
+            chosen.push(best);
+            for (a, &b) in nearest.iter_mut().zip(&dist[best]) {
+                *a = a.min(b);
+            }
+        }
+        chosen
+    }
+
+    fn random_gradients(n: usize, params: usize, rng: &mut Rng) -> Vec<Vec<f32>> {
+        (0..n)
+            .map(|_| {
+                (0..params)
+                    .map(|_| rng.random_range(-1.0f32..1.0))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Side-by-side candidate sums pick what one sum per candidate picks, on a matrix and
+    /// on members of a larger one, with and without the stochastic subsample; ties
+    /// (duplicated gradients) go to the lowest index in both.
+    #[test]
+    fn grouped_greedy_picks_as_one_sum_per_candidate() {
+        let mut rng = stream(3, Purpose::Strategy, 0, 0);
+        for n in [1, 5, 9, 17, 40] {
+            let mut g = random_gradients(n, 13, &mut rng);
+            if n > 4 {
+                g[3] = g[1].clone();
+            }
+            let refs: Vec<&[f32]> = g.iter().map(Vec::as_slice).collect();
+            let dist = gradient_distances(&refs);
+            for k in [1, 3, 10] {
+                for sub in [None, Some(4)] {
+                    let seed = (n * 100 + k) as u64;
+                    let got = facility_location(
+                        &dist,
+                        k,
+                        sub,
+                        &mut stream(seed, Purpose::Selection, 0, 0),
+                    );
+                    let want = one_sum_per_candidate(
+                        &dist,
+                        k,
+                        sub,
+                        &mut stream(seed, Purpose::Selection, 0, 0),
+                    );
+                    assert_eq!(got, want, "n {n} k {k} {sub:?}");
+                    // Every other member of the same matrix: the submatrix's picks.
+                    let members: Vec<usize> = (0..n).step_by(2).collect();
+                    let sub_dist: Vec<Vec<f64>> = members
+                        .iter()
+                        .map(|&i| members.iter().map(|&j| dist[i][j]).collect())
+                        .collect();
+                    let got = facility_location_among(
+                        &dist,
+                        &members,
+                        k,
+                        sub,
+                        &mut stream(seed, Purpose::Selection, 1, 0),
+                    );
+                    let want = one_sum_per_candidate(
+                        &sub_dist,
+                        k,
+                        sub,
+                        &mut stream(seed, Purpose::Selection, 1, 0),
+                    );
+                    assert_eq!(got, want, "members, n {n} k {k} {sub:?}");
+                }
+            }
+        }
+    }
+
+    /// A query whose gradients change at every call, as a client's do when the model moves.
+    struct Moving {
+        calls: u64,
+        params: usize,
+    }
+
+    impl ClientQuery for Moving {
+        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; clients.len()])
+        }
+        fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; clients.len()])
+        }
+        fn probe(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; evaluate.len()])
+        }
+        fn gradients(
+            &mut self,
+            clients: &[usize],
+            _: GradientScope,
+        ) -> Result<Vec<Vec<f32>>, Error> {
+            self.calls += 1;
+            Ok(clients
+                .iter()
+                .map(|&k| {
+                    let mut r = stream(self.calls, Purpose::Strategy, 0, k as u64);
+                    (0..self.params)
+                        .map(|_| r.random_range(-1.0f32..1.0))
+                        .collect()
+                })
+                .collect())
+        }
+    }
+
+    /// The stale refresh's kept matrix, updated K rows a round, picks what recomputing
+    /// every distance among the available clients picks, round after round, as
+    /// availability changes and after a save and load.
+    #[test]
+    fn stale_rows_pick_as_a_full_recomputation() {
+        for stochastic in [false, true] {
+            let n = 30;
+            let cfg = DivflConfig {
+                refresh: DivflRefresh::Stale,
+                stochastic,
+                fraction: 0.3,
+                ..DivflConfig::default()
+            };
+            let mut s = DivFl::new(cfg.clone());
+            s.setup(&crate::select::testing::setup(&vec![1.0 / n as f64; n]));
+            let mut q = Moving {
+                calls: 0,
+                params: 21,
+            };
+            // The reference: the same gradients, every distance recomputed each round.
+            let mut mirror = Moving {
+                calls: 0,
+                params: 21,
+            };
+            let mut kept: Vec<Vec<f32>> = vec![Vec::new(); n];
+            for round in 0..12 {
+                if round == 6 {
+                    let saved = s.save();
+                    s = DivFl::new(cfg.clone());
+                    s.setup(&crate::select::testing::setup(&vec![1.0 / n as f64; n]));
+                    s.load(&saved).unwrap();
+                }
+                let mut avail_rng = stream(round as u64, Purpose::Availability, 0, 0);
+                let available: Vec<usize> = (0..n).filter(|_| avail_rng.random_bool(0.7)).collect();
+                let ctx = RoundContext {
+                    round,
+                    available: &available,
+                    budget: 4,
+                };
+                let got = s
+                    .select(
+                        &ctx,
+                        &mut q,
+                        &mut stream(round as u64, Purpose::Selection, 0, 0),
+                    )
+                    .unwrap()
+                    .clients;
+                let missing: Vec<usize> = available
+                    .iter()
+                    .copied()
+                    .filter(|&k| kept[k].is_empty())
+                    .collect();
+                if !missing.is_empty() {
+                    for (&k, v) in missing
+                        .iter()
+                        .zip(mirror.gradients(&missing, GradientScope::Full).unwrap())
+                    {
+                        kept[k] = v;
+                    }
+                }
+                let g: Vec<&[f32]> = available.iter().map(|&k| kept[k].as_slice()).collect();
+                let sub =
+                    stochastic.then(|| ((0.3 * available.len() as f64).floor() as usize).max(4));
+                let mut want: Vec<usize> = one_sum_per_candidate(
+                    &gradient_distances(&g),
+                    4,
+                    sub,
+                    &mut stream(round as u64, Purpose::Selection, 0, 0),
+                )
+                .into_iter()
+                .map(|i| available[i])
+                .collect();
+                want.sort_unstable();
+                for (&k, v) in want
+                    .iter()
+                    .zip(mirror.gradients(&want, GradientScope::Full).unwrap())
+                {
+                    kept[k] = v;
+                }
+                assert_eq!(got, want, "round {round}, stochastic {stochastic}");
+            }
+        }
+    }
+
+    /// One changed row, computed alone, equals the full matrix's row bit for bit, with
+    /// clients that have no gradient yet left out.
+    #[test]
+    fn one_row_equals_the_full_matrix_row() {
+        let mut rng = stream(8, Purpose::Strategy, 0, 0);
+        for params in [1, 7, 8, 9, 130] {
+            let mut g = random_gradients(19, params, &mut rng);
+            g[5].clear();
+            let known: Vec<usize> = (0..19).filter(|&k| k != 5).collect();
+            let refs: Vec<&[f32]> = g.iter().map(Vec::as_slice).collect();
+            let sq: Vec<f64> = g.iter().map(|v| distances::squared_norm(v)).collect();
+            let kg: Vec<&[f32]> = known.iter().map(|&k| g[k].as_slice()).collect();
+            let full = gradient_distances(&kg);
+            for (a, &i) in known.iter().enumerate() {
+                let row = distances::distances_from(&refs, &sq, i);
+                for (b, &j) in known.iter().enumerate() {
+                    assert_eq!(
+                        row[j].to_bits(),
+                        full[a][b].to_bits(),
+                        "params {params}: {i} {j}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -23,6 +23,8 @@ const PANEL: usize = 8;
 const GROUP: usize = 3;
 /// Parameters per block: a block of 1,000 clients' gradients is 1 MB, within L2.
 const DEPTH: usize = 128;
+/// Dot products [`distances_from`] carries side by side.
+const ROW_LANES: usize = 8;
 /// Running sums of one row panel against one column panel.
 const BLOCK: usize = PANEL * PANEL;
 
@@ -123,6 +125,48 @@ pub(super) fn distances_with(g: &[&[f32]], kernel: Kernel) -> Vec<Vec<f64>> {
         }
     }
     dist
+}
+
+/// ‖v‖² as [`gradient_distances`] sums it: the products in parameter order from −0.0.
+pub(super) fn squared_norm(v: &[f32]) -> f64 {
+    v.iter().fold(-0.0, |s, &x| s + f64::from(x) * f64::from(x))
+}
+
+/// Row `i` of [`gradient_distances`] over `g`, bit for bit, given every ‖g_j‖² in `sq`
+/// ([`squared_norm`]): the stale refresh's update when a few gradients change. A client
+/// with an empty gradient (none reported yet) gets 0.0, a value no pick reads. Each dot
+/// product is the same sequential sum as the full matrix's; [`ROW_LANES`] of them advance
+/// side by side so that their additions do not wait on one another.
+pub(super) fn distances_from(g: &[&[f32]], sq: &[f64], i: usize) -> Vec<f64> {
+    let x = g[i];
+    let mut row = vec![0.0; g.len()];
+    row.par_chunks_mut(ROW_LANES)
+        .enumerate()
+        .for_each(|(c, out)| {
+            let first = c * ROW_LANES;
+            // Lanes past the chunk, or of a client without a gradient, run on x itself:
+            // their sums are never read.
+            let mut cols = [x; ROW_LANES];
+            for (l, col) in cols.iter_mut().enumerate().take(out.len()) {
+                if g[first + l].len() == x.len() {
+                    *col = g[first + l];
+                }
+            }
+            let mut dots = [-0.0f64; ROW_LANES];
+            for (p, &xp) in x.iter().enumerate() {
+                let xp = f64::from(xp);
+                for (d, col) in dots.iter_mut().zip(&cols) {
+                    *d += xp * f64::from(col[p]);
+                }
+            }
+            for (l, d) in out.iter_mut().enumerate() {
+                let j = first + l;
+                if j != i && g[j].len() == x.len() {
+                    *d = (sq[i] + sq[j] - 2.0 * dots[l]).max(0.0).sqrt();
+                }
+            }
+        });
+    row
 }
 
 /// Adds, for every parameter of the block in order, row r's value times column c's to
