@@ -296,7 +296,7 @@ def authors_server(authors, fed: dict, k: int, alpha: float):
     return server
 
 
-def authors_round(server, available: list[int]) -> tuple[list[int], object]:
+def authors_round(server, available: list[int]) -> list[int]:
     server.current_round += 1
     server.active_clients = list(available)
     server.iterate(server.current_round)
