@@ -41,3 +41,35 @@ pub fn isa() -> Isa {
     }
     Isa::Baseline
 }
+
+/// Runs the function given (its name is for the reader) compiled for `isa`, one this CPU
+/// runs ([`isa`]): the one source of every kernel's per-[`Isa`] copies, which the
+/// compiler vectorises for each instruction set. Additions, multiplications and
+/// comparisons round alike in every instruction set and Rust never fuses a multiply with
+/// an add unasked, so each copy gives the same bits.
+macro_rules! on_isa {
+    ($isa:expr, fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {{
+        #[inline(always)]
+        fn imp($($arg: $ty),*) $body
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+        fn avx512($($arg: $ty),*) {
+            imp($($arg),*)
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        fn avx2($($arg: $ty),*) {
+            imp($($arg),*)
+        }
+        match $isa {
+            // SAFETY: `isa` is one this CPU runs.
+            #[cfg(target_arch = "x86_64")]
+            $crate::cpu::Isa::Avx512 => unsafe { avx512($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            $crate::cpu::Isa::Avx2 => unsafe { avx2($($arg),*) },
+            _ => imp($($arg),*),
+        }
+    }};
+}
+pub(crate) use on_isa;

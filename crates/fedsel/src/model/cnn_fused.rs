@@ -63,27 +63,7 @@ macro_rules! dispatch {
     ($(#[$attr:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$attr])*
         fn $name($($arg: $ty),*) {
-            #[inline(always)]
-            fn imp($($arg: $ty),*) $body
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-            fn avx512($($arg: $ty),*) {
-                imp($($arg),*)
-            }
-            #[cfg(target_arch = "x86_64")]
-            #[target_feature(enable = "avx2,fma")]
-            fn avx2($($arg: $ty),*) {
-                imp($($arg),*)
-            }
-            match glue_isa() {
-                // SAFETY: glue_isa found these features on this CPU.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { avx512($($arg),*) },
-                // SAFETY: as above.
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { avx2($($arg),*) },
-                _ => imp($($arg),*),
-            }
+            crate::cpu::on_isa!(glue_isa(), fn $name($($arg: $ty),*) $body)
         }
     };
 }

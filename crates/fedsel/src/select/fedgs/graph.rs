@@ -239,39 +239,11 @@ const ROWS: usize = 16;
 /// Columns of a row relaxed in registers through a phase's intermediates.
 const LANES: usize = 32;
 
-/// Runs `imp` compiled for `isa` (one this CPU runs). Additions and comparisons round
-/// alike in every instruction set, so each copy gives the same bits.
-macro_rules! on_isa {
-    ($isa:expr, fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {{
-        #[inline(always)]
-        fn imp($($arg: $ty),*) $body
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        fn avx512($($arg: $ty),*) {
-            imp($($arg),*)
-        }
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        fn avx2($($arg: $ty),*) {
-            imp($($arg),*)
-        }
-        match $isa {
-            // SAFETY: `isa` is one this CPU runs.
-            #[cfg(target_arch = "x86_64")]
-            crate::cpu::Isa::Avx512 => unsafe { avx512($($arg),*) },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            crate::cpu::Isa::Avx2 => unsafe { avx2($($arg),*) },
-            _ => imp($($arg),*),
-        }
-    }};
-}
-
 /// Step 2 of [`shortest_paths_with`] for one row: `cols` (its entries in the phase's
 /// columns) relaxed through the phase's intermediates in order against the block's pivot
 /// rows `diag` (b × b), each entry d(row, m) recorded in `reads[t]` before step m.
 fn relax_block_columns(isa: crate::cpu::Isa, cols: &mut [f64], reads: &mut [f64], diag: &[f64]) {
-    on_isa!(
+    crate::cpu::on_isa!(
         isa,
         fn relax(cols: &mut [f64], reads: &mut [f64], diag: &[f64]) {
             let b = cols.len();
@@ -306,7 +278,7 @@ fn relax_rows(
     pivots: &[f64],
     reads: &[f64],
 ) {
-    on_isa!(
+    crate::cpu::on_isa!(
         isa,
         fn relax(
             rows: &mut [Vec<f64>],
