@@ -8,7 +8,8 @@ the 24-round sinusoid 0.4 sin θ + 0.5), then `update_vectors` takes the top K o
 ∂(−Σ p²/r)/∂r · a (a `tf.GradientTape` through `negative_variance_fn`), sets
 r ← (1 − β) r + β 1_S (`tensor_scatter_nd_add`), and returns the weights p_k / r_k of the
 updated r (`divide_no_nan`). The training loop (`utils/training_loop_importance.py`) feeds
-r back each round; the aggregation divides by K (algorithms.md §4.1).
+r back each round; the aggregation (`ImportanceSamplingFactory`,
+`optimization/shared/importance_aggregation_factory.py`) divides Σ w_k Δ_k by K.
 
 TensorFlow Federated cannot be installed here, and the selector is written in TensorFlow ops,
 so the authors' module is imported unchanged (`import training_utils` from their `utils/`)
