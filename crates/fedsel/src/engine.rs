@@ -1668,7 +1668,8 @@ impl<'a> Run<'a> {
 
     /// Puts the round's late entries (set by [`Run::time`]) on the waiting list.
     fn keep_late(&mut self, t: usize, selection: &select::Selection, trained: &Trained) {
-        for (i, arrival_s) in std::mem::take(&mut self.fresh_late) {
+        // `fresh_late` stays for `on_time`, which does not book these as wasted.
+        for &(i, arrival_s) in &self.fresh_late {
             let client = selection.clients[i];
             self.late.push(LateUpdate {
                 client,

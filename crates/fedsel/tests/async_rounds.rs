@@ -1,6 +1,7 @@
 //! Stale updates (`[system.stale]`, REFL) and buffered asynchronous rounds
 //! (`policy = "fedbuff"`) end to end on the synthetic data.
 
+#[allow(dead_code)]
 mod common;
 
 use common::Collect;
