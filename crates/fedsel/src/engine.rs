@@ -43,7 +43,8 @@ use crate::select::{
     self, ClientQuery, Dropped, Feedback, GradientScope, RoundContext, Setup, UpdateKind,
 };
 use crate::summary::{ClockSummary, RunSummary};
-use crate::system::clock::{Clock, QueryWork, RoundClock, RoundTiming};
+use crate::system::RoundPolicy;
+use crate::system::clock::{self, Clock, Flight, QueryWork, RoundClock, RoundTiming};
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
 
 /// A prepared run: data, clients, model.
@@ -818,11 +819,18 @@ pub fn run_with(
         let mut cost = std::mem::take(&mut initial_cost);
         let lr = cfg.train.schedule.rate(cfg.train.lr, t);
         // Availability A_t and budget K_t, then the phases in the order they run.
-        let availability::RoundAvailability { active, budget } = run.available(t);
+        let availability::RoundAvailability { mut active, budget } = run.available(t);
+        let fedbuff = run.fedbuff();
+        if fedbuff.is_some() {
+            run.not_in_flight(&mut active);
+        }
         let ctx = RoundContext {
             round: t,
             available: &active,
-            budget: run.selection_budget(budget, active.len()),
+            budget: match fedbuff {
+                Some((c, k)) => clock::fedbuff_budget(c, k, run.flights.len()).min(active.len()),
+                None => run.selection_budget(budget, active.len()),
+            },
         };
         let selection = run.select(&ctx, lr, &mut cost);
         let mut assessed = None;
@@ -840,11 +848,33 @@ pub fn run_with(
             run.log(record, Some(assessment), observer)?;
         }
         let (selection, mut trained) = (selection?, trained.expect("trained when selected"));
-        let timing = run.time(&selection.clients, &mut trained, budget);
-        run.aggregate(t, &selection, &trained, timing.as_ref())?;
         let train_loss = trained.mean_loss();
-        let (reported, trained, clock) =
-            run.on_time(t, &selection.clients, trained, timing, &mut cost)?;
+        let (reported, trained, clock) = match fedbuff {
+            Some((_, k)) => {
+                let (reported, trained, clock) =
+                    run.buffer(t, &selection, trained, k, &mut cost)?;
+                (Cow::Owned(reported), trained, clock)
+            }
+            None => {
+                let timing = run.time(&selection.clients, &mut trained, budget);
+                let stale = run.fold_stale(t, timing.as_ref(), &mut cost);
+                run.aggregate(t, &selection, &trained, timing.as_ref(), &stale)?;
+                run.keep_late(t, &selection, &trained);
+                let (reported, trained, mut clock) =
+                    run.on_time(t, &selection.clients, trained, timing, &mut cost)?;
+                if let Some(c) = &mut clock
+                    && run
+                        .exp
+                        .config
+                        .system
+                        .as_ref()
+                        .is_some_and(|s| s.stale.is_some())
+                {
+                    c.stale = Some(staleness(stale.iter().map(|(_, tau)| *tau)));
+                }
+                (reported, trained, clock)
+            }
+        };
         run.feedback(t, &reported, trained);
         let mut record = RoundRecord {
             round: t,
@@ -899,6 +929,38 @@ fn assess(exp: &Experiment, global: &[f32], t: usize) -> Assessment {
             .then(|| ClientAccuracy::of(&exp.client_accuracies(global)))
             .flatten(),
     }
+}
+
+/// The count of `taus` and their mean (0 for none), as `metrics.csv`'s `stale_updates` and
+/// `mean_staleness` record them.
+fn staleness(taus: impl Iterator<Item = usize>) -> (usize, f64) {
+    let (n, sum) = taus.fold((0, 0usize), |(n, s), t| (n + 1, s + t));
+    (n, if n == 0 { 0.0 } else { sum as f64 / n as f64 })
+}
+
+/// An update that missed its round's cut and waits, under `[system.stale]`, to be folded
+/// into a later round when it arrives.
+struct LateUpdate {
+    client: usize,
+    /// The round it was trained in.
+    origin: usize,
+    /// The virtual second it arrives.
+    arrival_s: f64,
+    /// The local model.
+    params: Vec<f32>,
+    /// The selector's weight for its entry, if it gave any.
+    weight: Option<f64>,
+}
+
+/// A FedBuff update in flight: trained when its client was selected, from the model of
+/// that round, and aggregated when it arrives.
+struct Flying {
+    client: usize,
+    /// The local model minus the model it trained from.
+    delta: Vec<f32>,
+    loss: f64,
+    /// The selector's weight for its entry, if it gave any.
+    weight: Option<f64>,
 }
 
 /// The items of the entries the round policy `kept`, in entry order.
@@ -960,6 +1022,15 @@ struct Run<'a> {
     /// The virtual second the current round started ([`Run::available`]): the clock's
     /// time, or later when a behave trace had none of the available clients online.
     start_s: f64,
+    /// Late updates waiting to be folded (`[system.stale]`), oldest first.
+    late: Vec<LateUpdate>,
+    /// The current round's entries that miss its cut but arrive later, with their arrival
+    /// second (`[system.stale]`, set by [`Run::time`]).
+    fresh_late: Vec<(usize, f64)>,
+    /// FedBuff's clients in flight, and their updates by [`Flight::id`].
+    flights: Vec<Flight>,
+    flying: std::collections::BTreeMap<usize, Flying>,
+    next_flight: usize,
 }
 
 /// The round's local trainings: one per distinct selected client, shared by duplicates.
@@ -1089,12 +1160,26 @@ impl<'a> Run<'a> {
             query_s: 0.0,
             summary,
             start_s: 0.0,
+            late: Vec::new(),
+            fresh_late: Vec::new(),
+            flights: Vec::new(),
+            flying: std::collections::BTreeMap::new(),
+            next_flight: 0,
         })
     }
 
     /// Replaces the initial state with a checkpoint's; returns the round to continue from.
     fn restore(&mut self, cp: Checkpoint) -> Result<usize> {
         check_resumable(&self.exp.config, &cp)?;
+        if let Some(s) = &self.exp.config.system
+            && (s.stale.is_some() || matches!(s.round, RoundPolicy::Fedbuff { .. }))
+        {
+            return Err(ConfigError::invalid(
+                "checkpoint",
+                "cannot resume a run with [system.stale] or policy = \"fedbuff\": the updates in flight are not checkpointed; rerun it from the start",
+            )
+            .into());
+        }
         self.selector.load(&cp.selector)?;
         self.global = cp.global;
         self.server = Server::with_moments(&self.exp.config.server, cp.server_m, cp.server_v);
@@ -1284,6 +1369,20 @@ impl<'a> Run<'a> {
             .map(|&c| clock.finish_s(c, trained.of(c).steps as u64 * batch))
             .collect();
         let timing = clock.round(self.start_s, query_s, selected, &finish, k);
+        self.fresh_late.clear();
+        if self
+            .exp
+            .config
+            .system
+            .as_ref()
+            .is_some_and(|s| s.stale.is_some())
+        {
+            let arrives = clock.arrives(self.start_s, query_s, selected, &finish);
+            self.fresh_late = (0..selected.len())
+                .filter(|&i| arrives[i] && !timing.kept[i])
+                .map(|i| (i, self.start_s + query_s + finish[i]))
+                .collect();
+        }
         let closed_s = (timing.round_s - query_s).max(0.0);
         let dropped: Vec<usize> = selected
             .iter()
@@ -1313,10 +1412,13 @@ impl<'a> Run<'a> {
             return Ok((Cow::Borrowed(selected), trained, None));
         };
         let kept = &timing.kept;
+        // Under `[system.stale]` a late update is not wasted yet: it is booked when it is
+        // folded (`stale_trainings`) or expires (wasted then).
         cost.wasted_trainings += trained
             .distinct
             .iter()
             .filter(|&&c| !selected.iter().zip(kept).any(|(&s, &k)| k && s == c))
+            .filter(|&&c| !self.fresh_late.iter().any(|&(i, _)| selected[i] == c))
             .count() as u64;
         let aggregated = kept.iter().filter(|&&k| k).count();
         trained.losses = kept_entries(std::mem::take(&mut trained.losses), kept);
@@ -1340,6 +1442,7 @@ impl<'a> Run<'a> {
             round_s,
             clock_s,
             aggregated,
+            stale: None,
         };
         Ok((
             Cow::Owned(kept_entries(selected.to_vec(), kept)),
@@ -1377,6 +1480,7 @@ impl<'a> Run<'a> {
         selection: &select::Selection,
         trained: &Trained,
         timing: Option<&RoundTiming>,
+        stale: &[(LateUpdate, usize)],
     ) -> Result<()> {
         let locals: Vec<&[f32]> = selection
             .clients
@@ -1384,6 +1488,9 @@ impl<'a> Run<'a> {
             .map(|&k| trained.of(k).params.as_slice())
             .collect();
         let kept = timing.map(|r| r.kept.as_slice());
+        if !stale.is_empty() {
+            return self.aggregate_with_stale(t, selection, locals, kept, stale);
+        }
         let mut w = match kept {
             None => aggregate::weights(
                 self.rule,
@@ -1424,6 +1531,341 @@ impl<'a> Run<'a> {
             });
         }
         Ok(())
+    }
+
+    /// The aggregation of a round that folds late updates (`[system.stale]`): the kept
+    /// entries and the folded updates weighted by the run's rule over all of them (the
+    /// mean and data-size rules renormalised over them; a selector's weights as given, a
+    /// late update's from its own round), each folded one's weight times REFL's staleness
+    /// factor ([`clock::stale_factors`]), and the mean and data-size weights normalised
+    /// again to sum to 1, as REFL's `normalize_importance` divides by the importances' sum
+    /// (ahmedcs/REFL @ aa7e642, `core/aggregator.py` lines 1162-1175). The late model
+    /// enters as a model, Δ = Σ w (x − w_now), as REFL averages models (its
+    /// `send_delta` is off by default, `core/argParser.py` line 43).
+    fn aggregate_with_stale(
+        &mut self,
+        t: usize,
+        selection: &select::Selection,
+        locals: Vec<&[f32]>,
+        kept: Option<&[bool]>,
+        stale: &[(LateUpdate, usize)],
+    ) -> Result<()> {
+        let cfg = self
+            .exp
+            .config
+            .system
+            .as_ref()
+            .and_then(|s| s.stale)
+            .expect("stale updates come with [system.stale]");
+        let entries: Vec<usize> = (0..locals.len())
+            .filter(|&i| kept.is_none_or(|k| k[i]))
+            .collect();
+        let mut clients: Vec<usize> = entries.iter().map(|&i| selection.clients[i]).collect();
+        clients.extend(stale.iter().map(|(u, _)| u.client));
+        let own: Option<Vec<f64>> = (self.rule == AggregationRule::Selector).then(|| {
+            entries
+                .iter()
+                .map(|&i| selection.weights.as_ref().map_or(1.0, |w| w[i]))
+                .chain(stale.iter().map(|(u, _)| u.weight.unwrap_or(1.0)))
+                .collect()
+        });
+        let mut w = aggregate::weights(self.rule, &clients, &self.sizes, own.as_deref());
+        // REFL's r, over the fresh models' unweighted sum (its importances are 1).
+        let n = entries.len();
+        let ratio: Vec<f64> = if cfg.stale_factor == -4.0 && n > 0 {
+            let mut sum = vec![0f64; self.global.len()];
+            for &i in &entries {
+                for (a, &x) in sum.iter_mut().zip(locals[i]) {
+                    *a += x as f64;
+                }
+            }
+            stale
+                .iter()
+                .map(|(u, _)| clock::refl_ratio(&sum, n, &u.params))
+                .collect()
+        } else {
+            vec![1.0; stale.len()]
+        };
+        let taus: Vec<usize> = stale.iter().map(|(_, tau)| *tau).collect();
+        let factors = clock::stale_factors(&cfg, &taus, &ratio);
+        for (x, f) in w[n..].iter_mut().zip(&factors) {
+            *x *= f;
+        }
+        if self.rule != AggregationRule::Selector {
+            let total: f64 = w.iter().sum();
+            for x in &mut w {
+                *x /= total;
+            }
+        }
+        let mut all: Vec<&[f32]> = entries.iter().map(|&i| locals[i]).collect();
+        all.extend(stale.iter().map(|(u, _)| u.params.as_slice()));
+        let mut dropped = 0;
+        for (i, x) in all.iter().enumerate() {
+            if x.iter().any(|v| !v.is_finite()) {
+                let who = clients[i];
+                tracing::warn!(
+                    "round {t}: client {who} sent a non-finite model; dropped with weight 0"
+                );
+                w[i] = 0.0;
+                dropped += 1;
+            }
+        }
+        if dropped == all.len() {
+            return Err(Error::Diverged {
+                round: t,
+                what: "every local model of the round".into(),
+            });
+        }
+        let delta = aggregate::delta(&self.global, &all, &w);
+        self.server.step(&mut self.global, &delta);
+        if self.global.iter().any(|x| !x.is_finite()) {
+            return Err(Error::Diverged {
+                round: t,
+                what: "parameters after aggregation".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The late updates round `t` folds or lets expire (`[system.stale]`,
+    /// [`clock::stale_due`]), taken out of the waiting list: the folded ones are returned
+    /// with their staleness and booked as `stale_trainings`, the expired ones as wasted.
+    fn fold_stale(
+        &mut self,
+        t: usize,
+        timing: Option<&RoundTiming>,
+        cost: &mut Ledger,
+    ) -> Vec<(LateUpdate, usize)> {
+        let (Some(cfg), Some(timing)) = (
+            self.exp.config.system.as_ref().and_then(|s| s.stale),
+            timing,
+        ) else {
+            return Vec::new();
+        };
+        let close_s = self.start_s + timing.round_s;
+        let fresh = timing.kept.iter().any(|&k| k);
+        let pending: Vec<(usize, f64)> =
+            self.late.iter().map(|u| (u.origin, u.arrival_s)).collect();
+        let (folded, expired) = clock::stale_due(&pending, t, close_s, fresh, cfg.stale_update);
+        cost.wasted_trainings += expired.len() as u64;
+        cost.stale_trainings += folded.len() as u64;
+        let mut tau_of: Vec<Option<usize>> = vec![None; self.late.len()];
+        for &(i, tau) in &folded {
+            tau_of[i] = Some(tau);
+        }
+        let mut out = Vec::new();
+        let mut keep = Vec::new();
+        for (i, u) in std::mem::take(&mut self.late).into_iter().enumerate() {
+            match tau_of[i] {
+                Some(tau) => out.push((u, tau)),
+                None if expired.contains(&i) => {}
+                None => keep.push(u),
+            }
+        }
+        self.late = keep;
+        out
+    }
+
+    /// Puts the round's late entries (set by [`Run::time`]) on the waiting list.
+    fn keep_late(&mut self, t: usize, selection: &select::Selection, trained: &Trained) {
+        // `fresh_late` stays for `on_time`, which does not book these as wasted.
+        for &(i, arrival_s) in &self.fresh_late {
+            let client = selection.clients[i];
+            self.late.push(LateUpdate {
+                client,
+                origin: t,
+                arrival_s,
+                params: trained.of(client).params.clone(),
+                weight: selection.weights.as_ref().map(|w| w[i]),
+            });
+        }
+    }
+
+    /// FedBuff's concurrency and buffer size, when the run's round policy is FedBuff.
+    fn fedbuff(&self) -> Option<(usize, usize)> {
+        match self.exp.clock.as_ref()?.policy() {
+            RoundPolicy::Fedbuff {
+                concurrency,
+                buffer_size,
+            } => Some((concurrency, buffer_size)),
+            _ => None,
+        }
+    }
+
+    /// Removes the clients training under FedBuff from `active`: a client trains one
+    /// update at a time.
+    fn not_in_flight(&self, active: &mut Vec<usize>) {
+        let busy: std::collections::BTreeSet<usize> = self
+            .flights
+            .iter()
+            .map(|f| self.flying[&f.id].client)
+            .collect();
+        active.retain(|k| !busy.contains(k));
+    }
+
+    /// One FedBuff round ([`clock::fedbuff_round`]): the selection's trainings (done from
+    /// this round's model, version `t`) join the clients in flight, the server waits for
+    /// `buffer_size` arrivals and aggregates them, each weighted by the run's rule over the
+    /// buffer times 1/√(1 + staleness), not renormalised (FedBuff Alg. 1: Δ̄ = Σ s(τ) Δ / K
+    /// under the mean rule), Δ being each update minus the model it trained from; then
+    /// the server step. Returns the buffer's clients (what the selector hears of), their
+    /// losses, updates and durations, and the round on the clock. An update lost offline
+    /// is a wasted training.
+    fn buffer(
+        &mut self,
+        t: usize,
+        selection: &select::Selection,
+        trained: Trained,
+        buffer_size: usize,
+        cost: &mut Ledger,
+    ) -> Result<(Vec<usize>, Trained, Option<RoundClock>)> {
+        let query_s = std::mem::take(&mut self.query_s);
+        let exp = self.exp;
+        let clock = exp.clock.as_ref().expect("FedBuff runs on a clock");
+        let before_s = self.summary.clock.as_ref().map_or(0.0, |c| c.clock_s);
+        let batch = exp.config.train.batch_size as u64;
+        let free = self
+            .fedbuff()
+            .map_or(0, |(c, _)| c.saturating_sub(self.flights.len()));
+        let mut queue = Vec::with_capacity(selection.clients.len());
+        for (i, &k) in selection.clients.iter().enumerate() {
+            let u = trained.of(k);
+            let id = self.next_flight;
+            self.next_flight += 1;
+            let delta: Vec<f32> = u
+                .params
+                .iter()
+                .zip(&self.global)
+                .map(|(a, b)| a - b)
+                .collect();
+            self.flying.insert(
+                id,
+                Flying {
+                    client: k,
+                    delta,
+                    loss: trained.losses[i],
+                    weight: selection.weights.as_ref().map(|w| w[i]),
+                },
+            );
+            queue.push((id, clock.finish_s(k, u.steps as u64 * batch)));
+        }
+        for (k, u) in trained.distinct.iter().zip(trained.updates) {
+            self.states[*k] = u.state;
+        }
+        let flying = &self.flying;
+        let r = clock::fedbuff_round(
+            &mut self.flights,
+            &queue,
+            free,
+            self.start_s + query_s,
+            t,
+            buffer_size,
+            |id, at| clock.online_at(flying[&id].client, at),
+        );
+        cost.wasted_trainings += r.lost.len() as u64;
+        for f in &r.lost {
+            self.flying.remove(&f.id);
+        }
+        let items: Vec<(Flying, Flight, usize)> = r
+            .buffer
+            .iter()
+            .map(|&(f, s)| {
+                (
+                    self.flying.remove(&f.id).expect("a buffered update flew"),
+                    f,
+                    s,
+                )
+            })
+            .collect();
+        let clients: Vec<usize> = items.iter().map(|(x, _, _)| x.client).collect();
+        let own: Option<Vec<f64>> = (self.rule == AggregationRule::Selector).then(|| {
+            items
+                .iter()
+                .map(|(x, _, _)| x.weight.unwrap_or(1.0))
+                .collect()
+        });
+        let mut w = aggregate::weights(self.rule, &clients, &self.sizes, own.as_deref());
+        for (x, (_, _, s)) in w.iter_mut().zip(&items) {
+            *x *= clock::fedbuff_weight(*s);
+        }
+        let mut dropped = 0;
+        for (i, (x, _, _)) in items.iter().enumerate() {
+            if x.delta.iter().any(|v| !v.is_finite()) {
+                tracing::warn!(
+                    "round {t}: client {} sent a non-finite model; dropped with weight 0",
+                    x.client
+                );
+                w[i] = 0.0;
+                dropped += 1;
+            }
+        }
+        if !items.is_empty() {
+            if dropped == items.len() {
+                return Err(Error::Diverged {
+                    round: t,
+                    what: "every local model of the round".into(),
+                });
+            }
+            let mut acc = vec![0f64; self.global.len()];
+            for ((x, _, _), &wk) in items.iter().zip(&w).filter(|(_, w)| **w != 0.0) {
+                for (a, &d) in acc.iter_mut().zip(&x.delta) {
+                    *a += wk * d as f64;
+                }
+            }
+            let delta: Vec<f32> = acc.into_iter().map(|a| a as f32).collect();
+            self.server.step(&mut self.global, &delta);
+            if self.global.iter().any(|x| !x.is_finite()) {
+                return Err(Error::Diverged {
+                    round: t,
+                    what: "parameters after aggregation".into(),
+                });
+            }
+        }
+        let round_s = r.close_s - before_s;
+        if !(round_s.is_finite() && r.close_s.is_finite()) {
+            return Err(ConfigError::invalid(
+                "system",
+                format!(
+                    "round {t} ends at {:e} virtual seconds: the clock cannot count it",
+                    r.close_s
+                ),
+            )
+            .into());
+        }
+        let stale = staleness(items.iter().map(|(_, _, s)| *s).filter(|&s| s > 0));
+        let rc = RoundClock {
+            round_s,
+            clock_s: r.close_s,
+            aggregated: items.len(),
+            stale: Some(stale),
+        };
+        let deltas = (self.needs.updates != UpdateKind::None).then(|| {
+            items
+                .iter()
+                .map(|(x, _, _)| match self.needs.updates {
+                    UpdateKind::OutputLayer => [
+                        &x.delta[exp.layout.output_bias()],
+                        &x.delta[exp.layout.output_weight()],
+                    ]
+                    .concat(),
+                    _ => x.delta.clone(),
+                })
+                .collect()
+        });
+        let reported = Trained {
+            distinct: Vec::new(),
+            updates: Vec::new(),
+            losses: items.iter().map(|(x, _, _)| x.loss).collect(),
+            deltas,
+            durations: Some(
+                items
+                    .iter()
+                    .map(|(_, f, _)| f.arrival_s - f.start_s)
+                    .collect(),
+            ),
+            dropped: Some((Vec::new(), Vec::new())),
+        };
+        Ok((clients, reported, Some(rc)))
     }
 
     /// Whether round `t` tests the global model: every `eval.every` rounds and the last.

@@ -45,6 +45,12 @@ pub struct Ledger {
     /// leaves it out at 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub wasted_trainings: u64,
+    /// Local trainings of an earlier round that missed its cut and were folded, late, into
+    /// this one (`[system.stale]`): their broadcasts, uploads and steps are booked in their
+    /// own round. Like `wasted_trainings`, left out of [`Ledger::COLUMNS`] and of
+    /// `summary.json` at 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub stale_trainings: u64,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -101,6 +107,7 @@ impl Ledger {
         self.gradient_examples += other.gradient_examples;
         self.protocol_messages += other.protocol_messages;
         self.wasted_trainings += other.wasted_trainings;
+        self.stale_trainings += other.stale_trainings;
     }
 }
 
@@ -125,6 +132,7 @@ mod tests {
             gradient_examples: 10,
             protocol_messages: 11,
             wasted_trainings: 13,
+            stale_trainings: 14,
         };
         assert_eq!(a.values(), [1, 2, 3, 12, 4, 5, 6, 7, 8, 9, 10, 11]);
         let json = serde_json::to_value(a).unwrap();

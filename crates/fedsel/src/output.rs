@@ -70,6 +70,20 @@ pub fn metric_columns() -> Vec<&'static str> {
 /// always did.
 pub const CLOCK_COLUMNS: [&str; 3] = ["wasted_trainings", "round_s", "clock_s"];
 
+/// The columns `metrics.csv` appends after [`CLOCK_COLUMNS`] under `[system.stale]` or
+/// `system.round.policy = "fedbuff"`: the round's aggregated updates of staleness ≥ 1 (late
+/// updates folded; buffered updates trained from an older model), their mean staleness
+/// (empty when none), and the late trainings folded (the ledger's `stale_trainings`).
+pub const STALE_COLUMNS: [&str; 3] = ["stale_updates", "mean_staleness", "stale_trainings"];
+
+/// Whether a run's `metrics.csv` has [`STALE_COLUMNS`].
+fn has_stale_columns(config: &Config) -> bool {
+    config.system.as_ref().is_some_and(|s| {
+        s.is_on()
+            && (s.stale.is_some() || matches!(s.round, crate::system::RoundPolicy::Fedbuff { .. }))
+    })
+}
+
 impl RunWriter {
     /// Creates `dir` and writes the resolved config and the CSV headers. A directory that
     /// already holds anything is refused ([`Error::RunExists`]): a finished run is never
@@ -99,6 +113,9 @@ impl RunWriter {
                 let mut c = metric_columns();
                 if config.system.as_ref().is_some_and(|s| s.is_on()) {
                     c.extend(CLOCK_COLUMNS);
+                }
+                if has_stale_columns(config) {
+                    c.extend(STALE_COLUMNS);
                 }
                 c
             })?,
@@ -237,6 +254,17 @@ impl Observer for RunWriter {
                 format!("{:.6}", c.round_s),
                 format!("{:.6}", c.clock_s),
             ]);
+            if let Some((n, mean)) = c.stale {
+                row.extend([
+                    n.to_string(),
+                    if n == 0 {
+                        String::new()
+                    } else {
+                        format!("{mean:.6}")
+                    },
+                    r.cost.stale_trainings.to_string(),
+                ]);
+            }
         }
         let mpath = self.dir.join("metrics.csv");
         self.metrics.write_record(&row).map_err(csv_err(&mpath))?;

@@ -54,6 +54,51 @@ pub enum RoundPolicy {
         /// Seconds after the broadcast at which the server stops waiting.
         deadline_s: f64,
     },
+    /// Buffered asynchronous aggregation (FedBuff, Nguyen et al., AISTATS'22, Alg. 1):
+    /// `concurrency` clients train at once, each from the model it pulled; the server
+    /// aggregates every `buffer_size` arrivals, each update weighted by 1/√(1 + staleness),
+    /// staleness being the server model versions since the client pulled. A round is one
+    /// aggregation ([`clock::fedbuff_round`]).
+    Fedbuff {
+        /// C: clients training at once (FedBuff's concurrency).
+        concurrency: usize,
+        /// K: arrivals per aggregation (FedBuff's buffer size).
+        buffer_size: usize,
+    },
+}
+
+/// Stale updates (`[system.stale]`): under `deadline` or `overcommit`, an update that misses
+/// its round's cut is aggregated, when it arrives, in a later round with a staleness
+/// weight, as REFL (Abdelmoniem et al., EuroSys'23) does. The knobs are REFL's, under its
+/// names and defaults (ahmedcs/REFL `core/argParser.py` lines 15-16, 53-54); the rule is
+/// its aggregator's ([`clock::StaleRule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StaleConfig {
+    /// REFL's `stale_update`: how many rounds a late update may wait after the round that
+    /// follows its own; negative for no limit. An update trained in round t is folded in
+    /// round t + τ only if τ − 1 ≤ `stale_update` (REFL's `stale_rounds` counter is τ − 1
+    /// at the fold). 0 is REFL's "off": leave the table out instead.
+    pub stale_update: i64,
+    /// REFL's `stale_factor`, the staleness weight, by REFL's codes: > 1 divides by it,
+    /// 1 keeps the weight (REFL's default), −1 divides by the round's mean τ, −2 by τ
+    /// (AdaSGD), −3 multiplies by e^(−τ) (DynSGD), −4 REFL's own rule.
+    pub stale_factor: f64,
+    /// REFL's `stale_beta` (default 0.35): the share of the boost in rule −4.
+    pub stale_beta: f64,
+    /// REFL's `scale_coff` (default 10): the boost's scaling coefficient in rule −4.
+    pub scale_coff: f64,
+}
+
+impl Default for StaleConfig {
+    fn default() -> Self {
+        Self {
+            stale_update: 1,
+            stale_factor: 1.0,
+            stale_beta: 0.35,
+            scale_coff: 10.0,
+        }
+    }
 }
 
 fn default_overcommit() -> f64 {
@@ -96,6 +141,10 @@ pub struct SystemConfig {
     pub augmentation: f64,
     /// The round policy (`[system.round]`).
     pub round: RoundPolicy,
+    /// Stale updates folded into later rounds (`[system.stale]`), `deadline` and
+    /// `overcommit` only; absent, a late update is dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale: Option<StaleConfig>,
 }
 
 impl Default for SystemConfig {
@@ -110,6 +159,7 @@ impl Default for SystemConfig {
             bandwidth_skew: 1.0,
             augmentation: 3.0,
             round: RoundPolicy::WaitAll,
+            stale: None,
         }
     }
 }
@@ -261,6 +311,17 @@ impl SystemConfig {
             RoundPolicy::WaitAll => "wait for all".to_string(),
             RoundPolicy::Overcommit { overcommit } => format!("over-commit {overcommit}"),
             RoundPolicy::Deadline { deadline_s } => format!("deadline {deadline_s} s"),
+            RoundPolicy::Fedbuff {
+                concurrency,
+                buffer_size,
+            } => format!("FedBuff (concurrency {concurrency}, buffer {buffer_size})"),
+        };
+        let policy = match &self.stale {
+            Some(s) => format!(
+                "{policy}, stale updates (stale_update {}, stale_factor {})",
+                s.stale_update, s.stale_factor
+            ),
+            None => policy,
         };
         let trace = match &self.behave_trace {
             Some(p) => format!(", online per `{}`", p.display()),
@@ -326,6 +387,37 @@ impl SystemConfig {
             format!("{} must be finite and ≥ 0", self.bandwidth_skew),
         )?;
         check_pos(self.augmentation, "system.augmentation")?;
+        if let Some(st) = &self.stale {
+            check(
+                matches!(
+                    self.round,
+                    RoundPolicy::Deadline { .. } | RoundPolicy::Overcommit { .. }
+                ),
+                "system.stale",
+                "needs system.round.policy = \"deadline\" or \"overcommit\": only they leave updates late",
+            )?;
+            check(
+                st.stale_update != 0,
+                "system.stale.stale_update",
+                "0 is REFL's \"no stale updates\": leave [system.stale] out instead",
+            )?;
+            check(
+                st.stale_factor.is_finite()
+                    && (st.stale_factor >= 1.0
+                        || [-1.0, -2.0, -3.0, -4.0].contains(&st.stale_factor)),
+                "system.stale.stale_factor",
+                format!(
+                    "{} is none of REFL's codes: > 1 (divide), 1 (equal), -1 (mean), -2 (AdaSGD), -3 (DynSGD), -4 (REFL)",
+                    st.stale_factor
+                ),
+            )?;
+            check(
+                (0.0..=1.0).contains(&st.stale_beta),
+                "system.stale.stale_beta",
+                format!("{} must be in [0, 1]", st.stale_beta),
+            )?;
+            check_pos(st.scale_coff, "system.stale.scale_coff")?;
+        }
         match self.round {
             RoundPolicy::WaitAll => Ok(()),
             RoundPolicy::Overcommit { overcommit } => check(
@@ -335,6 +427,19 @@ impl SystemConfig {
             ),
             RoundPolicy::Deadline { deadline_s } => {
                 check_pos(deadline_s, "system.round.deadline_s")
+            }
+            RoundPolicy::Fedbuff {
+                concurrency,
+                buffer_size,
+            } => {
+                check(buffer_size >= 1, "system.round.buffer_size", "must be ≥ 1")?;
+                check(
+                    concurrency >= buffer_size,
+                    "system.round.concurrency",
+                    format!(
+                        "{concurrency} clients in flight can never fill a buffer of {buffer_size}: concurrency must be ≥ buffer_size"
+                    ),
+                )
             }
         }
     }
