@@ -232,11 +232,7 @@ impl Tifl {
 
     /// Asks the available clients for their held-out losses and updates each tier's; then
     /// changes the probabilities as the protocol says (rule 5).
-    fn evaluate(
-        &mut self,
-        available: &[usize],
-        query: &mut dyn ClientQuery,
-    ) -> Result<(), Error> {
+    fn evaluate(&mut self, available: &[usize], query: &mut dyn ClientQuery) -> Result<(), Error> {
         let losses = query.holdout_losses(available)?;
         let n = self.sizes.len();
         let mut loss = vec![None; n];
@@ -580,8 +576,10 @@ mod tests {
         let mut s = tifl(Protocol::Code, Some(vec![9.0, 1.0, 5.0]), 3, 10);
         s.build_tiers(&mut rng);
         let tiers = s.state.tiers.as_ref().unwrap();
-        let got: Vec<(Vec<usize>, usize)> =
-            tiers.iter().map(|t| (t.clients.clone(), t.credit)).collect();
+        let got: Vec<(Vec<usize>, usize)> = tiers
+            .iter()
+            .map(|t| (t.clients.clone(), t.credit))
+            .collect();
         assert_eq!(got, vec![(vec![1], 4), (vec![2], 3), (vec![0], 3)]);
     }
 
@@ -600,12 +598,22 @@ mod tests {
             // credits bound the draws whatever the probabilities.
             let sel = s.select(&ctx(r, &all, 2), &mut q, &mut rng).unwrap();
             let t = s.state.current.unwrap();
-            assert!(sel.clients.iter().all(|k| k / 2 == t), "{sel:?} in tier {t}");
+            assert!(
+                sel.clients.iter().all(|k| k / 2 == t),
+                "{sel:?} in tier {t}"
+            );
             drawn.push(t);
         }
         drawn.sort_unstable();
         assert_eq!(drawn, vec![0, 0, 1, 2]);
-        let credits: Vec<usize> = s.state.tiers.as_ref().unwrap().iter().map(|t| t.credit).collect();
+        let credits: Vec<usize> = s
+            .state
+            .tiers
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|t| t.credit)
+            .collect();
         assert_eq!(credits, vec![0, 0, 0]);
         // Every credit spent: nobody is selected.
         let sel = s.select(&ctx(4, &all, 2), &mut q, &mut rng).unwrap();
@@ -689,7 +697,13 @@ mod tests {
         let mut q = Recording::new(vec![0.2, 0.4, 0.9, 0.7, 0.5, 0.5], vec![0.0; 6]);
         s.select(&ctx(0, &all, 2), &mut q, &mut rng).unwrap();
         let probs = |s: &Tifl| -> Vec<f64> {
-            s.state.tiers.as_ref().unwrap().iter().map(|t| t.prob).collect()
+            s.state
+                .tiers
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|t| t.prob)
+                .collect()
         };
         assert_eq!(q.calls.len(), 1);
         assert_eq!(probs(&s), vec![1.0 / 3.0; 3]);
@@ -705,7 +719,10 @@ mod tests {
         // The paper weighs a tier's clients by size.
         let w = tier_loss(Protocol::Paper, &[(1.0, 0.0), (3.0, 1.0)]).unwrap();
         assert_eq!(w, 0.75);
-        assert_eq!(tier_loss(Protocol::Code, &[(1.0, 0.0), (3.0, 1.0)]), Some(0.5));
+        assert_eq!(
+            tier_loss(Protocol::Code, &[(1.0, 0.0), (3.0, 1.0)]),
+            Some(0.5)
+        );
     }
 
     #[test]
@@ -752,7 +769,12 @@ mod tests {
         assert_eq!(tiers, vec![vec![0, 1], vec![2, 3], vec![4, 5]]);
 
         // code: tiers from the registered round trips at round 0.
-        let mut s = tifl(Protocol::Code, Some(vec![6.0, 5.0, 4.0, 3.0, 2.0, 1.0]), 6, 30);
+        let mut s = tifl(
+            Protocol::Code,
+            Some(vec![6.0, 5.0, 4.0, 3.0, 2.0, 1.0]),
+            6,
+            30,
+        );
         let sel = s.select(&ctx(0, &all, 4), &mut q, &mut rng).unwrap();
         let tiers: Vec<Vec<usize>> = s
             .state
@@ -770,13 +792,23 @@ mod tests {
     #[test]
     fn the_same_seed_gives_the_same_selections() {
         let run = |seed: u64| -> Vec<Vec<usize>> {
-            let mut s = tifl(Protocol::Code, Some((0..12).map(f64::from).collect()), 12, 20);
-            let mut q = Recording::new((0..12).map(|k| f64::from(k) / 12.0).collect(), vec![0.0; 12]);
+            let mut s = tifl(
+                Protocol::Code,
+                Some((0..12).map(f64::from).collect()),
+                12,
+                20,
+            );
+            let mut q = Recording::new(
+                (0..12).map(|k| f64::from(k) / 12.0).collect(),
+                vec![0.0; 12],
+            );
             let all: Vec<usize> = (0..12).collect();
             (0..20)
                 .map(|r| {
                     let mut rng = stream(seed, Purpose::Selection, r as u64, 0);
-                    s.select(&ctx(r, &all, 3), &mut q, &mut rng).unwrap().clients
+                    s.select(&ctx(r, &all, 3), &mut q, &mut rng)
+                        .unwrap()
+                        .clients
                 })
                 .collect()
         };
