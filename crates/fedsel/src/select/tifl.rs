@@ -829,4 +829,48 @@ mod tests {
         let mut u = tifl(Protocol::Code, None, 2, 10);
         assert!(u.load(&saved).is_err());
     }
+
+    /// TiFL runs on the built-in Synthetic federation under every round policy and both
+    /// protocols: each round trains clients of one tier only, once the tiers are built.
+    #[test]
+    fn runs_under_every_round_policy() {
+        use crate::config::Config;
+        use crate::engine::{self, Experiment, Observer, RoundRecord};
+
+        #[derive(Default)]
+        struct Rows(Vec<RoundRecord>);
+        impl Observer for Rows {
+            fn on_round(&mut self, r: &RoundRecord) -> crate::error::Result<()> {
+                self.0.push(r.clone());
+                Ok(())
+            }
+        }
+        let policies = [
+            r#"{policy="wait_all"}"#,
+            r#"{policy="overcommit", overcommit=0.3}"#,
+            r#"{policy="deadline", deadline_s=2.0}"#,
+        ];
+        for protocol in ["paper", "code"] {
+            for policy in policies {
+                let set = [
+                    "rounds=10".to_string(),
+                    "selection.strategy=\"tifl\"".into(),
+                    "selection.clients_per_round=4".into(),
+                    format!("selection.tifl={{protocol=\"{protocol}\", T=3, I=3}}"),
+                    "system.kind=\"lognormal\"".into(),
+                    format!("system.round={policy}"),
+                ];
+                let config = Config::load(None, &set).unwrap();
+                let dir = crate::data::locate::data_dir(None, None);
+                let exp = Experiment::prepare(config, &dir).unwrap();
+                let mut rows = Rows::default();
+                engine::run(&exp, &mut rows).unwrap();
+                assert_eq!(rows.0.len(), 10, "{protocol} {policy}");
+                assert!(
+                    rows.0.iter().any(|r| r.cost.evaluations > 0),
+                    "{protocol} {policy}: no tier evaluation"
+                );
+            }
+        }
+    }
 }
