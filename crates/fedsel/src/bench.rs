@@ -669,7 +669,7 @@ pub fn scaling(strategy: &str) -> Option<Scaling> {
         "uniform" => ("N", 0, 1),
         "md" => ("N + K log N", 0, 1),
         "powd" | "cpowd" | "rpowd" => ("N + d log d", 0, 1),
-        "afl" | "f3ast" | "oort" | "fedcs" | "cs1" => ("N log N", 0, 1),
+        "afl" | "f3ast" | "oort" | "fedcs" | "cs1" | "tifl" => ("N log N", 0, 1),
         "fedcor" | "fedgp" => ("K N²", 2, 2),
         "cs2" => ("N³ + K N P", 2, 3),
         "hics" => ("N³", 2, 3),
@@ -715,6 +715,7 @@ pub const STRATEGIES: &[&str] = &[
     "fedgs",
     "oort",
     "fedcs",
+    "tifl",
 ];
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub mod hics;
 pub mod md;
 pub mod oort;
 pub mod powd;
+pub mod tifl;
 pub mod uniform;
 pub mod ward;
 
@@ -42,13 +43,14 @@ use hics::HicsConfig;
 use md::MdConfig;
 use oort::OortConfig;
 use powd::PowdConfig;
+use tifl::TiflConfig;
 
 /// Client selection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
     /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
-    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort` or `fedcs`.
+    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort`, `fedcs` or `tifl`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -80,6 +82,10 @@ pub struct SelectionConfig {
     /// Oort's).
     #[serde(skip_serializing_if = "FedCsConfig::is_default")]
     pub fedcs: FedCsConfig,
+    /// TiFL settings (`tifl`), written out only when they differ from the defaults (as
+    /// Oort's).
+    #[serde(skip_serializing_if = "TiflConfig::is_default")]
+    pub tifl: TiflConfig,
 }
 
 impl Default for SelectionConfig {
@@ -99,6 +105,7 @@ impl Default for SelectionConfig {
             divfl: DivflConfig::default(),
             oort: OortConfig::default(),
             fedcs: FedCsConfig::default(),
+            tifl: TiflConfig::default(),
         }
     }
 }
@@ -530,6 +537,7 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         "divfl" => Ok(Box::new(divfl::DivFl::new(cfg.divfl.clone()))),
         "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
         "fedcs" => Ok(Box::new(fedcs::FedCs::new(cfg.fedcs.clone()))),
+        "tifl" => Ok(Box::new(tifl::Tifl::new(cfg.tifl.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),
