@@ -44,7 +44,8 @@ class WandbCallback:
         self.run = run if run is not None else wandb.init(**init)
 
     def __call__(self, record: Mapping[str, Any]) -> None:
-        self.run.log(_numbers(record), step=_step(record))
+        # Committed at once: W&B otherwise holds a step until the next one is logged.
+        self.run.log(_numbers(record), step=_step(record), commit=True)
 
     def finish(self) -> None:
         """Finishes the W&B run."""
