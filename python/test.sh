@@ -14,6 +14,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet "maturin>=1.5,<2" pytest hypothesis numpy "flwr[simulation]>=1.20"
+# The trackers' tests read event files back with TensorBoard's own reader and run the W&B and
+# MLflow callbacks offline; without these packages they are skipped, saying why.
+"$venv/bin/pip" install --quiet tensorboard tbparse wandb mlflow-skinny \
+    || echo "test.sh: tensorboard, tbparse, wandb or mlflow-skinny not installed; their tests are skipped" >&2
 # `maturin develop --release` builds the abi3 wheel's extension in place of a wheel
 # round trip; `pip install ./python` (the README's command) builds the same crate.
 # The tests compare against the CLI built from this workspace.

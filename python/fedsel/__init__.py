@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -134,6 +134,7 @@ def run(
     progress: bool | None = None,
     overwrite: bool = False,
     resume: bool = False,
+    on_round: Callable[[dict[str, Any]], Any] | None = None,
 ) -> RunResult:
     """Runs one experiment, as ``fedsel run`` does, and returns its result.
 
@@ -154,6 +155,13 @@ def run(
     progress, which is written, and raises ``KeyboardInterrupt``; ``summary.json`` then
     says the run was interrupted. Any other failure raises :class:`FedselError` with the
     CLI's message.
+
+    ``on_round`` is called after each round, once its row is written, with that round's
+    ``metrics.csv`` row as a dict (column -> value; ``None`` for an empty cell, counts as
+    ``int``): an experiment tracker's hook (:mod:`fedsel.integrations` has Weights & Biases
+    and MLflow ones). It holds the GIL only while it runs. An exception it raises stops the
+    run after that round, which is kept (``summary.json`` says it was interrupted; ``resume=True``
+    continues it), and is raised here.
     """
     out_dir, found = _fedsel.run(
         **_config_source(config),
@@ -163,6 +171,7 @@ def run(
         progress=_display(progress),
         overwrite=overwrite,
         resume=resume,
+        on_round=on_round,
     )
     for w in found:
         warnings.warn(w, stacklevel=2)

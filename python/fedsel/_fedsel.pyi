@@ -1,7 +1,7 @@
 """Type stubs of the Rust extension; `fedsel/__init__.py` wraps the functions."""
 
 import os
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 VERSION: str
 
@@ -19,6 +19,7 @@ def run(
     progress: str = "off",
     overwrite: bool = False,
     resume: bool = False,
+    on_round: Callable[[dict[str, Any]], Any] | None = None,
 ) -> tuple[str, list[str]]: ...
 def sweep(
     path: str | os.PathLike[str],

@@ -231,6 +231,7 @@ class FedselStrategy(FedAvg):
         options: dict[str, Any] | None = None,
         output_keys: tuple[str, str] | None = None,
         timeout: float | None = 600.0,
+        on_round: Callable[[dict[str, Any]], Any] | None = None,
         **fedavg: Any,
     ) -> None:
         fedavg.setdefault("fraction_evaluate", 0.0)
@@ -242,6 +243,9 @@ class FedselStrategy(FedAvg):
         self.options = dict(options or {})
         self.output_keys = output_keys
         self.timeout = timeout
+        #: Called after each round's aggregation with the round's record (as
+        #: ``fedsel.run``'s ``on_round``; see :meth:`_round_done`).
+        self.on_round = on_round
         self.selector: Selector | None = None
         self.nodes: list[int] = []
         self.index: dict[int, int] = {}
@@ -522,7 +526,7 @@ class FedselStrategy(FedAvg):
         self.history[-1]["durations"] = {n: r[3] for n, r in sorted(read.items())}
         kept = [i for i, k in enumerate(self._entries) if self.nodes[k] in read]
         if not kept:
-            return None, None
+            return self._round_done(server_round, None, None)
         entries = [self._entries[i] for i in kept]
         locals_, losses, updates, durations = zip(*(read[self.nodes[k]] for k in entries))
         metrics = self._train_metrics([m for m in valid if m.metadata.src_node_id in read])
@@ -537,9 +541,26 @@ class FedselStrategy(FedAvg):
                 book["rejected_aggregates"] += 1
             self.history[-1]["ledger"] = dict(self._round_ledger)
             self.history[-1]["aggregate_rejected"] = reason
-            return None, metrics
+            return self._round_done(server_round, None, metrics)
         self.selector.observe(entries, updates=None if updates[0] is None else [u.tolist() for u in updates], train_losses=list(losses), durations=list(durations))
-        return _record(new), metrics
+        return self._round_done(server_round, _record(new), metrics)
+
+    def _round_done(self, server_round: int, arrays: ArrayRecord | None, metrics: MetricRecord | None) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Calls ``on_round`` with the round's record: ``round``, ``n_available``,
+        ``n_selected`` (entries, duplicates counted), ``n_failed``, the aggregated train
+        metrics the nodes sent and the round's ledger counts."""
+        if self.on_round is not None:
+            h = self.history[-1]
+            record: dict[str, Any] = {
+                "round": server_round,
+                "n_available": len(h["available"]),
+                "n_selected": len(h["selected"]),
+                "n_failed": len(h.get("failed", [])),
+            }
+            record.update({k: v for k, v in (metrics or {}).items() if k not in record})
+            record.update({k: v for k, v in h.get("ledger", {}).items() if k not in record})
+            self.on_round(record)
+        return arrays, metrics
 
 
 class _Unanswered(FedselError):

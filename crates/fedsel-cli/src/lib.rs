@@ -87,6 +87,10 @@ enum Command {
         /// (which otherwise stops the sweep: the other cells would fail alike).
         #[arg(long)]
         keep_going: bool,
+        /// Write each cell's TensorBoard event files into DIR/<cell directory> (same as
+        /// --set output.tensorboard=DIR).
+        #[arg(long, value_name = "DIR")]
+        tensorboard: Option<PathBuf>,
     },
     /// Write report.md (or report.tex) and the table CSVs for a sweep directory, or one
     /// comparison of any run directories (runs differing only by seed form one arm; runs of
@@ -235,6 +239,10 @@ struct RunArgs {
     /// Replace the run already in the output directory (it is cleared first).
     #[arg(long)]
     overwrite: bool,
+    /// Also write TensorBoard event files into DIR (the config's `output.tensorboard`):
+    /// every metrics.csv column by round, and by virtual time where the clock runs.
+    #[arg(long, value_name = "DIR")]
+    tensorboard: Option<PathBuf>,
 }
 
 /// The rounds of the run in `dir` when its `summary.json` says it finished.
@@ -311,6 +319,10 @@ fn run(args: RunArgs) -> Result<()> {
             (config, out, None)
         }
     };
+    let mut config = config;
+    if let Some(tb) = args.tensorboard {
+        config.output.tensorboard = Some(tb);
+    }
     let dir = locate::data_dir(args.data_dir, config.data_dir.clone());
     let exp = Experiment::prepare(config.clone(), &dir)
         .with_context(|| format!("preparing `{}`", config.name))?;
@@ -341,7 +353,7 @@ fn run(args: RunArgs) -> Result<()> {
                 cp.next_round,
                 fedsel::checkpoint::dir(&out).display()
             );
-            RunWriter::resume(&out, cp.next_round)?
+            RunWriter::resume(&out, cp.next_round)?.with_trackers(&exp.config)?
         }
         None => RunWriter::create(&out, &exp.config).map_err(|e| match e {
             fedsel::error::Error::RunExists { .. } => anyhow::anyhow!(
@@ -1200,8 +1212,13 @@ fn dispatch(cli: Cli) -> Result<()> {
             rounds,
             shard,
             keep_going,
+            tensorboard,
         }) => {
             set.extend(rounds.map(|r| format!("rounds={r}")));
+            set.extend(tensorboard.map(|dir| {
+                let dir = toml::Value::String(dir.to_string_lossy().into_owned());
+                format!("output.tensorboard={dir}")
+            }));
             let shard = shard.unwrap_or(fedsel_workbench::sweep::Shard::ALL);
             sweep(path, &set, out, shard, jobs, data_dir, dry_run, keep_going)
         }

@@ -85,8 +85,32 @@ struct PyObserver {
     bar: Option<ProgressBar>,
     display: Display,
     rounds: usize,
-    /// The Python exception (KeyboardInterrupt) that stopped the run.
+    /// The Python exception that stopped the run: KeyboardInterrupt, or one `on_round` raised.
     interrupt: Option<PyErr>,
+    /// `fedsel.run(on_round=...)`: called with each round's metrics as a dict.
+    on_round: Option<Py<PyAny>>,
+}
+
+/// The `metrics.csv` columns that hold fractions; the others are counts, given to Python
+/// as ints.
+fn is_float_column(name: &str) -> bool {
+    matches!(
+        name,
+        "test_acc" | "test_loss" | "train_loss" | "lr" | "elapsed_s" | "round_s" | "clock_s"
+    ) || name.starts_with("client_acc_")
+}
+
+/// A round's metrics as `metrics.csv` has them: column -> value, `None` for an empty cell.
+fn round_dict<'py>(py: Python<'py>, r: &RoundRecord) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, v) in fedsel::output::metric_values(r) {
+        match v {
+            None => d.set_item(name, py.None())?,
+            Some(v) if is_float_column(name) => d.set_item(name, v)?,
+            Some(v) => d.set_item(name, v as u64)?,
+        }
+    }
+    Ok(d)
 }
 
 impl Observer for PyObserver {
@@ -116,7 +140,11 @@ impl Observer for PyObserver {
                     .and_then(|sys| sys.getattr("stderr"))
                     .and_then(|err| err.call_method1("write", (line,)));
             }
-            py.check_signals()
+            py.check_signals()?;
+            match &self.on_round {
+                Some(cb) => cb.call1(py, (round_dict(py, r)?,)).map(drop),
+                None => Ok(()),
+            }
         });
         match signal {
             Ok(()) => Ok(()),
@@ -183,7 +211,7 @@ fn resume_point(out: &Path, config: &Config) -> PyResult<Start> {
 /// Runs one experiment as `fedsel run` does and returns its output directory and the
 /// config's warnings. The GIL is released while Rust runs.
 #[pyfunction]
-#[pyo3(signature = (*, path=None, text=None, table=None, overrides=Vec::new(), out=None, data_dir=None, progress="off", overwrite=false, resume=false))]
+#[pyo3(signature = (*, path=None, text=None, table=None, overrides=Vec::new(), out=None, data_dir=None, progress="off", overwrite=false, resume=false, on_round=None))]
 #[allow(clippy::too_many_arguments)]
 fn run(
     py: Python<'_>,
@@ -196,6 +224,7 @@ fn run(
     progress: &str,
     overwrite: bool,
     resume: bool,
+    on_round: Option<Py<PyAny>>,
 ) -> PyResult<(PathBuf, Vec<String>)> {
     let display = Display::parse(progress)?;
     if overwrite && resume {
@@ -236,7 +265,9 @@ fn run(
             .map(ToString::to_string)
             .collect();
         let writer = match &start {
-            Start::Checkpoint(cp) => RunWriter::resume(&out, cp.next_round),
+            Start::Checkpoint(cp) => {
+                RunWriter::resume(&out, cp.next_round).and_then(|w| w.with_trackers(&exp.config))
+            }
             _ => RunWriter::create(&out, &exp.config),
         }
         .map_err(|e| match e {
@@ -261,6 +292,7 @@ fn run(
             display,
             rounds: config.rounds,
             interrupt: None,
+            on_round,
         };
         let result = match start {
             Start::Checkpoint(cp) => engine::resume(&exp, &mut observer, *cp),

@@ -786,9 +786,14 @@ pub fn run_cell(cell: &Cell, out: &Path, data_dir: &Path) -> Result<CellRun> {
     let checkpoint = fedsel::checkpoint::load(&dir)
         .ok()
         .filter(|cp| cp.config_hash == cell.hash);
+    // Each cell's trackers get a directory of their own, named as the cell's.
+    let mut config = exp.config.clone();
+    if let Some(base) = &config.output.tensorboard {
+        config.output.tensorboard = Some(base.join(&cell.dir_name));
+    }
     let (writer, result) = match checkpoint {
         Some(cp) => {
-            let mut w = RunWriter::resume(&dir, cp.next_round)?;
+            let mut w = RunWriter::resume(&dir, cp.next_round)?.with_trackers(&config)?;
             let r = engine::resume(&exp, &mut w, cp);
             (w, r)
         }
@@ -799,7 +804,7 @@ pub fn run_cell(cell: &Cell, out: &Path, data_dir: &Path) -> Result<CellRun> {
                     error: source,
                 })?;
             }
-            let mut w = RunWriter::create(&dir, &exp.config)?;
+            let mut w = RunWriter::create(&dir, &config)?;
             let r = engine::run(&exp, &mut w);
             (w, r)
         }

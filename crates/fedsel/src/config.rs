@@ -93,6 +93,28 @@ pub struct Config {
     /// resolved config nor its hash mentions it, so older configs keep their hash.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system: Option<SystemConfig>,
+    /// Where the run's results go besides its directory (experiment trackers). Absent, the
+    /// resolved config does not mention it; it never enters the config's hash, since it
+    /// changes nothing a run computes.
+    #[serde(skip_serializing_if = "OutputConfig::is_empty")]
+    pub output: OutputConfig,
+}
+
+/// Outputs besides the run directory's own files.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputConfig {
+    /// A directory for TensorBoard event files (`fedsel run --tensorboard DIR`); a sweep
+    /// gives each cell the subdirectory named as the cell's run directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<PathBuf>,
+}
+
+impl OutputConfig {
+    /// Whether no output is asked for (the section is then left out of the resolved config).
+    pub fn is_empty(&self) -> bool {
+        self.tensorboard.is_none()
+    }
 }
 
 impl Default for Config {
@@ -118,6 +140,7 @@ impl Default for Config {
             budget: BudgetConfig::default(),
             eval: EvalConfig::default(),
             system: None,
+            output: OutputConfig::default(),
         }
     }
 }
@@ -1040,6 +1063,7 @@ impl Config {
     pub fn hash(&self) -> String {
         let mut c = self.clone();
         c.fedsel_version = None;
+        c.output = OutputConfig::default();
         // A data seed equal to the run seed is the default written out (as the resolved
         // config does): the same config.
         if c.data_seed == Some(c.seed) {

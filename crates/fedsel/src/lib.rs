@@ -28,6 +28,7 @@ pub mod select;
 pub mod sspp;
 pub mod summary;
 pub mod system;
+pub mod tensorboard;
 pub mod train;
 pub mod validate;
 

@@ -22,6 +22,8 @@ pub struct RunWriter {
     metrics: csv::Writer<File>,
     selections: csv::Writer<File>,
     availability: csv::Writer<File>,
+    /// TensorBoard event files, when `[output] tensorboard` names a directory.
+    tensorboard: Option<crate::tensorboard::EventWriter>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
@@ -121,7 +123,22 @@ impl RunWriter {
             })?,
             selections: new("selections.csv", &["round", "client"])?,
             availability: new("availability.csv", &["round", "available"])?,
-        })
+            tensorboard: None,
+        }
+        .with_trackers(config)?)
+    }
+
+    /// Opens the trackers `config`'s `[output]` section asks for (a new event file in the
+    /// TensorBoard directory). [`RunWriter::create`] does; a resumed run calls it after
+    /// [`RunWriter::resume`].
+    pub fn with_trackers(mut self, config: &Config) -> Result<Self> {
+        if let Some(dir) = &config.output.tensorboard {
+            self.tensorboard = Some(crate::tensorboard::EventWriter::create(
+                dir,
+                &config.to_resolved_toml(),
+            )?);
+        }
+        Ok(self)
     }
 
     /// Reopens the files of an interrupted run whose checkpoint resumes at `next_round`:
@@ -167,6 +184,7 @@ impl RunWriter {
             metrics: open("metrics.csv")?,
             selections: open("selections.csv")?,
             availability: open("availability.csv")?,
+            tensorboard: None,
         })
     }
 
@@ -214,6 +232,37 @@ pub fn failed_before_round_one(dir: &Path) -> bool {
     let rows = std::fs::read_to_string(dir.join("metrics.csv"))
         .map_or(0, |m| m.lines().count().saturating_sub(1));
     failed && rows == 0
+}
+
+/// A round's `metrics.csv` values by column, in the file's order, `None` for an empty
+/// cell; the clock's columns are there when the round ran on a virtual clock. The values
+/// trackers see (TensorBoard, Python's `on_round`).
+pub fn metric_values(r: &RoundRecord) -> Vec<(&'static str, Option<f64>)> {
+    let spread = r.client_acc.map(|c| [c.p10, c.p50, c.p90, c.worst10]);
+    let mut v: Vec<Option<f64>> = vec![
+        Some(r.round as f64),
+        r.test_acc,
+        r.test_loss,
+        Some(r.train_loss),
+        Some(r.n_selected as f64),
+        Some(r.n_available as f64),
+        Some(r.budget as f64),
+        Some(r.lr),
+    ];
+    v.extend(r.cost.values().iter().map(|&c| Some(c as f64)));
+    v.push(Some(r.elapsed_s));
+    v.extend((0..CLIENT_ACC_COLUMNS.len()).map(|i| spread.map(|s| s[i])));
+    let mut columns = metric_columns();
+    if let Some(c) = &r.clock {
+        columns.extend(CLOCK_COLUMNS);
+        v.extend([
+            Some(r.cost.wasted_trainings as f64),
+            Some(c.round_s),
+            Some(c.clock_s),
+        ]);
+    }
+    debug_assert_eq!(columns.len(), v.len());
+    columns.into_iter().zip(v).collect()
 }
 
 fn opt(x: Option<f64>) -> String {
@@ -280,7 +329,11 @@ impl Observer for RunWriter {
         self.availability
             .write_record([r.round.to_string(), id_ranges(&r.available)])
             .map_err(csv_err(&apath))?;
-        self.availability.flush().map_err(io(&apath))
+        self.availability.flush().map_err(io(&apath))?;
+        if let Some(tb) = &mut self.tensorboard {
+            tb.on_round(r, &metric_values(r));
+        }
+        Ok(())
     }
 }
 
