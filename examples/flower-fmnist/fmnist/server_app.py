@@ -43,7 +43,7 @@ def main(grid: Grid, context: Context) -> None:
         losses[server_round], accs[server_round] = task.loss_acc({k: v.numpy() for k, v in arrays.items()}, tx, ty)
         # The results so far, after every round: a run that dies keeps its finished rounds.
         write({"strategy": strategy.strategy, "rounds": rounds, "done": server_round, "test_acc": accs, "test_loss": losses, "ledger": dict(strategy.ledger), "history": strategy.history, "node_keys": strategy.node_keys})
-        if server_round == int(c["stop-after"]):
+        if int(c["stop-after"]) and server_round == int(c["stop-after"]):
             # For the restart tests: the ServerApp dies here, after the round's checkpoint.
             raise RuntimeError(f"stop-after={server_round}: the ServerApp stops")
         return MetricRecord({"test_loss": losses[server_round], "test_acc": accs[server_round]})
