@@ -1,5 +1,5 @@
 //! FedScale device and behave pickles written with NumPy scalars and arrays, by numpy 1.x
-//! and 2.x at pickle protocols 2, 4 and 5 (`tests/data/fedscale/make_numpy_pickles.py`
+//! and 2.x at pickle protocols 0, 2, 4 and 5 (`tests/data/fedscale/make_numpy_pickles.py`
 //! wrote them): the reader gets the values the script put there, and they drive a run.
 
 #[allow(dead_code)]
@@ -19,7 +19,7 @@ fn fixtures() -> Vec<(String, PathBuf, PathBuf)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fedscale");
     let mut out = Vec::new();
     for numpy in ["np1", "np2"] {
-        for protocol in [2, 4, 5] {
+        for protocol in [0, 2, 4, 5] {
             let stem = format!("{numpy}-p{protocol}");
             out.push((
                 stem.clone(),
@@ -59,7 +59,7 @@ fn numpy_scalars_and_arrays_read_as_the_values_the_script_wrote() {
 fn a_numpy_type_fedsel_does_not_read_is_refused_naming_it_and_the_conversion() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fedscale");
     for numpy in ["np1", "np2"] {
-        for protocol in [2, 4, 5] {
+        for protocol in [0, 2, 4, 5] {
             let path = dir.join(format!("{numpy}-p{protocol}-float16.pkl"));
             let err = load_devices(&path, 1).unwrap_err().to_string();
             assert!(
@@ -70,6 +70,29 @@ fn a_numpy_type_fedsel_does_not_read_is_refused_naming_it_and_the_conversion() {
                 "{numpy} protocol {protocol}: {err}"
             );
         }
+    }
+}
+
+#[test]
+fn big_endian_scalars_are_read_and_a_2d_array_is_refused() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fedscale");
+    for numpy in ["np1", "np2"] {
+        let big = load_devices(&dir.join(format!("{numpy}-bigendian.pkl")), 1).unwrap();
+        assert_eq!(
+            big,
+            vec![Profile {
+                compute_ms_per_sample: 2.5,
+                bandwidth_kbps: 640.0
+            }],
+            "{numpy}"
+        );
+        let err = load_devices(&dir.join(format!("{numpy}-2d.pkl")), 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("shape [2, 2]") && err.contains(".tolist()"),
+            "{numpy}: {err}"
+        );
     }
 }
 

@@ -200,14 +200,18 @@ impl<'a> Machine<'a> {
             })
     }
 
-    fn line(&mut self) -> Result<&'a str, String> {
+    fn line_bytes(&mut self) -> Result<&'a [u8], String> {
         let rest = &self.data[self.pos..];
         let end = rest
             .iter()
             .position(|&b| b == b'\n')
             .ok_or("a text opcode without its newline")?;
         self.pos += end + 1;
-        std::str::from_utf8(&rest[..end])
+        Ok(&rest[..end])
+    }
+
+    fn line(&mut self) -> Result<&'a str, String> {
+        std::str::from_utf8(self.line_bytes()?)
             .map_err(|_| "a text opcode's argument is not UTF-8".to_string())
     }
 
@@ -349,9 +353,10 @@ impl<'a> Machine<'a> {
     }
 
     /// Protocol 0's UNICODE argument (raw-unicode-escape).
-    fn raw_unicode(s: &str) -> Result<Obj, String> {
+    /// (Latin-1 bytes, with `\\u` escapes for the other characters.)
+    fn raw_unicode(s: &[u8]) -> Result<Obj, String> {
         let mut out = String::new();
-        let mut chars = s.chars().peekable();
+        let mut chars = s.iter().map(|&b| char::from(b)).peekable();
         while let Some(c) = chars.next() {
             if c == '\\' && matches!(chars.peek(), Some('u' | 'U')) {
                 let n = if chars.next() == Some('u') { 4 } else { 8 };
@@ -589,7 +594,7 @@ impl<'a> Machine<'a> {
                     self.stack.push(Self::quoted(l)?);
                 }
                 b'V' => {
-                    let l = self.line()?;
+                    let l = self.line_bytes()?;
                     self.stack.push(Self::raw_unicode(l)?);
                 }
                 b'T' | b'U' | b'B' | b'C' | 0x8e | 0x96 => {

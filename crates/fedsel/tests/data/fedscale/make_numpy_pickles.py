@@ -9,9 +9,11 @@ Run it with numpy 1.x and with numpy 2.x (their scalars pickle under
     python3 -m venv /tmp/np2 && /tmp/np2/bin/pip install 'numpy>=2'
     /tmp/np1/bin/python make_numpy_pickles.py && /tmp/np2/bin/python make_numpy_pickles.py
 
-Each writes, next to this script, for pickle protocols 2, 4 and 5:
+Each writes, next to this script, for pickle protocols 0, 2, 4 and 5:
 `np<major>-p<protocol>-device.pkl`, `np<major>-p<protocol>-behave.pkl`, and one file of
-a NumPy type fedsel refuses (`np<major>-p<protocol>-float16.pkl`). The values are the ones
+a NumPy type fedsel refuses (`np<major>-p<protocol>-float16.pkl`); and, at protocol 4,
+a device file with big-endian scalars (`np<major>-bigendian.pkl`, read) and one with a 2-D
+array (`np<major>-2d.pkl`, refused). The values are the ones
 `expected()` gives, which the Rust test repeats.
 """
 
@@ -63,13 +65,17 @@ def behave() -> dict:
 
 def main() -> None:
     major = np.__version__.split(".")[0]
-    for protocol in (2, 4, 5):
+    for protocol in (0, 2, 4, 5):
         stem = HERE / f"np{major}-p{protocol}"
         for name, value in (("device", device()), ("behave", behave())):
             Path(f"{stem}-{name}.pkl").write_bytes(pickle.dumps(value, protocol=protocol))
         half = {1: {"computation": np.float16(1.5), "communication": 100.0}}
         Path(f"{stem}-float16.pkl").write_bytes(pickle.dumps(half, protocol=protocol))
         print(f"wrote {stem}-*.pkl with numpy {np.__version__}")
+    big = {1: {"computation": np.array([2.5], dtype=">f8")[0], "communication": np.array([640], dtype=">i4")[0]}}
+    (HERE / f"np{major}-bigendian.pkl").write_bytes(pickle.dumps(big, protocol=4))
+    flat = {1: {"computation": 1.0, "communication": 2.0, "history": np.zeros((2, 2))}}
+    (HERE / f"np{major}-2d.pkl").write_bytes(pickle.dumps(flat, protocol=4))
 
 
 if __name__ == "__main__":
