@@ -53,9 +53,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from logging import INFO, WARNING
 from typing import Any, TypeVar
 
@@ -63,10 +65,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from . import FedselError, Selector
+from . import _checkpoint
 
 __all__ = ["FedselStrategy", "output_layer"]
 
@@ -219,6 +222,16 @@ class FedselStrategy(FedAvg):
     one. ``timeout`` bounds each exchange of messages. Other keyword arguments go to
     ``FedAvg``; federated evaluation is off unless ``fraction_evaluate`` is given, since the
     selectors send their own evaluate messages.
+
+    ``checkpoint_dir`` makes the strategy save, every ``checkpoint_every`` rounds and after
+    the last, the global arrays, the selector's state, the round, the federation, the
+    history and the ledger there, atomically; a strategy started (:meth:`start`) with a
+    checkpoint in its ``checkpoint_dir`` goes on from the round after it, and refuses one
+    made with another config, naming what differs. ``node_key`` names a metric of the
+    nodes' size replies (an evaluate reply's metric record) that identifies each node
+    across Flower runs, whose node ids change (a simulation draws them anew): the
+    federation is then ordered by it, and a restarted strategy finds the checkpoint's nodes
+    by it. Without it nodes are known by their Flower node ids, in id order.
     """
 
     def __init__(
@@ -232,6 +245,9 @@ class FedselStrategy(FedAvg):
         output_keys: tuple[str, str] | None = None,
         timeout: float | None = 600.0,
         on_round: Callable[[dict[str, Any]], Any] | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int = 1,
+        node_key: str | None = None,
         **fedavg: Any,
     ) -> None:
         fedavg.setdefault("fraction_evaluate", 0.0)
@@ -246,6 +262,15 @@ class FedselStrategy(FedAvg):
         #: Called after each round's aggregation with the round's record (as
         #: ``fedsel.run``'s ``on_round``; see :meth:`_round_done`).
         self.on_round = on_round
+        if checkpoint_every < 1:
+            raise FedselError(f"checkpoint_every is {checkpoint_every}, not a number of rounds >= 1")
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.checkpoint_every = checkpoint_every
+        self.node_key = node_key
+        #: Every node id met (this process's and, after a restart, the checkpoint's) with
+        #: its key, the size reply's ``node_key`` metric, where ``node_key`` is given.
+        self.node_keys: dict[int, int | float] = {}
+        self._resumed = 0
         self.selector: Selector | None = None
         self.nodes: list[int] = []
         self.index: dict[int, int] = {}
@@ -362,14 +387,35 @@ class FedselStrategy(FedAvg):
     def _start(self, arrays: dict[str, np.ndarray], grid: Grid) -> None:
         """Meets the federation: the connected nodes that report their size (a node that
         dies before it answers is not part of it)."""
-        connected = sorted(self._connected(grid))
-        got = self._exchange("size", arrays, connected, grid, {"fedsel": "size"}, lambda m: _examples(_metric_record(m), "num-examples"))
-        self.nodes = [n for n in connected if n in got]
-        if not self.nodes:
-            raise FedselError(f"none of the {len(connected)} connected nodes answered the size request")
+        got = self._sizes(arrays, grid)
+        self.nodes = list(got)
         self.index = {n: i for i, n in enumerate(self.nodes)}
-        self.sizes = [got[n] for n in self.nodes]
+        self.sizes = [got[n][0] for n in self.nodes]
         self.selector = self._new_selector(arrays)
+
+    def _sizes(self, arrays: dict[str, np.ndarray], grid: Grid) -> dict[int, tuple[int, int | float | None]]:
+        """The connected nodes that report their size: (size, key) by node id, in id order,
+        or in key order where ``node_key`` names the key (a size reply without it is
+        rejected, and two nodes of one key are an error)."""
+        connected = sorted(self._connected(grid))
+
+        def read(m: Message) -> tuple[int, int | float | None]:
+            metrics = _metric_record(m)
+            return _examples(metrics, "num-examples"), None if self.node_key is None else _finite(metrics, self.node_key)
+
+        got = self._exchange("size", arrays, connected, grid, {"fedsel": "size"}, read)
+        if not got:
+            raise FedselError(f"none of the {len(connected)} connected nodes answered the size request")
+        if self.node_key is None:
+            return {n: got[n] for n in connected if n in got}
+        by_key: dict[int | float, list[int]] = {}
+        for n, (_, key) in got.items():
+            by_key.setdefault(key, []).append(n)
+        twice = {k: v for k, v in by_key.items() if len(v) > 1}
+        if twice:
+            raise FedselError(f"nodes share a `{self.node_key}`: {twice}")
+        self.node_keys.update({n: key for n, (_, key) in got.items()})
+        return {n: got[n] for n in sorted(got, key=lambda n: got[n][1])}
 
     def _new_selector(self, arrays: dict[str, np.ndarray]) -> Selector:
         options = dict(self.options)
@@ -501,6 +547,13 @@ class FedselStrategy(FedAvg):
         return self.train_metrics_aggr_fn([m.content for m in replies], self.weighted_by_key)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregates the replies that pass the checks by the strategy's rule, reports
+        the round to the selector and saves a checkpoint when one is due."""
+        arrays, metrics = self._aggregate_train(server_round, replies)
+        self._checkpoint(server_round, self._global if arrays is None else _arrays(arrays))
+        return arrays, metrics
+
+    def _aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregates the replies that pass the checks by the strategy's rule and reports
         the round to the selector."""
         replies = list(replies)
@@ -561,6 +614,93 @@ class FedselStrategy(FedAvg):
             record.update({k: v for k, v in h.get("ledger", {}).items() if k not in record})
             self.on_round(record)
         return arrays, metrics
+
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def _checkpoint_meta(self, server_round: int) -> dict[str, Any]:
+        return {
+            "round": server_round,
+            "nodes": self.nodes,
+            "node_keys": [self.node_keys.get(n) for n in self.nodes] if self.node_key is not None else None,
+            "sizes": self.sizes,
+            "selector": self.selector.state(),
+            "history": self.history,
+            "ledger": dict(self.ledger),
+        }
+
+    def _checkpoint(self, server_round: int, arrays: dict[str, np.ndarray]) -> None:
+        """Saves the checkpoint after `server_round` when one is due: every
+        ``checkpoint_every`` rounds and after the last."""
+        if self.checkpoint_dir is None or (server_round % self.checkpoint_every and server_round != self.num_rounds):
+            return
+        meta = {"config": _checkpoint.config(self, arrays), **self._checkpoint_meta(server_round)}
+        path = _checkpoint.save(self.checkpoint_dir, meta, arrays)
+        log(INFO, "checkpoint: round %d saved to %s", server_round, path)
+
+    def _resume(self, initial: dict[str, np.ndarray], grid: Grid) -> tuple[int, dict[str, np.ndarray]]:
+        """The last round of the checkpoint in ``checkpoint_dir`` and its arrays, with the
+        federation, the selector, the history and the ledger restored from it; (0,
+        `initial`) where there is none. The checkpoint's nodes are found among the
+        connected ones by their key (``node_key``) or else kept by id; a node of the
+        checkpoint not found is unavailable until the run ends."""
+        loaded = None if self.checkpoint_dir is None else _checkpoint.load(self.checkpoint_dir)
+        if loaded is None:
+            return 0, initial
+        meta, arrays = loaded
+        path = self.checkpoint_dir / _checkpoint.FILE
+        _checkpoint.check(path, meta["config"], _checkpoint.config(self, initial))
+        nodes = [int(n) for n in meta["nodes"]]
+        if self.node_key is not None:
+            keys = meta["node_keys"]
+            self.node_keys.update({int(n): k for n, k in zip(nodes, keys)})
+            now = {key: n for n, (_, key) in self._sizes(arrays, grid).items()}
+            unknown = sorted(set(now) - set(keys))
+            if unknown:
+                log(WARNING, "checkpoint: nodes of `%s` %s are not of the checkpoint's federation; they are left out", self.node_key, unknown)
+            # A node of the checkpoint not connected now gets an id no node has.
+            missing = [k for k in keys if k not in now]
+            if missing:
+                log(WARNING, "checkpoint: the nodes of `%s` %s did not answer; they stay unavailable", self.node_key, missing)
+            nodes = [now.get(k, -1 - i) for i, k in enumerate(keys)]
+        self.nodes = nodes
+        self.index = {n: i for i, n in enumerate(self.nodes)}
+        self.sizes = [int(x) for x in meta["sizes"]]
+        self.history = meta["history"]
+        # The ledger goes on from the checkpoint's, with the size messages sent just now.
+        self.ledger = Counter(meta["ledger"]) + self.ledger
+        self.selector = self._new_selector(arrays)
+        self.selector.load_state(meta["selector"])
+        log(INFO, "checkpoint: going on after round %d of %d from %s", meta["round"], self.num_rounds, path)
+        return int(meta["round"]), arrays
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600, train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None, evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Flower's ``Strategy.start``, which goes on after the checkpoint in
+        ``checkpoint_dir`` where there is one: from its arrays, for the rounds after its
+        round up to `num_rounds`, numbered as in an uninterrupted run (Flower's log counts
+        them from 1), with `evaluate_fn` called first on the checkpoint's round."""
+        done, arrays = self._resume(_arrays(initial_arrays), grid)
+        if done == 0:
+            return super().start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
+        if num_rounds != self.num_rounds:
+            raise FedselError(f"start(num_rounds={num_rounds}) but the strategy's num_rounds is {self.num_rounds}")
+        # Flower's loop numbers rounds from 1: the methods it calls see them shifted.
+        for name in ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate"):
+            method = getattr(type(self), name)
+            setattr(self, name, lambda r, *a, _m=method: _m(self, r + done, *a))
+        shifted = None if evaluate_fn is None else (lambda r, a: evaluate_fn(r + done, a))
+        try:
+            result = super().start(grid, _record(arrays), num_rounds - done, timeout, train_config, evaluate_config, shifted)
+        finally:
+            for name in ("configure_train", "aggregate_train", "configure_evaluate", "aggregate_evaluate"):
+                delattr(self, name)
+        for book in (result.train_metrics_clientapp, result.evaluate_metrics_clientapp, result.evaluate_metrics_serverapp):
+            moved = {r + done: m for r, m in book.items()}
+            book.clear()
+            book.update(moved)
+        if not len(result.arrays):
+            result.arrays = _record(arrays)
+        return result
 
 
 class _Unanswered(FedselError):

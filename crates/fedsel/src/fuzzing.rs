@@ -34,7 +34,40 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("shakespeare", shakespeare),
     ("leaf", leaf),
     ("flgo", flgo),
+    ("fedscale_devices", fedscale_devices),
+    ("fedscale_behave", fedscale_behave),
+    ("device_csv", device_csv),
 ];
+
+/// Clients a fuzzed device or behave file is read for: more than most inputs' entries,
+/// so the cyclic mapping is exercised.
+const DEVICE_CLIENTS: usize = 7;
+
+/// FedScale's pickled `client_device_capacity` (plain Python values, NumPy scalars and
+/// arrays) read for [`DEVICE_CLIENTS`] clients; every profile read must be finite and > 0.
+pub fn fedscale_devices(data: &[u8]) -> Result<()> {
+    let profiles = crate::system::fedscale::parse_devices(input_path(), data, DEVICE_CLIENTS)?;
+    assert_eq!(profiles.len(), DEVICE_CLIENTS);
+    for p in &profiles {
+        assert!(p.compute_ms_per_sample.is_finite() && p.compute_ms_per_sample > 0.0);
+        assert!(p.bandwidth_kbps.is_finite() && p.bandwidth_kbps > 0.0);
+    }
+    Ok(())
+}
+
+/// FedScale's pickled `client_behave_trace` read for [`DEVICE_CLIENTS`] clients.
+pub fn fedscale_behave(data: &[u8]) -> Result<()> {
+    let traces = crate::system::fedscale::parse_behave(input_path(), data, DEVICE_CLIENTS)?;
+    assert_eq!(traces.len(), DEVICE_CLIENTS);
+    Ok(())
+}
+
+/// A device CSV (`[system] kind = "csv"`) read for [`DEVICE_CLIENTS`] clients.
+pub fn device_csv(data: &[u8]) -> Result<()> {
+    let profiles = crate::system::profile::parse_csv(input_path(), data, DEVICE_CLIENTS)?;
+    assert_eq!(profiles.len(), DEVICE_CLIENTS);
+    Ok(())
+}
 
 /// Clients of the partition a fuzzed trace is checked against.
 const TRACE_CLIENTS: usize = 100;

@@ -75,7 +75,8 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     x, y, hx, hy = _local(context)
     loss, acc = task.loss_acc(_arrays(msg), hx, hy)
-    metrics = MetricRecord({"eval_loss": loss, "eval_acc": acc, "num-examples": len(y)})
+    # `partition-id` names the node across Flower runs (the strategy's `node_key`).
+    metrics = MetricRecord({"eval_loss": loss, "eval_acc": acc, "num-examples": len(y), "partition-id": int(context.node_config["partition-id"])})
     fault = _fault(context)
     if fault == "nan":
         metrics["eval_loss"] = float("nan")

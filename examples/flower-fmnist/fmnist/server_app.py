@@ -42,7 +42,10 @@ def main(grid: Grid, context: Context) -> None:
     def test(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         losses[server_round], accs[server_round] = task.loss_acc({k: v.numpy() for k, v in arrays.items()}, tx, ty)
         # The results so far, after every round: a run that dies keeps its finished rounds.
-        write({"strategy": strategy.strategy, "rounds": rounds, "done": server_round, "test_acc": accs, "test_loss": losses, "ledger": dict(strategy.ledger), "history": strategy.history})
+        write({"strategy": strategy.strategy, "rounds": rounds, "done": server_round, "test_acc": accs, "test_loss": losses, "ledger": dict(strategy.ledger), "history": strategy.history, "node_keys": strategy.node_keys})
+        if int(c["stop-after"]) and server_round == int(c["stop-after"]):
+            # For the restart tests: the ServerApp dies here, after the round's checkpoint.
+            raise RuntimeError(f"stop-after={server_round}: the ServerApp stops")
         return MetricRecord({"test_loss": losses[server_round], "test_acc": accs[server_round]})
 
     strategy = FedselStrategy(
@@ -52,6 +55,10 @@ def main(grid: Grid, context: Context) -> None:
         seed=int(c["seed"]),
         options=json.loads(str(c["options"])) if str(c["options"]) else None,
         min_available_nodes=int(c["per-round"]),
+        checkpoint_dir=str(c["checkpoint-dir"]) or None,
+        checkpoint_every=int(c["checkpoint-every"]),
+        # Node ids change from one Flower run to the next; partitions do not.
+        node_key="partition-id",
     )
     t0 = time.time()
     result = strategy.start(
@@ -71,6 +78,8 @@ def main(grid: Grid, context: Context) -> None:
         "test_loss": losses,
         "ledger": dict(strategy.ledger),
         "history": strategy.history,
+        "node_keys": strategy.node_keys,
+        "final_arrays": {k: v.numpy().tolist() for k, v in result.arrays.items()} if str(c["checkpoint-dir"]) else None,
     }
     print(f"fedsel {strategy.strategy}: {rounds} rounds in {wall:.1f}s, final test acc {acc.get(rounds)}, ledger {dict(strategy.ledger)}")
     write(out)

@@ -22,44 +22,18 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
-use serde_pickle::{DeOptions, HashableValue, Value};
+use serde_pickle::{HashableValue, Value};
 
 use crate::error::{DataError, Result, read_file};
 use crate::system::behave::Activity;
+use crate::system::pickle;
 use crate::system::profile::Profile;
 
-/// A pickled dict's entries in the file's order (serde-pickle's own `Value::Dict` sorts
-/// them, and the behave trace is mapped by position).
-struct Entries(Vec<(Value, Value)>);
-
-impl<'de> Deserialize<'de> for Entries {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Ordered;
-        impl<'de> Visitor<'de> for Ordered {
-            type Value = Entries;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a dict of client entries")
-            }
-            fn visit_map<M: MapAccess<'de>>(
-                self,
-                mut m: M,
-            ) -> std::result::Result<Entries, M::Error> {
-                let mut entries = Vec::with_capacity(m.size_hint().unwrap_or(0));
-                while let Some(entry) = m.next_entry()? {
-                    entries.push(entry);
-                }
-                Ok(Entries(entries))
-            }
-        }
-        d.deserialize_map(Ordered)
-    }
-}
-
-/// The entries of the pickled dict in `bytes`, with at least one entry.
+/// The entries of the pickled dict in `bytes`, in the file's order (the behave trace is
+/// mapped by position), with at least one entry. NumPy scalars and 1-D arrays of bool,
+/// int and float read as Python values; other objects are refused, named.
 fn entries(path: &Path, bytes: &[u8]) -> std::result::Result<Vec<(Value, Value)>, DataError> {
-    let Entries(entries) = serde_pickle::from_slice(bytes, DeOptions::new()).map_err(|e| {
+    let entries = pickle::dict_entries(bytes).map_err(|e| {
         DataError::corrupt(path, format!("not a pickled dict of client entries: {e}"))
     })?;
     if entries.is_empty() {

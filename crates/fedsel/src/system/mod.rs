@@ -8,6 +8,7 @@
 pub mod behave;
 pub mod clock;
 pub mod fedscale;
+mod pickle;
 pub mod profile;
 
 use std::path::PathBuf;
