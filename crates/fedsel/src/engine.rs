@@ -1588,15 +1588,7 @@ impl<'a> Run<'a> {
         };
         let taus: Vec<usize> = stale.iter().map(|(_, tau)| *tau).collect();
         let factors = clock::stale_factors(&cfg, &taus, &ratio);
-        for (x, f) in w[n..].iter_mut().zip(&factors) {
-            *x *= f;
-        }
-        if self.rule != AggregationRule::Selector {
-            let total: f64 = w.iter().sum();
-            for x in &mut w {
-                *x /= total;
-            }
-        }
+        clock::fold_weights(&mut w, n, &factors, self.rule != AggregationRule::Selector);
         let mut all: Vec<&[f32]> = entries.iter().map(|&i| locals[i]).collect();
         all.extend(stale.iter().map(|(u, _)| u.params.as_slice()));
         let mut dropped = 0;

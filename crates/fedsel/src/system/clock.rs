@@ -408,6 +408,24 @@ pub fn refl_ratio(fresh_sum: &[f64], n: usize, stale: &[f32]) -> f64 {
     (v1 / v2).abs()
 }
 
+/// The weights of a round that folds late updates: `w` holds the run's rule's weights of
+/// the round's fresh updates (its first `fresh`) and of the folded ones after them; each
+/// folded one's is multiplied by its staleness factor, and with `normalise` (the mean and
+/// data-size rules) all are divided by their sum, as REFL's `normalize_importance` divides
+/// the importances by theirs (ahmedcs/REFL @ aa7e642, `core/aggregator.py` lines
+/// 1162-1175).
+pub fn fold_weights(w: &mut [f64], fresh: usize, factors: &[f64], normalise: bool) {
+    for (x, f) in w[fresh..].iter_mut().zip(factors) {
+        *x *= f;
+    }
+    if normalise {
+        let total: f64 = w.iter().sum();
+        for x in w.iter_mut() {
+            *x /= total;
+        }
+    }
+}
+
 /// FedBuff's staleness weight s(τ) = 1/√(1 + τ) (Nguyen et al., AISTATS'22, §5, the
 /// polynomial staleness of their experiments).
 pub fn fedbuff_weight(staleness: usize) -> f64 {
@@ -778,6 +796,27 @@ mod async_tests {
         // r: fresh sum p = (2, 0) of n = 2, stale u = (4, 3):
         // u/3 + p/3 − p/2 = (1, 1), ‖·‖² = 2; ‖p/2‖² = 1.
         assert!(close(refl_ratio(&[2.0, 0.0], 2, &[4.0, 3.0]), 2.0));
+    }
+
+    /// Three fresh updates and one folded with τ = 2 under AdaSGD's 1/τ (REFL code −2) and
+    /// the mean rule: REFL's importances 1, 1, 1, 1/2 over their sum 3.5 give 2/7 each and
+    /// 1/7; the rule's own weights (1/4 each) are only rescaled.
+    #[test]
+    fn folded_weights_are_refl_importances_normalised() {
+        let cfg = StaleConfig {
+            stale_factor: -2.0,
+            ..StaleConfig::default()
+        };
+        let f = stale_factors(&cfg, &[2], &[1.0]);
+        let mut w = vec![0.25; 4];
+        fold_weights(&mut w, 3, &f, true);
+        for (got, want) in w.iter().zip([2.0 / 7.0, 2.0 / 7.0, 2.0 / 7.0, 1.0 / 7.0]) {
+            assert!(close(*got, want), "{got} ≠ {want}");
+        }
+        // A selector's weights are kept as given, the folded one's times its factor.
+        let mut w = vec![0.5, 0.3, 0.4];
+        fold_weights(&mut w, 2, &f, false);
+        assert_eq!(w, [0.5, 0.3, 0.2]);
     }
 
     /// FedBuff with concurrency 2, buffer 2 and three clients A (3 s), B (1 s), C (1.5 s).
