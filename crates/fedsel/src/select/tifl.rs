@@ -415,7 +415,7 @@ impl Selector for Tifl {
             Protocol::Code => ctx.round >= self.cfg.interval,
             Protocol::Paper => true,
         };
-        if due && ctx.round % self.cfg.interval == 0 && !ctx.available.is_empty() {
+        if due && ctx.round.is_multiple_of(self.cfg.interval) && !ctx.available.is_empty() {
             self.evaluate(ctx.available, query)?;
         }
         let tiers = self.state.tiers.as_mut().expect("tiers are built");
