@@ -33,6 +33,11 @@ def event_files(logdir):
     return sorted(p for p in logdir.iterdir() if "tfevents" in p.name)
 
 
+def tol(column):
+    """metrics.csv writes elapsed_s to 3 decimals, the other fractions to 6."""
+    return 6e-4 if column == "elapsed_s" else 1e-6
+
+
 def value(cell):
     return None if cell == "" else float(cell)
 
@@ -65,7 +70,7 @@ def test_tensorboard_holds_every_column_by_round_the_selection_and_the_config(tm
         got = [(e.step, e.value) for e in ea.Scalars(c)]
         assert [s for s, _ in got] == [s for s, _ in want], c
         for (_, a), (_, b) in zip(got, want):
-            assert a == pytest.approx(b, rel=1e-6, abs=1e-6), c
+            assert a == pytest.approx(b, rel=1e-6, abs=tol(c)), c
     assert not any(t.startswith("time/") for t in tags), "no clock, no time-indexed tags"
     # The selection as a histogram of client ids.
     picked = {}
@@ -154,9 +159,9 @@ def test_on_round_is_called_once_per_round_with_the_metrics_row(tmp_path):
             if row[k] == "":
                 assert v is None, k
             else:
-                assert v == pytest.approx(float(row[k]), rel=1e-5, abs=1e-6), k
+                assert v == pytest.approx(float(row[k]), rel=1e-5, abs=tol(k)), k
     assert isinstance(records[0]["n_selected"], int) and isinstance(records[0]["train_loss"], float)
-    assert records[1]["test_acc"] is None and records[2]["test_acc"] is not None
+    assert records[0]["test_acc"] is None and records[1]["test_acc"] is not None
 
 
 def test_an_exception_in_on_round_stops_the_run_after_that_round(tmp_path):
@@ -211,6 +216,6 @@ def test_mlflow_callback_against_a_local_file_store(tmp_path, monkeypatch):
     assert run.data.params == {"strategy": "uniform"}
     hist = sorted(client.get_metric_history(cb.run_id, "test_acc"), key=lambda m: m.step)
     want = [(int(r["round"]), float(r["test_acc"])) for r in rows if r["test_acc"] != ""]
-    assert [(m.step, m.value) for m in hist] == [(s, pytest.approx(v, abs=1e-12)) for s, v in want]
+    assert [(m.step, m.value) for m in hist] == [(s, pytest.approx(v, abs=1e-6)) for s, v in want]
     assert len(client.get_metric_history(cb.run_id, "train_loss")) == 4
     assert all(math.isfinite(m.value) for m in client.get_metric_history(cb.run_id, "uploads"))

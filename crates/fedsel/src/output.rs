@@ -109,7 +109,7 @@ impl RunWriter {
             w.flush().map_err(io(&path))?;
             Ok(w)
         };
-        Ok(Self {
+        Self {
             dir: dir.to_path_buf(),
             metrics: new("metrics.csv", &{
                 let mut c = metric_columns();
@@ -125,7 +125,7 @@ impl RunWriter {
             availability: new("availability.csv", &["round", "available"])?,
             tensorboard: None,
         }
-        .with_trackers(config)?)
+        .with_trackers(config)
     }
 
     /// Opens the trackers `config`'s `[output]` section asks for (a new event file in the
