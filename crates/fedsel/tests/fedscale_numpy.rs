@@ -74,18 +74,12 @@ fn a_numpy_type_fedsel_does_not_read_is_refused_naming_it_and_the_conversion() {
 }
 
 #[test]
-fn big_endian_scalars_are_read_and_a_2d_array_is_refused() {
+fn big_endian_arrays_are_read_and_a_2d_array_is_refused() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fedscale");
     for numpy in ["np1", "np2"] {
-        let big = load_devices(&dir.join(format!("{numpy}-bigendian.pkl")), 1).unwrap();
-        assert_eq!(
-            big,
-            vec![Profile {
-                compute_ms_per_sample: 2.5,
-                bandwidth_kbps: 640.0
-            }],
-            "{numpy}"
-        );
+        let big = load_behave(&dir.join(format!("{numpy}-bigendian.pkl")), 1).unwrap();
+        let want = Activity::new(vec![0.0, 100.5], vec![50.0, 200.0], 1000.0).unwrap();
+        assert_eq!(big, vec![want], "{numpy}");
         let err = load_devices(&dir.join(format!("{numpy}-2d.pkl")), 1)
             .unwrap_err()
             .to_string();

@@ -122,7 +122,7 @@ fn decode(d: &Dtype, raw: &[u8]) -> Result<Vec<Obj>, String> {
             ));
         }
     };
-    if raw.len() % size != 0 {
+    if !raw.len().is_multiple_of(size) {
         return Err(format!(
             "{} bytes of {} values, not a whole number of them",
             raw.len(),
@@ -132,11 +132,9 @@ fn decode(d: &Dtype, raw: &[u8]) -> Result<Vec<Obj>, String> {
     raw.chunks_exact(size)
         .map(|c| {
             let mut b = [0u8; 8];
+            b[..size].copy_from_slice(c);
             if big {
-                b[8 - size..].copy_from_slice(c);
-                b[8 - size..].reverse();
-            } else {
-                b[..size].copy_from_slice(c);
+                b[..size].reverse();
             }
             let u = u64::from_le_bytes(b);
             let shift = 64 - 8 * size as u32;
@@ -277,7 +275,7 @@ impl<'a> Machine<'a> {
     }
 
     fn set_items(&mut self, target: &Obj, items: Vec<Obj>) -> Result<(), String> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err("SETITEMS with an odd number of items".into());
         }
         let Obj::Dict(i) = target else {

@@ -12,7 +12,7 @@ Run it with numpy 1.x and with numpy 2.x (their scalars pickle under
 Each writes, next to this script, for pickle protocols 0, 2, 4 and 5:
 `np<major>-p<protocol>-device.pkl`, `np<major>-p<protocol>-behave.pkl`, and one file of
 a NumPy type fedsel refuses (`np<major>-p<protocol>-float16.pkl`); and, at protocol 4,
-a device file with big-endian scalars (`np<major>-bigendian.pkl`, read) and one with a 2-D
+a behave file with big-endian arrays (`np<major>-bigendian.pkl`, read) and one with a 2-D
 array (`np<major>-2d.pkl`, refused). The values are the ones
 `expected()` gives, which the Rust test repeats.
 """
@@ -72,9 +72,10 @@ def main() -> None:
         half = {1: {"computation": np.float16(1.5), "communication": 100.0}}
         Path(f"{stem}-float16.pkl").write_bytes(pickle.dumps(half, protocol=protocol))
         print(f"wrote {stem}-*.pkl with numpy {np.__version__}")
-    big = {1: {"computation": np.array([2.5], dtype=">f8")[0], "communication": np.array([640], dtype=">i4")[0]}}
+    # NumPy scalars are always in native order; arrays keep theirs.
+    big = {0: {"active": np.array([0.0, 100.5], dtype=">f8"), "inactive": np.array([50, 200], dtype=">i4"), "finish_time": 1000.0}}
     (HERE / f"np{major}-bigendian.pkl").write_bytes(pickle.dumps(big, protocol=4))
-    flat = {1: {"computation": 1.0, "communication": 2.0, "history": np.zeros((2, 2))}}
+    flat = {0: {"computation": 1.0, "communication": 2.0, "history": np.zeros((2, 2))}}
     (HERE / f"np{major}-2d.pkl").write_bytes(pickle.dumps(flat, protocol=4))
 
 
