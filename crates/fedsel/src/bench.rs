@@ -670,7 +670,7 @@ pub fn scaling(strategy: &str) -> Option<Scaling> {
         "md" => ("N + K log N", 0, 1),
         "powd" | "cpowd" | "rpowd" => ("N + d log d", 0, 1),
         "afl" | "f3ast" | "oort" | "fedcs" | "cs1" | "tifl" => ("N log N", 0, 1),
-        "fedcor" | "fedgp" => ("K N²", 2, 2),
+        "fedcor" | "fedgp" => ("K N (d + K)", 0, 1),
         "cs2" => ("N³ + K N P", 2, 3),
         "hics" => ("N³", 2, 3),
         "divfl" => ("N² P", 1, 2),
