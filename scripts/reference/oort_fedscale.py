@@ -17,9 +17,12 @@ by the client manager; then `select_participant` each round, and `update_client_
 straggler is registered as FedScale's `round_completion_handler` does: the round's mean
 utility and its exact duration. fedsel hears `dropped=` with the round's cut instead.
 
-fedsel departs from this code on purpose in three places (the module doc of
+fedsel departs from this code on purpose in four places (the module doc of
 crates/fedsel/src/select/oort.rs says why), and the comparison that judges fedsel gives
-FedScale the same three, so that what remains is what fedsel got wrong:
+FedScale the same four, so that what remains is what fedsel got wrong:
+- FedScale's client manager picks the first round uniformly at random (its `getTopK` cannot
+  rank with nothing explored); fedsel explores it by exploration's prior, and the reference
+  here does the same on its own state (`explore_first`);
 - once no client is left unexplored, FedScale's `getTopK` returns its previous round's
   exploration list again every round (it resets it only while something is left to
   explore): the reference here explores nobody then;
@@ -29,8 +32,8 @@ FedScale the same three, so that what remains is what fedsel got wrong:
 - with over-commitment, a dropped straggler is not registered as a trial with the round's
   mean utility and its exact duration; its known duration only rises to the round's cut
   (`update_duration`).
-The figures against FedScale as it is are printed too (`as is`): their distance is the
-effect of the three departures.
+The figures against FedScale as it is are printed too (`as is`, and as it is for each
+departure alone): their distance is the effect of the departures.
 
 What is random is compared by the selection frequencies over the seeds: the total-variation
 distance between fedsel's and FedScale's, against FedScale's own seed-to-seed distance
@@ -124,10 +127,11 @@ def fedscale_args(steps_batch: int) -> SimpleNamespace:
 
 
 # fedsel's deliberate departures from FedScale, each of which the reference can be given:
-# "stale": no stale exploration list once nobody is left to explore; "fill": exploitation
-# takes the slots exploration cannot fill; "stragglers": a dropped straggler's duration
-# rises to the round's cut, and it is not registered as a trial.
-DEPARTURES = frozenset({"stale", "fill", "stragglers"})
+# "first": the first round explored by exploration's prior, not uniformly; "stale": no
+# stale exploration list once nobody is left to explore; "fill": exploitation takes the
+# slots exploration cannot fill; "stragglers": a dropped straggler's duration rises to the
+# round's cut, and it is not registered as a trial.
+DEPARTURES = frozenset({"first", "stale", "fill", "stragglers"})
 
 
 def with_fedsel_departures(oort, departures=DEPARTURES):
@@ -157,6 +161,25 @@ def with_fedsel_departures(oort, departures=DEPARTURES):
     return Selector
 
 
+def explore_first(sel, budget: int) -> list[int]:
+    """fedsel's first round on FedScale's state: `getTopK`'s exploration step over every
+    client (the prior reward·(T/t)^α above the preferred duration T, the sample_window·budget
+    largest, sampled ∝ prior from NumPy's global stream, which FedScale's selector seeds)."""
+    arms = sel.totalArms
+    durations = sorted(a["duration"] for a in arms.values())
+    t = math.inf
+    if sel.round_threshold < 100.0:
+        t = durations[min(int(len(durations) * sel.round_threshold / 100.0), len(durations) - 1)]
+    prior = {}
+    for c, a in arms.items():
+        prior[c] = a["reward"]
+        if a["duration"] > t:
+            prior[c] *= (t / max(1e-4, a["duration"])) ** sel.args.round_penalty
+    window = sorted(prior, key=prior.get, reverse=True)[: min(int(sel.sample_window * budget), len(prior))]
+    total = max(1e-4, float(sum(prior[c] for c in window)))
+    return [int(c) for c in np.random.choice(window, budget, p=[prior[c] / total for c in window], replace=False)]
+
+
 def keep_fastest(fed: Federation, picked: list[int], k: int) -> tuple[list[int], list[int], float]:
     """Over-commitment: the k fastest are kept, the round closes when the last arrives."""
     order = sorted(picked, key=lambda c: fed.durations[c])
@@ -176,7 +199,9 @@ def run_fedscale(oort, fed: Federation, seed: int, rounds: int, k: int, overcomm
     counts, trained, short = np.zeros(n), [0] * n, 0
     first = random.Random(seed)
     for r in range(1, rounds + 1):
-        if r == 1:
+        if r == 1 and "first" in departures:
+            picked = explore_first(sel, budget)
+        elif r == 1:
             online = list(range(n))
             first.shuffle(online)
             picked = online[:budget]
@@ -274,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped: {e}")
             return 0
         worst = 0.0
-        named = {"stale": "stale exploration list", "fill": "fewer than the budget", "stragglers": "stragglers as trials"}
+        named = {"first": "the uniform first round", "stale": "stale exploration list", "fill": "fewer than the budget", "stragglers": "stragglers as trials"}
         relevant = DEPARTURES if a.overcommit else DEPARTURES - {"stragglers"}
         for f in a.federations:
             # The fair comparison, then FedScale as it is for one departure at a time, then
