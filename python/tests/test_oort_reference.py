@@ -2,7 +2,8 @@
 
 The reference wheel is downloaded from PyPI at test time; without it (no network) the test
 is skipped, saying why. The selection frequencies over 30 seeds must lie as close to
-FedScale's as FedScale's own lie to themselves on other seeds (within 1.5x).
+FedScale's (given fedsel's deliberate departures) as FedScale's own lie to themselves on
+other seeds (within 1.5x).
 """
 
 import sys
@@ -27,15 +28,27 @@ def fedscale_oort():
             pytest.skip(str(e))
 
 
-# Not met yet, and kept visible rather than loosened: on federation 1 fedsel's distance to
-# FedScale is 0.113 against FedScale's own seed-to-seed 0.049, even with registered
-# durations. The first difference found: once no client is left unexplored, FedScale's
-# getTopK keeps returning its previous round's exploration list (it resets it only while
-# something is left to explore), so it returns fewer than K distinct clients in most
-# rounds, which fedsel's contract of K_t clients does not do. Strict: the day the two
-# agree, this marker fails and goes.
-@pytest.mark.xfail(strict=True, reason="fedsel's Oort vs FedScale's: TV 0.113 against FedScale's own 0.049 (federation 1); cause under study")
+# The fair comparison gives FedScale fedsel's deliberate departures (its first round
+# explored by the prior, no stale exploration list once every client was tried, K distinct
+# clients a round, stragglers as censored bounds; the driver's docstring and select/oort.rs
+# say why): federation 1 then lies at 0.018 against FedScale's own 0.020, where FedScale as
+# it is lies at 0.112 against its own 0.049.
 @pytest.mark.parametrize("federation", [1, 2])
 def test_selection_frequencies_are_within_fedscale_s_own_seed_spread(fedscale_oort, federation):
     r = ref.compare(fedscale_oort, federation, seeds=30, rounds=120, k=10, overcommit=0.0, registration=True)
     assert r["tv_fedsel"] <= 1.5 * r["tv_reference"], r
+    # The slowest fifth's share of the picks, the figure the departures moved most.
+    assert abs(r["slow_fedsel"] - r["slow_fedscale"]) < 0.01, r
+
+
+def test_over_commitment_agrees_once_fedscale_is_given_fedsel_s_straggler_rule(fedscale_oort):
+    r = ref.compare(fedscale_oort, 1, seeds=30, rounds=120, k=10, overcommit=0.3, registration=True)
+    assert r["tv_fedsel"] <= 1.5 * r["tv_reference"], r
+
+
+def test_fedscale_as_it_is_differs_by_the_departures_alone(fedscale_oort):
+    # Against FedScale as it is the distance is about twice its own: the effect of the
+    # departures, which the tests above remove.
+    r = ref.compare(fedscale_oort, 1, seeds=30, rounds=120, k=10, overcommit=0.0, registration=True, departures=frozenset())
+    assert r["tv_fedsel"] > 1.5 * r["tv_reference"], r
+    assert r["short_rounds"] > 0, r
