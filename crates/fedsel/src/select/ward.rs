@@ -3,9 +3,11 @@
 //!
 //! Both pass the rows of an N × N distance matrix as the points (algorithms.md §3.3, §7.2:
 //! what the authors ran), so the points' own distances are Θ(N³) a clustering: 5·10¹¹
-//! squared differences at 10,000 clients, about 10 s at the two adders per core of the
-//! machine that measured it, the bound of both selectors at that size
-//! ([`point_distances`]).
+//! squared differences at 10,000 clients, 31 s a round of Clustered Sampling on the 2-core
+//! machine that measured it (docs/speed.md), the bound of both selectors at that size
+//! ([`point_distances`]). Only the K clients that report change their rows, but updating
+//! the sums in O(K N²) would make each distance depend on the run's history, not on the
+//! rows alone, and a resumed run would then cluster differently from an uninterrupted one.
 //!
 //! The Lance–Williams recurrence on Euclidean distances, merging the closest pair
 //! (the lowest-index pair on ties, so the result is deterministic), with each
