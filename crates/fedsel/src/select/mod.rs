@@ -23,6 +23,7 @@ pub mod guard;
 pub mod hics;
 pub mod md;
 pub mod oort;
+mod panels;
 pub mod powd;
 pub mod tifl;
 pub mod uniform;

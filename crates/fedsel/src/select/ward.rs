@@ -15,6 +15,8 @@
 //! practice instead of the full scan's O(n³), and the same merges bit for bit
 //! (`tests::the_cached_scan_merges_as_the_full_scan`).
 
+use super::panels::{BLOCK, PANEL, pair_sums};
+
 /// One merge, in scipy's convention: clusters 0..n are the points, cluster n + i
 /// is the one formed by merge i.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,80 +101,40 @@ pub fn linkage(points: &[Vec<f64>]) -> Vec<Merge> {
     merges
 }
 
-/// Points per panel of [`point_distances`]: one AVX-512 vector of f64.
-const PANEL: usize = 8;
 /// Column panels per tile: independent chains of additions enough to keep two adders busy.
 const GROUP: usize = 8;
 /// Features per block: a tile's column panels, GROUP × DEPTH × PANEL values, stay in L1.
 const DEPTH: usize = 64;
-/// Running sums of one row panel against one column panel.
-const BLOCK: usize = PANEL * PANEL;
 
 /// Euclidean distances between the points, each the plain sum of (x − y)² over the
 /// features in order from −0.0, as `Iterator::sum` adds them, then √: the bits of a serial
 /// pass. Clustered Sampling and HiCS-FL pass the rows of an N × N matrix, so this is
 /// N²/2 sums of N terms, Θ(N³), the whole cost of their clustering; it is blocked as a
-/// matrix product is, without reordering any sum. The points are cut into panels of
-/// [`PANEL`] and the features into blocks of [`DEPTH`]; per block the panels are
-/// interleaved (panel p, feature t, lane l at (p·depth + t)·PANEL + l), and each tile of one
-/// row panel against up to [`GROUP`] column panels adds a block's terms to its running
-/// sums while the block sits in cache. Only the upper triangle is summed, then mirrored
-/// ((x − y)² = (y − x)² exactly).
+/// matrix product is, without reordering any sum ([`pair_sums`], blocks of [`DEPTH`]
+/// features, tiles of [`GROUP`] column panels). Only the upper triangle is summed, then
+/// mirrored ((x − y)² = (y − x)² exactly).
 fn point_distances(points: &[Vec<f64>]) -> Vec<Vec<f64>> {
     point_distances_on(points, crate::cpu::isa())
 }
 
 /// [`point_distances`] with the kernel compiled for `isa` (one this CPU runs).
 fn point_distances_on(points: &[Vec<f64>], isa: crate::cpu::Isa) -> Vec<Vec<f64>> {
-    use rayon::prelude::*;
     let n = points.len();
-    let dims = points.first().map_or(0, Vec::len);
-    assert!(
-        points.iter().all(|p| p.len() == dims),
-        "Ward points of one length"
-    );
-    let panels = n.div_ceil(PANEL);
-    // sums[p]: row panel p against column panels p.., entry (q − p)·BLOCK + r·PANEL + l the
-    // sum of points p·PANEL + r and q·PANEL + l.
-    let mut sums: Vec<Vec<f64>> = (0..panels)
-        .map(|p| vec![-0.0; (panels - p) * BLOCK])
+    let rows: Vec<&[f64]> = points.iter().map(Vec::as_slice).collect();
+    let sums = pair_sums(&rows, DEPTH, GROUP, |tile, rows, cols, _| {
+        squared_differences(isa, tile, rows, cols)
+    });
+    let mut d: Vec<Vec<f64>> = (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| if j > i { sums.get(i, j).sqrt() } else { 0.0 })
+                .collect()
+        })
         .collect();
-    let mut packed = vec![0.0; panels * DEPTH * PANEL];
-    for start in (0..dims).step_by(DEPTH) {
-        let depth = DEPTH.min(dims - start);
-        let stride = depth * PANEL;
-        let packed = &mut packed[..panels * stride];
-        packed
-            .par_chunks_mut(stride)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                // Lanes past the last point keep what they hold: their sums are never read.
-                for l in 0..PANEL {
-                    if let Some(v) = points.get(p * PANEL + l) {
-                        for (t, &x) in v[start..start + depth].iter().enumerate() {
-                            panel[t * PANEL + l] = x;
-                        }
-                    }
-                }
-            });
-        let packed = &*packed;
-        sums.par_iter_mut().enumerate().for_each(|(p, row_sums)| {
-            let rows = &packed[p * stride..(p + 1) * stride];
-            for q in (p..panels).step_by(GROUP) {
-                let width = GROUP.min(panels - q);
-                let tile = &mut row_sums[(q - p) * BLOCK..(q - p + width) * BLOCK];
-                let cols = &packed[q * stride..(q + width) * stride];
-                squared_differences(isa, tile, rows, cols);
-            }
-        });
-    }
-    let mut d = vec![vec![0.0; n]; n];
-    for i in 0..n {
-        for j in i + 1..n {
-            let s =
-                sums[i / PANEL][(j / PANEL - i / PANEL) * BLOCK + i % PANEL * PANEL + j % PANEL];
-            d[i][j] = s.sqrt();
-            d[j][i] = d[i][j];
+    for i in 1..n {
+        let (above, below) = d.split_at_mut(i);
+        for (j, row) in above.iter().enumerate() {
+            below[0][j] = row[i];
         }
     }
     d

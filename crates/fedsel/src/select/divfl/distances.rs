@@ -2,31 +2,24 @@
 //! with every dot product the plain sequential f64 sum over the parameters in order, so
 //! that the selections stay bit for bit the ones of the one-at-a-time loop.
 //!
-//! A blocked matrix product would reorder the sums; this one keeps each sum's order and
-//! blocks the rest. The gradients are cut into panels of [`PANEL`] clients and the
-//! parameters into blocks of [`DEPTH`]; per block the gradients are widened to f64 and
-//! interleaved (panel p, parameter t, lane l at (p·depth + t)·PANEL + l), and each tile of
-//! one row panel against up to [`GROUP`] column panels carries its PANEL × GROUP·PANEL
-//! running sums in registers through the block, then back to memory for the next block:
-//! each sum still adds its products in parameter order, but the gradients are read from
-//! cache, not memory, and 24 (AVX-512) or 12 (AVX2) independent chains of additions keep
-//! the core's vector units busy. A product of two widened f32 is exact in f64 (24 + 24
-//! significant bits), so a fused multiply-add rounds once where mul-then-add rounds once:
-//! the same bits. Tiles of the same row panel share their running sums' memory; row
-//! panels run in parallel, each tile's sums in a fixed order whatever the thread count.
+//! The blocking is [`pair_sums`]'s (panels of [`PANEL`] clients, blocks of [`DEPTH`]
+//! parameters); each tile of one row panel against up to [`GROUP`] column panels carries
+//! its PANEL × GROUP·PANEL running sums in registers through the block: each sum still adds
+//! its products in parameter order, but the gradients are read from cache, not memory, and
+//! 24 (AVX-512) or 12 (AVX2) independent chains of additions keep the core's vector units
+//! busy. A product of two widened f32 is exact in f64 (24 + 24 significant bits), so a
+//! fused multiply-add rounds once where mul-then-add rounds once: the same bits.
 
 use rayon::prelude::*;
 
-/// Clients per panel: one AVX-512 vector of f64.
-const PANEL: usize = 8;
+use crate::select::panels::{BLOCK, PANEL, pair_sums};
+
 /// Column panels per tile: 8 × 3 accumulator vectors fill 24 of AVX-512's 32 registers.
 const GROUP: usize = 3;
 /// Parameters per block: a block of 1,000 clients' gradients is 1 MB, within L2.
 const DEPTH: usize = 128;
 /// Dot products [`distances_from`] carries side by side.
 const ROW_LANES: usize = 8;
-/// Running sums of one row panel against one column panel.
-const BLOCK: usize = PANEL * PANEL;
 
 /// The tile kernel a CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,50 +64,10 @@ pub fn gradient_distances(g: &[&[f32]]) -> Vec<Vec<f64>> {
 /// [`gradient_distances`] with the given kernel.
 pub(super) fn distances_with(g: &[&[f32]], kernel: Kernel) -> Vec<Vec<f64>> {
     let n = g.len();
-    let params = g.first().map_or(0, |v| v.len());
-    assert!(
-        g.iter().all(|v| v.len() == params),
-        "DivFL gradients of one length"
-    );
-    let panels = n.div_ceil(PANEL);
-    // dots[p]: row panel p against column panels p.., BLOCK sums each, entry
-    // (q − p)·BLOCK + r·PANEL + l the dot of clients p·PANEL + r and q·PANEL + l. The sums
-    // start at −0.0 as `Iterator::sum` does.
-    let mut dots: Vec<Vec<f64>> = (0..panels)
-        .map(|p| vec![-0.0; (panels - p) * BLOCK])
-        .collect();
-    let mut packed = vec![0.0; panels * DEPTH * PANEL];
-    for start in (0..params).step_by(DEPTH) {
-        let depth = DEPTH.min(params - start);
-        let stride = depth * PANEL;
-        let packed = &mut packed[..panels * stride];
-        packed
-            .par_chunks_mut(stride)
-            .enumerate()
-            .for_each(|(p, panel)| {
-                for l in 0..PANEL {
-                    // Lanes past the last client are left as they are: their sums are never read.
-                    if let Some(v) = g.get(p * PANEL + l) {
-                        for (t, &x) in v[start..start + depth].iter().enumerate() {
-                            panel[t * PANEL + l] = f64::from(x);
-                        }
-                    }
-                }
-            });
-        let packed = &*packed;
-        dots.par_iter_mut().enumerate().for_each(|(p, sums)| {
-            let rows = &packed[p * stride..(p + 1) * stride];
-            for q in (p..panels).step_by(GROUP) {
-                let width = GROUP.min(panels - q);
-                let tile = &mut sums[(q - p) * BLOCK..(q - p + width) * BLOCK];
-                let cols = &packed[q * stride..(q + width) * stride];
-                accumulate(kernel, tile, rows, cols, depth);
-            }
-        });
-    }
-    let dot = |i: usize, j: usize| {
-        dots[i / PANEL][(j / PANEL - i / PANEL) * BLOCK + i % PANEL * PANEL + j % PANEL]
-    };
+    let dots = pair_sums(g, DEPTH, GROUP, |tile, rows, cols, depth| {
+        accumulate(kernel, tile, rows, cols, depth)
+    });
+    let dot = |i: usize, j: usize| dots.get(i, j);
     let sq: Vec<f64> = (0..n).map(|i| dot(i, i)).collect();
     let mut dist = vec![vec![0.0; n]; n];
     for i in 0..n {

@@ -1,0 +1,88 @@
+//! Sums over every pair of a set of vectors, blocked as a matrix product is but without
+//! reordering any sum: DivFL's dot products and Ward's squared differences. A blocked
+//! matrix product would reorder each pair's sum; here each pair's terms are still added one
+//! by one in feature order, so the results are the bits of a serial pass.
+//!
+//! The vectors are cut into panels of [`PANEL`] and the features into blocks; per block
+//! the panels are widened to f64 and interleaved (panel p, feature t, lane l at
+//! (p·depth + t)·PANEL + l), and each tile of one row panel against a few column panels
+//! adds the block's terms to its running sums while the block sits in cache. Row panels run
+//! in parallel, each tile's sums in a fixed order whatever the thread count.
+
+use rayon::prelude::*;
+
+/// Vectors per panel: one AVX-512 vector of f64.
+pub(crate) const PANEL: usize = 8;
+/// Running sums of one row panel against one column panel.
+pub(crate) const BLOCK: usize = PANEL * PANEL;
+
+/// The running sums of every pair i ≤ j, from [`pair_sums`].
+pub(crate) struct PairSums {
+    /// Row panel p against column panels p.., entry (q − p)·BLOCK + r·PANEL + l the sum of
+    /// vectors p·PANEL + r and q·PANEL + l.
+    sums: Vec<Vec<f64>>,
+}
+
+impl PairSums {
+    /// The sum of vectors `i` and `j`, `i ≤ j`.
+    pub(crate) fn get(&self, i: usize, j: usize) -> f64 {
+        self.sums[i / PANEL][(j / PANEL - i / PANEL) * BLOCK + i % PANEL * PANEL + j % PANEL]
+    }
+}
+
+/// Every pair's sum over the features of `points` (all of one length), starting at −0.0 as
+/// `Iterator::sum` does, in blocks of at most `depth` features: `tile(sums, rows, cols,
+/// depth)` adds, for each feature of the block in order, the term of row r and column c to
+/// `sums[c / PANEL · BLOCK + r · PANEL + c % PANEL]`, where `rows` is one packed panel and
+/// `cols` up to `group` consecutive ones.
+pub(crate) fn pair_sums<T: Copy + Into<f64> + Sync>(
+    points: &[&[T]],
+    depth: usize,
+    group: usize,
+    tile: impl Fn(&mut [f64], &[f64], &[f64], usize) + Sync,
+) -> PairSums {
+    let n = points.len();
+    let dims = points.first().map_or(0, |v| v.len());
+    assert!(
+        points.iter().all(|v| v.len() == dims),
+        "pairwise sums over vectors of one length"
+    );
+    let panels = n.div_ceil(PANEL);
+    let mut sums: Vec<Vec<f64>> = (0..panels)
+        .map(|p| vec![-0.0; (panels - p) * BLOCK])
+        .collect();
+    let mut packed = vec![0.0; panels * depth * PANEL];
+    for start in (0..dims).step_by(depth) {
+        let depth = depth.min(dims - start);
+        let stride = depth * PANEL;
+        let packed = &mut packed[..panels * stride];
+        packed
+            .par_chunks_mut(stride)
+            .enumerate()
+            .for_each(|(p, panel)| {
+                // Lanes past the last vector keep what they hold: their sums are never read.
+                for l in 0..PANEL {
+                    if let Some(v) = points.get(p * PANEL + l) {
+                        for (t, &x) in v[start..start + depth].iter().enumerate() {
+                            panel[t * PANEL + l] = x.into();
+                        }
+                    }
+                }
+            });
+        let packed = &*packed;
+        sums.par_iter_mut().enumerate().for_each(|(p, row_sums)| {
+            let rows = &packed[p * stride..(p + 1) * stride];
+            for q in (p..panels).step_by(group) {
+                let width = group.min(panels - q);
+                let tiles = &mut row_sums[(q - p) * BLOCK..(q - p + width) * BLOCK];
+                tile(
+                    tiles,
+                    rows,
+                    &packed[q * stride..(q + width) * stride],
+                    depth,
+                );
+            }
+        });
+    }
+    PairSums { sums }
+}
