@@ -1160,13 +1160,14 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 6] = [
+const ELIDED_AT_DEFAULT: [&str; 7] = [
     "eval.per_client",
     "eval.per_client_every",
     "eval.per_client_clients",
     "selection.oort",
     "selection.fedcs",
     "selection.tifl",
+    "selection.ward_distances",
 ];
 
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes

@@ -45,6 +45,7 @@ use md::MdConfig;
 use oort::OortConfig;
 use powd::PowdConfig;
 use tifl::TiflConfig;
+use ward::WardDistances;
 
 /// Client selection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,6 +88,11 @@ pub struct SelectionConfig {
     /// Oort's).
     #[serde(skip_serializing_if = "TiflConfig::is_default")]
     pub tifl: TiflConfig,
+    /// How Clustered Sampling Alg. 2 and HiCS-FL obtain Ward's point distances: `exact`
+    /// (the default, Θ(N³) a round) or `incremental` (O(K N²), history-dependent last
+    /// bits; for thousands of clients). Written out only when not the default.
+    #[serde(skip_serializing_if = "WardDistances::is_default")]
+    pub ward_distances: WardDistances,
 }
 
 impl Default for SelectionConfig {
@@ -107,6 +113,7 @@ impl Default for SelectionConfig {
             oort: OortConfig::default(),
             fedcs: FedCsConfig::default(),
             tifl: TiflConfig::default(),
+            ward_distances: WardDistances::Exact,
         }
     }
 }
@@ -528,13 +535,16 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         ))),
         "fedgs" => Ok(Box::new(fedgs::FedGs::new(cfg.fedgs.clone()))),
         "f3ast" => Ok(Box::new(f3ast::F3ast::new(cfg.f3ast.clone()))),
-        "hics" => Ok(Box::new(hics::Hics::new(cfg.hics.clone()))),
+        "hics" => Ok(Box::new(
+            hics::Hics::new(cfg.hics.clone()).with_ward_distances(cfg.ward_distances),
+        )),
         "cs1" => Ok(Box::new(clustered::ClusteredSampling::new(
             clustered::Variant::Sizes,
         ))),
-        "cs2" => Ok(Box::new(clustered::ClusteredSampling::new(
-            clustered::Variant::Similarity,
-        ))),
+        "cs2" => Ok(Box::new(
+            clustered::ClusteredSampling::new(clustered::Variant::Similarity)
+                .with_ward_distances(cfg.ward_distances),
+        )),
         "divfl" => Ok(Box::new(divfl::DivFl::new(cfg.divfl.clone()))),
         "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
         "fedcs" => Ok(Box::new(fedcs::FedCs::new(cfg.fedcs.clone()))),
