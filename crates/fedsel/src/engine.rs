@@ -1426,6 +1426,7 @@ impl<'a> Run<'a> {
     /// split and the evaluation can, so the threads take the trainings first, in client
     /// order, and whichever runs out of them first moves on to the evaluation, which the
     /// other joins when its last training ends.
+    ///
     /// A client with an order ([`ClientOrder`]) trains its ordered steps and drops what it
     /// was told to from its upload.
     fn train(
@@ -1517,14 +1518,15 @@ impl<'a> Run<'a> {
 
     /// The training settings of client `k` told to do `work` times its own local work
     /// ([`ClientOrder::work`]): ⌊E·`work`⌋ steps, at least one, E being its steps under
-    /// `train.work`. `None` for `work` = 1, the run's own settings. Steps over its data
+    /// `train.work`. `None` for `work` = 1, the run's own settings, and for a client with
+    /// no steps to scale (no training examples under epochs). Steps over its data
     /// reshuffle at each pass as epochs do, so E steps of an epoch-based run are its epochs.
     fn ordered_work(&self, k: usize, work: f64) -> Option<TrainConfig> {
-        if work == 1.0 {
-            return None;
-        }
         let cfg = &self.exp.config.train;
         let base = client_steps(cfg, self.exp.clients[k].train.len());
+        if work == 1.0 || base == 0 {
+            return None;
+        }
         let steps = ((base as f64 * work).floor() as usize).max(1);
         Some(TrainConfig {
             work: LocalWork::Steps(steps),
