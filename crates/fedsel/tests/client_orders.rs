@@ -1,5 +1,5 @@
 //! Per-client orders ([`ClientOrder`]: local work and upload dropout) end to end on the
-//! synthetic data.
+//! synthetic data, and PyramidFL, which gives them, under every round policy.
 
 #[allow(dead_code)]
 mod common;
@@ -23,6 +23,12 @@ fn synthetic(overrides: &[&str]) -> Experiment {
     config.validate().unwrap();
     let dir = locate::data_dir(None, None);
     Experiment::prepare(config, &dir).unwrap()
+}
+
+fn run(exp: &Experiment) -> Vec<RoundRecord> {
+    let mut c = Collect::default();
+    engine::run(exp, &mut c).unwrap();
+    c.0
 }
 
 /// One fixed client a round, 0, 1, 2, ..., each with `order` (or none), recording the
@@ -227,4 +233,84 @@ fn bad_orders_are_refused() {
             "{e}"
         );
     }
+}
+
+/// PyramidFL under every round policy (and with stale updates): each round selects and
+/// aggregates, the clock moves, fast clients train more steps than their own work, uploads
+/// are cut, and the run repeats bit for bit.
+#[test]
+fn pyramidfl_runs_under_every_round_policy() {
+    let base = [
+        "rounds=8",
+        "selection.strategy=\"pyramidfl\"",
+        "selection.clients_per_round=5",
+        "system.kind=\"lognormal\"",
+    ];
+    let wait = run(&synthetic(&base));
+    // Round 0's round trip: PyramidFL fills it with its fast clients' extra steps.
+    let deadline = wait[0].clock.unwrap().round_s;
+    let policies = [
+        "system.round={policy=\"wait_all\"}".to_string(),
+        "system.round={policy=\"overcommit\", overcommit=0.3}".into(),
+        format!("system.round={{policy=\"deadline\", deadline_s={deadline}}}"),
+        "system.round={policy=\"fedbuff\", concurrency=8, buffer_size=4}".into(),
+        "system.round={policy=\"overcommit\", overcommit=0.3}\nsystem.stale={stale_update=-1}"
+            .into(),
+    ];
+    for policy in &policies {
+        let mut set: Vec<&str> = base.to_vec();
+        let parts: Vec<&str> = policy.split('\n').collect();
+        set.extend(parts);
+        let exp = synthetic(&set);
+        let rows = run(&exp);
+        set.push("selection.pyramidfl.enable_adapt_local_epoch=false");
+        let own = run(&synthetic(&set));
+        assert_eq!(rows.len(), 8, "{policy}");
+        let mut last = 0.0;
+        for r in &rows {
+            let c = r.clock.unwrap();
+            assert!(
+                r.n_selected > 0 && c.clock_s > last,
+                "{policy} round {}",
+                r.round
+            );
+            last = c.clock_s;
+        }
+        assert!(
+            rows.iter().any(|r| r.clock.unwrap().aggregated > 0),
+            "{policy}"
+        );
+        // Round 0 selects the same clients with or without the step multiplier, and the
+        // fast ones train more than their own work.
+        assert_eq!(rows[0].selected, own[0].selected, "{policy}");
+        assert!(
+            rows[0].cost.train_steps > own[0].cost.train_steps,
+            "{policy}: {} steps against {}",
+            rows[0].cost.train_steps,
+            own[0].cost.train_steps
+        );
+        assert!(rows.iter().any(|r| r.cost.dropped_params > 0), "{policy}");
+        let acc = rows.last().unwrap().test_acc.unwrap();
+        assert!(acc.is_finite(), "{policy}");
+        let again = run(&exp);
+        let strip = |r: &[RoundRecord]| {
+            r.iter()
+                .map(|x| (x.selected.clone(), x.test_loss.map(f64::to_bits), x.clock))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(strip(&rows), strip(&again), "{policy}");
+    }
+}
+
+/// PyramidFL without a clock is a config error naming the key.
+#[test]
+fn pyramidfl_needs_a_clock() {
+    let e = Config::load(None, &["selection.strategy=\"pyramidfl\"".into()])
+        .and_then(|c| c.validate().map(|_| c))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("selection.strategy") && e.contains("[system]"),
+        "{e}"
+    );
 }

@@ -25,6 +25,7 @@ pub mod md;
 pub mod oort;
 mod panels;
 pub mod powd;
+pub mod pyramidfl;
 pub mod tifl;
 pub mod uniform;
 pub mod ward;
@@ -44,6 +45,7 @@ use hics::HicsConfig;
 use md::MdConfig;
 use oort::OortConfig;
 use powd::PowdConfig;
+use pyramidfl::PyramidflConfig;
 use tifl::TiflConfig;
 
 /// Client selection.
@@ -51,7 +53,8 @@ use tifl::TiflConfig;
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
     /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
-    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort`, `fedcs` or `tifl`.
+    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort`, `fedcs`, `tifl`
+    /// or `pyramidfl`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -87,6 +90,10 @@ pub struct SelectionConfig {
     /// Oort's).
     #[serde(skip_serializing_if = "TiflConfig::is_default")]
     pub tifl: TiflConfig,
+    /// PyramidFL settings (`pyramidfl`), written out only when they differ from the
+    /// defaults (as Oort's).
+    #[serde(skip_serializing_if = "PyramidflConfig::is_default")]
+    pub pyramidfl: PyramidflConfig,
 }
 
 impl Default for SelectionConfig {
@@ -107,6 +114,7 @@ impl Default for SelectionConfig {
             oort: OortConfig::default(),
             fedcs: FedCsConfig::default(),
             tifl: TiflConfig::default(),
+            pyramidfl: PyramidflConfig::default(),
         }
     }
 }
@@ -639,6 +647,7 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
         "fedcs" => Ok(Box::new(fedcs::FedCs::new(cfg.fedcs.clone()))),
         "tifl" => Ok(Box::new(tifl::Tifl::new(cfg.tifl.clone()))),
+        "pyramidfl" => Ok(Box::new(pyramidfl::PyramidFl::new(cfg.pyramidfl.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),
