@@ -314,3 +314,53 @@ fn pyramidfl_needs_a_clock() {
         "{e}"
     );
 }
+
+/// Keeps the rounds and the first checkpoint.
+#[derive(Default)]
+struct Keep {
+    rows: Vec<RoundRecord>,
+    checkpoint: Option<fedsel::checkpoint::Checkpoint>,
+}
+
+impl engine::Observer for Keep {
+    fn on_round(&mut self, r: &RoundRecord) -> fedsel::error::Result<()> {
+        self.rows.push(r.clone());
+        Ok(())
+    }
+    fn on_checkpoint(&mut self, c: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
+        self.checkpoint.get_or_insert_with(|| c.clone());
+        Ok(())
+    }
+}
+
+/// PyramidFL's state (Oort's, its gradient utilities, the samples it ordered) is
+/// checkpointed: a run resumed from round 4 repeats the rounds after it bit for bit.
+#[test]
+fn pyramidfl_resumes_exactly() {
+    let exp = synthetic(&[
+        "rounds=8",
+        "checkpoint_every=4",
+        "selection.strategy=\"pyramidfl\"",
+        "selection.clients_per_round=5",
+        "system.kind=\"lognormal\"",
+    ]);
+    let mut whole = Keep::default();
+    engine::run(&exp, &mut whole).unwrap();
+    let cp = whole.checkpoint.unwrap();
+    assert_eq!(cp.next_round, 4);
+    let mut resumed = Keep::default();
+    engine::resume(&exp, &mut resumed, cp).unwrap();
+    let strip = |r: &[RoundRecord]| {
+        r.iter()
+            .map(|x| {
+                (
+                    x.selected.clone(),
+                    x.test_loss.map(f64::to_bits),
+                    x.clock,
+                    x.cost,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(&whole.rows[4..]), strip(&resumed.rows));
+}
