@@ -18,7 +18,7 @@
 //!    utility, highest first, ties sharing the higher rank (the code's
 //!    `rewardListSorted.index`); the client of rank r drops the fraction
 //!    `dropout_low` + r·(`dropout_high` − `dropout_low`)/K of its update, so the clients
-//!    whose updates move the model most send the most (param_server.py lines 172-180). Its
+//!    whose updates move the model most send the most (param_server.py lines 171-180). Its
 //!    predicted round trip becomes t_k = download + compute + (1 − r_k)·upload, and the
 //!    round's T their maximum.
 //! 4. **Local work** (`enable_adapt_local_epoch`). A client that would wait for the round
@@ -36,7 +36,7 @@
 //! ([`Oort::observe`]: n_k·|ℓ̄| and the measured round trips). The gradient utility of a
 //! client that reported is ‖Δ_k‖·min(n_k, s_k)/100, s_k the samples it trained this round,
 //! and n_k before it trained (the code's `registerScore` with `size_of_sample_bin`,
-//! param_server.py lines 337-344, and its prior `gradient: size` in `clientSampler.py`).
+//! param_server.py lines 337-346, and its prior `gradient: size` in `clientSampler.py`).
 //!
 //! **Protocols**, where the paper and the code differ: the dropout rule. `paper` drops the
 //! fraction r_k of the update's coordinates whose change is smallest
@@ -46,6 +46,9 @@
 //!
 //! **Departures from the code**, each because fedsel's server cannot or need not do what
 //! the code does:
+//! - *Statistical utility.* The code registers √ℓ·min(n_k, s_k) (param_server.py line
+//!   345, its `iteration_loss` being the client's reported loss); fedsel's Oort keeps
+//!   n_k·|ℓ̄| (see its module doc), which PyramidFL calls here rather than restating.
 //! - *Gradient norm.* The code's norm is ‖Δ_k − w‖ (param_server.py line 331 subtracts the
 //!   broadcast model from the delta), which is nearly ‖w‖ for every client; here ‖Δ_k‖, the
 //!   gradient norm the code's variable names mean. A selector is not handed the model.
