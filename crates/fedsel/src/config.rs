@@ -600,8 +600,24 @@ const MODELS: &[&str] = &[
     "char_lstm",
 ];
 const STRATEGIES: &[&str] = &[
-    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast", "hics",
-    "cs1", "cs2", "divfl", "oort", "fedcs", "tifl",
+    "uniform",
+    "md",
+    "powd",
+    "cpowd",
+    "rpowd",
+    "afl",
+    "fedcor",
+    "fedgp",
+    "fedgs",
+    "f3ast",
+    "hics",
+    "cs1",
+    "cs2",
+    "divfl",
+    "oort",
+    "fedcs",
+    "tifl",
+    "pyramidfl",
 ];
 
 /// Floats the Synthetic generator may produce (4 GB): far above every paper's size
@@ -955,6 +971,12 @@ impl Config {
         sel.oort.validate()?;
         sel.fedcs.validate()?;
         sel.tifl.validate()?;
+        sel.pyramidfl.validate()?;
+        check(
+            sel.strategy != "pyramidfl" || self.system.as_ref().is_some_and(|s| s.is_on()),
+            "selection.strategy",
+            "pyramidfl ranks clients by their devices' round trips: it needs a [system] clock (system.kind)",
+        )?;
         self.validate_availability()?;
         if let Some(system) = &self.system {
             system.validate()?;
@@ -1160,7 +1182,7 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 7] = [
+const ELIDED_AT_DEFAULT: [&str; 8] = [
     "eval.per_client",
     "eval.per_client_every",
     "eval.per_client_clients",
@@ -1168,6 +1190,7 @@ const ELIDED_AT_DEFAULT: [&str; 7] = [
     "selection.fedcs",
     "selection.tifl",
     "selection.ward_distances",
+    "selection.pyramidfl",
 ];
 
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes
