@@ -49,27 +49,39 @@ fn merge(mut d: Vec<Vec<f64>>) -> Vec<Merge> {
     // d[i][j] for the active clusters, indexed by slot; slot i holds cluster id[i].
     let mut id: Vec<usize> = (0..n).collect();
     let mut size = vec![1usize; n];
-    let mut sizes = vec![1.0f64; n];
     let mut active = vec![true; n];
+    // A merge rewrites row i (slot i holding the merged cluster) whole; column i, a stride
+    // through every row and a cache miss per row at thousands of points, is brought up to
+    // date only when a row is next read. `rewritten` lists the slot each merge rewrote;
+    // row k holds the current d[k][m] for every m rewritten before `synced[k]`. Reading
+    // from row m what it would have been written is the same value: only its time changes.
+    let mut rewritten: Vec<usize> = Vec::with_capacity(n);
+    let mut synced = vec![0usize; n];
+    let sync = |k: usize, d: &mut [Vec<f64>], synced: &mut [usize], rewritten: &[usize]| {
+        for &m in &rewritten[synced[k]..] {
+            if m != k {
+                d[k][m] = d[m][k];
+            }
+        }
+        synced[k] = rewritten.len();
+    };
     // nn[i]: the active j > i nearest to i (the lowest such j on ties), or n if none. The
     // pair the full scan would merge, the least d[i][j] with the lowest (i, j) on ties, is
     // then the least d[i][nn[i]] with the lowest i: the scan's merges, in its order, with
-    // the same arithmetic, at O(n) per row instead of O(n²) per merge (issue 23).
-    let nearest = |i: usize, d: &[Vec<f64>], active: &[bool]| -> usize {
-        let (mut best, mut least) = (n, f64::NAN);
+    // the same arithmetic, at O(n) per row instead of O(n²) per merge (issue 23). nd[i] =
+    // d[i][nn[i]], so that neither the search for the closest pair nor the comparisons
+    // below reach into other rows.
+    let nearest = |i: usize, d: &[Vec<f64>], active: &[bool]| -> (usize, f64) {
+        let (mut best, mut least) = (n, f64::INFINITY);
         for (j, (&v, &open)) in d[i].iter().zip(active).enumerate().skip(i + 1) {
             if open && (best == n || v < least) {
                 (best, least) = (j, v);
             }
         }
-        best
+        (best, least)
     };
-    let mut nn: Vec<usize> = (0..n).map(|i| nearest(i, &d, &active)).collect();
-    // nd[i] = d[i][nn[i]], so that neither the search for the closest pair nor the
-    // comparisons below reach into other rows at random (at 10,000 clients, each such
-    // reach is a cache miss, n of them a merge).
-    let gap = |i: usize, j: usize, d: &[Vec<f64>]| if j < n { d[i][j] } else { f64::INFINITY };
-    let mut nd: Vec<f64> = (0..n).map(|i| gap(i, nn[i], &d)).collect();
+    let (mut nn, mut nd): (Vec<usize>, Vec<f64>) =
+        (0..n).map(|i| nearest(i, &d, &active)).unzip();
     let mut merges = Vec::with_capacity(n.saturating_sub(1));
     for step in 0..n.saturating_sub(1) {
         // The first candidate is taken whatever its distance, so that a merge is found even
@@ -82,25 +94,18 @@ fn merge(mut d: Vec<Vec<f64>>) -> Vec<Merge> {
             }
         }
         let (i, j, h) = best;
+        sync(i, &mut d, &mut synced, &rewritten);
+        sync(j, &mut d, &mut synced, &rewritten);
         let (si, sj) = (size[i] as f64, size[j] as f64);
-        // Row i first, every slot at once (no branch, so it vectorises; the slots not
-        // updated get their old value back), then column i, which is a stride through
-        // the rows.
         let (head, tail) = d.split_at_mut(j);
         let (row_i, row_j) = (&mut head[i], &tail[0]);
-        for (k, (di, (&dj, &sk))) in row_i.iter_mut().zip(row_j.iter().zip(&sizes)).enumerate() {
-            let v = lance_williams(si, sj, sk, *di, dj, h);
-            *di = if active[k] && k != i && k != j {
-                v
-            } else {
-                *di
-            };
-        }
         for k in 0..n {
             if active[k] && k != i && k != j {
-                d[k][i] = d[i][k];
+                row_i[k] = lance_williams(si, sj, size[k] as f64, row_i[k], row_j[k], h);
             }
         }
+        rewritten.push(i);
+        synced[i] = rewritten.len();
         merges.push(Merge {
             a: id[i].min(id[j]),
             b: id[i].max(id[j]),
@@ -108,20 +113,18 @@ fn merge(mut d: Vec<Vec<f64>>) -> Vec<Merge> {
             size: size[i] + size[j],
         });
         size[i] += size[j];
-        sizes[i] = size[i] as f64;
         id[i] = n + step;
         active[j] = false;
         // Rows whose nearest may have changed: i's own, those that pointed at i or j (their
         // distance to i changed, or j is gone), and those before i, for which i may now
-        // be nearer than their nearest (or as near, with a lower index). d[i][k] is d[k][i]:
-        // both were written with the same value.
+        // be nearer than their nearest (or as near, with a lower index); d[k][i] is d[i][k].
         for k in 0..n {
             if !active[k] {
                 continue;
             }
             if k == i || nn[k] == i || nn[k] == j {
-                nn[k] = nearest(k, &d, &active);
-                nd[k] = gap(k, nn[k], &d);
+                sync(k, &mut d, &mut synced, &rewritten);
+                (nn[k], nd[k]) = nearest(k, &d, &active);
             } else if k < i && (d[i][k] < nd[k] || (d[i][k] == nd[k] && i < nn[k])) {
                 // nn[k] < n here: i itself is an active candidate after k.
                 nn[k] = i;
