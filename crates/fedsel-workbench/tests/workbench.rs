@@ -319,5 +319,31 @@ fn the_report_links_each_cells_tensorboard_directory() {
             report.contains(&format!("`tensorboard --logdir {}`", tb.display())),
             "{report}"
         );
+        // A comparison of the cells' run directories links them too, each named by its
+        // run directory; `cmp/` holds neither tracker directory, so both are paths.
+        let runs: Vec<_> = cells
+            .iter()
+            .map(|c| out.join("cells").join(&c.dir_name))
+            .collect();
+        let (_, text) = fedsel_workbench::report::report(
+            &runs,
+            Some(&out.join("cmp")),
+            None,
+            fedsel_workbench::report::Format::Markdown,
+            false,
+        )
+        .unwrap();
+        for (cell, run) in cells.iter().zip(&runs) {
+            let line = format!(
+                "- `{}`: `{}`\n",
+                run.display(),
+                tb.join(&cell.dir_name).display()
+            );
+            assert!(text.contains(&line), "{line} missing from:\n{text}");
+        }
+        assert!(
+            !text.contains("tensorboard="),
+            "the tracker directory names no arm:\n{text}"
+        );
     }
 }
