@@ -20,15 +20,17 @@ use fedsel::error::ConfigError;
 use crate::error::{Difference, Error, LeftOut, Result};
 
 /// Keys that do not make runs different experiments: the seed (the arm's replicate), the
-/// run's name, where its data lives, how often it checkpoints and the version stamp. The
-/// data seed is set aside only where it is the run's seed (unpinned); a pinned one counts.
-pub const IGNORED: [&str; 6] = [
+/// run's name, where its data lives, how often it checkpoints, the version stamp and where
+/// its TensorBoard events go (each cell of a sweep has its own directory). The data seed
+/// is set aside only where it is the run's seed (unpinned); a pinned one counts.
+pub const IGNORED: [&str; 7] = [
     "seed",
     "data_seed",
     "name",
     "data_dir",
     "checkpoint_every",
     "fedsel_version",
+    "output.tensorboard",
 ];
 
 /// The keys that make the task a run learns, each with every key under it: the data, its
@@ -391,8 +393,8 @@ mod tests {
         arms.arms.iter().map(|a| a.label.as_str()).collect()
     }
 
-    /// Seeds (and an unpinned data seed, a name, a checkpoint interval) do not split an
-    /// arm; the strategy and the learning rate do, and label the arms by their short keys;
+    /// Seeds (and an unpinned data seed, a name, a checkpoint interval, a TensorBoard
+    /// directory) do not split an arm; the strategy and the learning rate do, and label the arms by their short keys;
     /// a pinned data seed that differs is a difference.
     #[test]
     fn runs_group_by_config_without_seed_and_are_named_by_what_differs() {
@@ -405,7 +407,11 @@ mod tests {
         let dirs = [
             run(tmp.path(), "a", &cfg(1, "uniform", 0.1, "")),
             run(tmp.path(), "b", &cfg(1, "powd", 0.1, "")),
-            run(tmp.path(), "c", &cfg(2, "uniform", 0.1, "")),
+            run(
+                tmp.path(),
+                "c",
+                &cfg(2, "uniform", 0.1, "[output]\ntensorboard = \"/tb/c\"\n"),
+            ),
             run(tmp.path(), "d", &cfg(1, "powd", 0.05, "")),
         ];
         let arms = arms(&dirs, false).unwrap();

@@ -1040,6 +1040,9 @@ struct Gathered {
     n_targets: usize,
     /// The title of the column naming each arm: a sweep's arms are its strategies.
     arm: &'static str,
+    /// (cell label or run directory, absolute TensorBoard directory) of every run that
+    /// wrote event files, in the order the runs were read.
+    trackers: Vec<(String, std::path::PathBuf)>,
 }
 
 fn check_smooth(smooth: Option<usize>) -> Result<()> {
@@ -1139,8 +1142,13 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
     // is left out and named, so one bad cell never keeps the rest of the sweep from being
     // reported.
     let mut left_out: Vec<(String, String)> = Vec::new();
+    let mut trackers = Vec::new();
     for cell in &index.cells {
         let cdir = dir.join("cells").join(&cell.dir);
+        // A cell still running or cut short has event files worth watching too.
+        if let Some(t) = tracker_dir(&cdir)? {
+            trackers.push((cell.label.clone(), t));
+        }
         if !crate::sweep::is_finished(&cdir) {
             missing.push(&cell.label);
             continue;
@@ -1237,6 +1245,7 @@ fn gather_sweep(dir: &Path) -> Result<Gathered> {
         shared_targets,
         n_targets,
         arm: "strategy",
+        trackers,
     })
 }
 
@@ -1278,9 +1287,13 @@ fn gather_runs(dirs: &[std::path::PathBuf], allow_mixed: bool) -> crate::error::
         );
     }
     let mut targets: Vec<Vec<f64>> = Vec::new();
+    let mut trackers = Vec::new();
     for (i, arm) in arms.iter().enumerate() {
         let mut runs = Vec::new();
         for dir in &arm.dirs {
+            if let Some(t) = tracker_dir(dir)? {
+                trackers.push((dir.display().to_string(), t));
+            }
             let summary: Summary = read_json(&dir.join("summary.json"))?;
             let counts = counts(&dir.join("selections.csv"), 0)?;
             let Metrics {
@@ -1317,6 +1330,7 @@ fn gather_runs(dirs: &[std::path::PathBuf], allow_mixed: bool) -> crate::error::
         targets: targets.swap_remove(0),
         groups: BTreeMap::from([((0, "all".to_string()), strategies)]),
         arm: "arm",
+        trackers,
     })
 }
 
@@ -1712,6 +1726,87 @@ fn client_accuracy_table(g: &Gathered, vs: &dyn Fn(&str) -> String) -> Table {
     table
 }
 
+/// The TensorBoard directory the run in `dir` wrote its event files to: its resolved
+/// config's `[output] tensorboard` (a sweep records each cell's own, absolute); `None`
+/// when the run asked for none or never started. A path recorded relative is taken as
+/// relative to the working directory, as the run took it.
+fn tracker_dir(dir: &Path) -> Result<Option<std::path::PathBuf>> {
+    let path = dir.join("config.resolved.toml");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(Error::Output {
+                path,
+                error: source,
+            });
+        }
+    };
+    let table: toml::Table = text.parse().map_err(|e| bad(&path, e))?;
+    let Some(tb) = table
+        .get("output")
+        .and_then(|o| o.get("tensorboard"))
+        .and_then(toml::Value::as_str)
+    else {
+        return Ok(None);
+    };
+    std::path::absolute(tb)
+        .map(Some)
+        .map_err(|source| Error::Output {
+            path,
+            error: source,
+        })
+}
+
+/// The report's section linking each run's TensorBoard directory: a link relative to
+/// `out`, the report's directory, where the events lie inside it (so the link survives
+/// moving the whole directory), else the absolute path. Empty when no run wrote events.
+fn trackers_section(trackers: &[(String, std::path::PathBuf)], out: &Path) -> Result<String> {
+    let Some((_, first)) = trackers.first() else {
+        return Ok(String::new());
+    };
+    let out = std::path::absolute(out).map_err(|source| Error::Output {
+        path: out.to_path_buf(),
+        error: source,
+    })?;
+    let mut md = String::from("\n## TensorBoard\n\nEach run's event files");
+    // A sweep's cells share one parent: TensorBoard shows them side by side from there.
+    if let Some(parent) = first.parent()
+        && trackers.iter().all(|(_, t)| t.parent() == Some(parent))
+    {
+        let _ = write!(md, " (`tensorboard --logdir {}`)", parent.display());
+    }
+    md.push_str(":\n\n");
+    for (label, dir) in trackers {
+        let shown = match dir.strip_prefix(&out) {
+            Ok(rel) => {
+                let parts: Vec<String> = rel
+                    .components()
+                    .map(|c| url_escape(&c.as_os_str().to_string_lossy()))
+                    .collect();
+                format!("[{}]({})", rel.display(), parts.join("/"))
+            }
+            Err(_) => format!("`{}`", dir.display()),
+        };
+        let missing = if dir.is_dir() { "" } else { " (not found)" };
+        let _ = writeln!(md, "- `{label}`: {shown}{missing}");
+    }
+    Ok(md)
+}
+
+/// `s` with every byte outside RFC 3986's unreserved characters percent-encoded, so that
+/// a path with spaces or parentheses stays one Markdown link target.
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Writes the tables' CSVs and the report in `format` into `out`; returns its text.
 fn render(g: &Gathered, out: &Path, smooth: Option<usize>, format: Format) -> Result<String> {
     let tables = tables(g)?;
@@ -1744,6 +1839,7 @@ fn render(g: &Gathered, out: &Path, smooth: Option<usize>, format: Format) -> Re
                 }
                 Err(why) => md.push_str(&format!("Figures skipped: {why}.\n")),
             }
+            md.push_str(&trackers_section(&g.trackers, out)?);
             md
         }
     };
@@ -1779,6 +1875,26 @@ mod tests {
             timed: None,
             dir: std::path::PathBuf::new(),
         }
+    }
+
+    /// A tracker path with a space and parentheses stays one link target; one that is
+    /// gone is named as such; without a shared parent there is no `--logdir` to offer.
+    #[test]
+    fn tracker_links_are_escaped_and_missing_directories_named() {
+        let out = tempfile::tempdir().unwrap();
+        let there = out.path().join("tb (a)").join("c 1");
+        std::fs::create_dir_all(&there).unwrap();
+        let gone = out.path().join("tb2").join("c2");
+        let md = trackers_section(
+            &[("a".into(), there), ("b".into(), gone.clone())],
+            out.path(),
+        )
+        .unwrap();
+        assert_eq!(
+            md,
+            "\n## TensorBoard\n\nEach run's event files:\n\n- `a`: [tb (a)/c 1](tb%20%28a%29/c%201)\n- `b`: [tb2/c2](tb2/c2) (not found)\n"
+        );
+        assert_eq!(trackers_section(&[], out.path()).unwrap(), "");
     }
 
     /// Two seeds that favour different client ids have the same profile: one client

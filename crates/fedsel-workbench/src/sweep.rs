@@ -786,10 +786,17 @@ pub fn run_cell(cell: &Cell, out: &Path, data_dir: &Path) -> Result<CellRun> {
     let checkpoint = fedsel::checkpoint::load(&dir)
         .ok()
         .filter(|cp| cp.config_hash == cell.hash);
-    // Each cell's trackers get a directory of their own, named as the cell's.
+    // Each cell's trackers get a directory of their own, named as the cell's, recorded
+    // absolute in the cell's resolved config so that a report written later, from any
+    // working directory, links it.
     let mut config = exp.config.clone();
     if let Some(base) = &config.output.tensorboard {
-        config.output.tensorboard = Some(base.join(&cell.dir_name));
+        let tb = base.join(&cell.dir_name);
+        config.output.tensorboard =
+            Some(std::path::absolute(&tb).map_err(|source| Error::Output {
+                path: tb.clone(),
+                error: source,
+            })?);
     }
     let (writer, result) = match checkpoint {
         Some(cp) => {

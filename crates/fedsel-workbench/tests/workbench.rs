@@ -88,6 +88,10 @@ fn sweep_reruns_only_unfinished_cells_and_reports() {
     ] {
         assert!(report.contains(needle), "{needle} missing from:\n{report}");
     }
+    assert!(
+        !report.contains("## TensorBoard"),
+        "no run asked for a tracker"
+    );
     // Every CSV field past the setting and strategy is a plain number (or empty for N/A):
     // mean and std have columns of their own, ratios carry no "x".
     for csv in [
@@ -266,4 +270,80 @@ fn shards_share_one_directory_and_run_every_cell_once() {
     let busy = sweep::run(&s, &out, &data, Shard::ALL, 2, 1, false, &Silent).unwrap();
     assert_eq!((busy.busy, busy.ran, busy.skipped), (1, 0, 5));
     assert_eq!(busy.unfinished, vec![cells[0].label.clone()]);
+}
+
+/// With `output.tensorboard` set, the report links each cell's own event directory:
+/// relative to the report where the events lie inside the sweep's directory, by absolute
+/// path where they lie elsewhere.
+#[test]
+fn the_report_links_each_cells_tensorboard_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.toml");
+    std::fs::write(
+        &path,
+        "name = \"t\"\n[config]\nrounds = 2\n[axes]\nstrategy = [\"uniform\", \"md\"]\n",
+    )
+    .unwrap();
+    let data = fedsel::data::locate::data_dir(None, None);
+    let out = dir.path().join("out");
+    let elsewhere = dir.path().join("tb");
+    for (tb, inside) in [(out.join("tb"), true), (elsewhere, false)] {
+        let set = toml::Value::String(tb.display().to_string());
+        let s = Sweep::load(&path, &[format!("output.tensorboard={set}")]).unwrap();
+        if out.exists() {
+            std::fs::remove_dir_all(&out).unwrap();
+        }
+        let done = sweep::run(&s, &out, &data, Shard::ALL, 1, 1, false, &Silent).unwrap();
+        assert_eq!(done.ran, 2);
+        let report = fedsel_workbench::report::write(&out, None).unwrap();
+        let cells = s.cells().unwrap();
+        assert_eq!(cells.len(), 2);
+        for cell in &cells {
+            let cell_tb = tb.join(&cell.dir_name);
+            let line = if inside {
+                format!("- `{}`: [tb/{d}](tb/{d})\n", cell.label, d = cell.dir_name)
+            } else {
+                format!("- `{}`: `{}`\n", cell.label, cell_tb.display())
+            };
+            assert!(report.contains(&line), "{line} missing from:\n{report}");
+            let events: Vec<String> = std::fs::read_dir(&cell_tb)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            assert!(
+                events.len() == 1 && events[0].starts_with("events.out.tfevents."),
+                "{events:?}"
+            );
+        }
+        assert!(
+            report.contains(&format!("`tensorboard --logdir {}`", tb.display())),
+            "{report}"
+        );
+        // A comparison of the cells' run directories links them too, each named by its
+        // run directory; `cmp/` holds neither tracker directory, so both are paths.
+        let runs: Vec<_> = cells
+            .iter()
+            .map(|c| out.join("cells").join(&c.dir_name))
+            .collect();
+        let (_, text) = fedsel_workbench::report::report(
+            &runs,
+            Some(&out.join("cmp")),
+            None,
+            fedsel_workbench::report::Format::Markdown,
+            false,
+        )
+        .unwrap();
+        for (cell, run) in cells.iter().zip(&runs) {
+            let line = format!(
+                "- `{}`: `{}`\n",
+                run.display(),
+                tb.join(&cell.dir_name).display()
+            );
+            assert!(text.contains(&line), "{line} missing from:\n{text}");
+        }
+        assert!(
+            !text.contains("tensorboard="),
+            "the tracker directory names no arm:\n{text}"
+        );
+    }
 }
