@@ -25,6 +25,7 @@
 
 use rand::Rng as _;
 use rand::seq::SliceRandom;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -181,6 +182,49 @@ fn arccos_distance(a: &[f32], b: &[f32], na: f64, nb: f64) -> f64 {
     (dot / (na * nb)).clamp(-1.0, 1.0).acos()
 }
 
+/// Dot products [`arccos_row`] runs side by side: enough independent additions to keep
+/// the adders busy while each stays one sequential sum.
+const LANES: usize = 8;
+
+/// Row `k` of the arccos distances, each [`arccos_distance`] bit for bit (0 at `k`): the
+/// dot products run [`LANES`] side by side and the clients in parallel, where one at a
+/// time made a report of 10 updates of 7,850 parameters cost a second at 10,000 clients.
+fn arccos_row(updates: &[Vec<f32>], norms: &[f64], k: usize) -> Vec<f64> {
+    let x = &updates[k];
+    let mut row = vec![0.0; updates.len()];
+    row.par_chunks_mut(LANES)
+        .enumerate()
+        .for_each(|(chunk, out)| {
+            let first = chunk * LANES;
+            // Lanes past the chunk, or of an update of another length (none reported yet),
+            // run on x itself: their sums are not used.
+            let mut cols: [&[f32]; LANES] = [x; LANES];
+            for (l, col) in cols.iter_mut().enumerate().take(out.len()) {
+                if updates[first + l].len() == x.len() {
+                    *col = &updates[first + l];
+                }
+            }
+            let mut dots = [-0.0f64; LANES];
+            for (p, &xp) in x.iter().enumerate() {
+                let xp = f64::from(xp);
+                for (d, col) in dots.iter_mut().zip(&cols) {
+                    *d += xp * f64::from(col[p]);
+                }
+            }
+            for (l, o) in out.iter_mut().enumerate() {
+                let j = first + l;
+                *o = if j == k || norms[k] == 0.0 || norms[j] == 0.0 {
+                    0.0
+                } else if updates[j].len() != x.len() {
+                    arccos_distance(x, &updates[j], norms[k], norms[j])
+                } else {
+                    (dots[l] / (norms[k] * norms[j])).clamp(-1.0, 1.0).acos()
+                };
+            }
+        });
+    row
+}
+
 /// The Clustered Sampling selector.
 #[derive(Debug, Clone)]
 pub struct ClusteredSampling {
@@ -309,19 +353,9 @@ impl Selector for ClusteredSampling {
         if let Some(kept) = &mut self.state.ward {
             kept.mark_changed(&fresh);
         }
-        let n = self.state.updates.len();
         for &k in &fresh {
-            for j in 0..n {
-                let d = if j == k {
-                    0.0
-                } else {
-                    arccos_distance(
-                        &self.state.updates[k],
-                        &self.state.updates[j],
-                        norms[k],
-                        norms[j],
-                    )
-                };
+            let row = arccos_row(&self.state.updates, norms, k);
+            for (j, &d) in row.iter().enumerate() {
                 self.state.distance[k][j] = d;
                 self.state.distance[j][k] = d;
             }
@@ -519,5 +553,36 @@ mod tests {
             exact.save().get("ward").is_none(),
             "exact runs keep no distances"
         );
+    }
+
+    /// A row of [`arccos_row`] is [`arccos_distance`] bit for bit, with clients not yet
+    /// seen (empty updates), an all-zero update, opposite and equal updates, and a row
+    /// length that is no multiple of the lanes.
+    #[test]
+    fn arccos_rows_are_the_pairwise_distances_bit_for_bit() {
+        use rand::Rng as _;
+        let mut rng = stream(6, Purpose::Strategy, 0, 0);
+        let mut updates: Vec<Vec<f32>> = (0..21)
+            .map(|_| (0..37).map(|_| rng.random_range(-1.0..1.0)).collect())
+            .collect();
+        updates[3] = Vec::new();
+        updates[5] = vec![0.0; 37];
+        updates[7] = updates[2].iter().map(|x| -x).collect();
+        updates[8] = updates[2].clone();
+        let norms: Vec<f64> = updates
+            .iter()
+            .map(|u| u.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt())
+            .collect();
+        for k in 0..updates.len() {
+            let row = arccos_row(&updates, &norms, k);
+            for (j, d) in row.iter().enumerate() {
+                let want = if j == k {
+                    0.0
+                } else {
+                    arccos_distance(&updates[k], &updates[j], norms[k], norms[j])
+                };
+                assert_eq!(d.to_bits(), want.to_bits(), "{k} {j}");
+            }
+        }
     }
 }

@@ -80,8 +80,7 @@ fn merge(mut d: Vec<Vec<f64>>) -> Vec<Merge> {
         }
         (best, least)
     };
-    let (mut nn, mut nd): (Vec<usize>, Vec<f64>) =
-        (0..n).map(|i| nearest(i, &d, &active)).unzip();
+    let (mut nn, mut nd): (Vec<usize>, Vec<f64>) = (0..n).map(|i| nearest(i, &d, &active)).unzip();
     let mut merges = Vec::with_capacity(n.saturating_sub(1));
     for step in 0..n.saturating_sub(1) {
         // The first candidate is taken whatever its distance, so that a merge is found even
@@ -405,9 +404,22 @@ fn lance_williams(si: f64, sj: f64, sk: f64, dik: f64, djk: f64, h: f64) -> f64 
 fn members(merges: &[Merge], n: usize) -> Vec<Vec<usize>> {
     let mut m: Vec<Vec<usize>> = (0..n).map(|i| vec![i]).collect();
     for g in merges {
-        let mut v = m[g.a].clone();
-        v.extend_from_slice(&m[g.b]);
-        v.sort_unstable();
+        // Both lists are sorted and disjoint: one merging pass, not a sort (a chain of
+        // merges, common at thousands of points, made the sorts O(n² log n)).
+        let (a, b) = (&m[g.a], &m[g.b]);
+        let mut v = Vec::with_capacity(a.len() + b.len());
+        let (mut x, mut y) = (a.iter().peekable(), b.iter().peekable());
+        while let (Some(&&p), Some(&&q)) = (x.peek(), y.peek()) {
+            if p < q {
+                v.push(p);
+                x.next();
+            } else {
+                v.push(q);
+                y.next();
+            }
+        }
+        v.extend(x);
+        v.extend(y);
         m.push(v);
     }
     m
@@ -603,16 +615,29 @@ mod tests {
 
     /// A symmetric N × N matrix of arccos-like distances in [0, π), 0 on the diagonal.
     fn symmetric(n: usize, rng: &mut crate::rng::Rng) -> Vec<Vec<f64>> {
-        use rand::Rng as _;
         let mut m = vec![vec![0.0; n]; n];
-        for i in 0..n {
-            for j in i + 1..n {
-                let v = rng.random_range(0.0..std::f64::consts::PI);
-                m[i][j] = v;
-                m[j][i] = v;
-            }
+        for k in 0..n {
+            set_row(&mut m, k, rng);
         }
         m
+    }
+
+    /// Draws row and column `k` of a symmetric matrix afresh (0 on the diagonal).
+    fn set_row(m: &mut [Vec<f64>], k: usize, rng: &mut crate::rng::Rng) {
+        use rand::Rng as _;
+        let row: Vec<f64> = (0..m.len())
+            .map(|j| {
+                if j == k {
+                    0.0
+                } else {
+                    rng.random_range(0.0..std::f64::consts::PI)
+                }
+            })
+            .collect();
+        for (j, v) in row.into_iter().enumerate() {
+            m[k][j] = v;
+            m[j][k] = v;
+        }
     }
 
     /// Clustered Sampling's rows as clients report: 300 rounds of 10 of 200 clients changing
@@ -622,7 +647,6 @@ mod tests {
     #[test]
     fn kept_sums_stay_close_to_the_exact_ones() {
         use crate::rng::{Purpose, stream};
-        use rand::Rng as _;
         use rand::seq::index::sample;
         let n = 200;
         let mut rng = stream(3, Purpose::Strategy, 0, 0);
@@ -632,22 +656,13 @@ mod tests {
         for round in 0..300 {
             let fresh: Vec<usize> = sample(&mut rng, n, 10).into_vec();
             for &k in &fresh {
-                for j in 0..n {
-                    let v = if j == k {
-                        0.0
-                    } else {
-                        rng.random_range(0.0..std::f64::consts::PI)
-                    };
-                    points[k][j] = v;
-                    points[j][k] = v;
-                }
+                set_row(&mut points, k, &mut rng);
             }
             kept.mark_changed(&fresh);
             let merges = kept.linkage(&points);
             let exact = point_sums_on(&points, crate::cpu::isa());
-            for i in 0..n {
-                for j in 0..n {
-                    let (got, want) = (kept.sums()[i][j], exact[i][j]);
+            for (i, (kept_row, exact_row)) in kept.sums().iter().zip(&exact).enumerate() {
+                for (j, (&got, &want)) in kept_row.iter().zip(exact_row).enumerate() {
                     if fresh.contains(&i) || fresh.contains(&j) {
                         assert_eq!(got.to_bits(), want.to_bits(), "round {round}: {i} {j}");
                     }
