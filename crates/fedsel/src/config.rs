@@ -600,8 +600,25 @@ const MODELS: &[&str] = &[
     "char_lstm",
 ];
 const STRATEGIES: &[&str] = &[
-    "uniform", "md", "powd", "cpowd", "rpowd", "afl", "fedcor", "fedgp", "fedgs", "f3ast", "hics",
-    "cs1", "cs2", "divfl", "oort", "fedcs", "tifl",
+    "uniform",
+    "md",
+    "powd",
+    "cpowd",
+    "rpowd",
+    "afl",
+    "fedcor",
+    "fedgp",
+    "fedgs",
+    "f3ast",
+    "hics",
+    "cs1",
+    "cs2",
+    "divfl",
+    "oort",
+    "fedcs",
+    "tifl",
+    "refl",
+    "fedbalancer",
 ];
 
 /// Floats the Synthetic generator may produce (4 GB): far above every paper's size
@@ -955,6 +972,7 @@ impl Config {
         sel.oort.validate()?;
         sel.fedcs.validate()?;
         sel.tifl.validate()?;
+        sel.fedbalancer.validate()?;
         self.validate_availability()?;
         if let Some(system) = &self.system {
             system.validate()?;
@@ -1160,13 +1178,15 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 6] = [
+const ELIDED_AT_DEFAULT: [&str; 8] = [
     "eval.per_client",
     "eval.per_client_every",
     "eval.per_client_clients",
     "selection.oort",
     "selection.fedcs",
     "selection.tifl",
+    "selection.refl",
+    "selection.fedbalancer",
 ];
 
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes
