@@ -32,7 +32,7 @@ use rayon::prelude::*;
 use crate::aggregate::{self, Server};
 use crate::availability;
 use crate::checkpoint::Checkpoint;
-use crate::config::{AggregationRule, ClientSize, Config};
+use crate::config::{AggregationRule, ClientSize, Config, LocalWork};
 use crate::data::{self, Dataset, FederatedData};
 use crate::error::{ConfigError, Error, Result};
 use crate::ledger::Ledger;
@@ -974,8 +974,13 @@ fn sample_pass(
     });
     let key = (5 * exp.clients.len() + k) as u64;
     let mut rng = stream(exp.config.seed, Purpose::Probe, t as u64, key);
+    let (epochs, fixed_steps) = match exp.config.train.work {
+        LocalWork::Epochs(e) => (Some(e), 0),
+        LocalWork::Steps(s) => (None, s),
+    };
     let plan = select::ClientPlan {
-        work: exp.config.train.work,
+        epochs,
+        fixed_steps,
         batch_size,
         device,
     };

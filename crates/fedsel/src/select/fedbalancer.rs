@@ -97,7 +97,6 @@ use super::{
     ClientPlan, ClientQuery, Feedback, RoundContext, SampleChoice, SampleRule, Selection, Selector,
     Setup,
 };
-use crate::config::LocalWork;
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
 use crate::validate::{check, check_prob};
@@ -257,14 +256,13 @@ impl Rule {
         let before = self.selected_before[client];
         let fits = |m: usize| {
             before
-                && plan.device.is_none_or(|d| {
-                    self.deadline_s
-                        > (plan.work.samples(m, batch) / batch as u64) as f64 * d.batch_s
-                })
+                && plan
+                    .device
+                    .is_none_or(|d| self.deadline_s > plan.steps(m) as f64 * d.batch_s)
         };
         let (easy, hard) = if fits(n) {
             return (0..n).collect();
-        } else if let (true, Some(d), LocalWork::Epochs(e)) = (fits(over), plan.device, plan.work) {
+        } else if let (true, Some(d), Some(e)) = (fits(over), plan.device, plan.epochs) {
             let cnt = ((self.deadline_s / (e as f64 * d.batch_s) * batch as f64) as usize).min(n);
             let easy = (cnt as f64 * (1.0 - self.fb_p)) as usize;
             if easy > under {
@@ -340,14 +338,12 @@ impl SampleRule for Rule {
             sorted.len() as f64,
         ];
         if let Some(d) = plan.device {
-            let batch = plan.batch_size.max(1);
             let m = keep.len();
-            let one_epoch = m.div_ceil(batch) as u64;
-            let low = match plan.work {
-                LocalWork::Epochs(_) => one_epoch,
-                LocalWork::Steps(s) => s as u64,
+            let low = match plan.epochs {
+                Some(_) => m.div_ceil(plan.batch_size.max(1)),
+                None => plan.fixed_steps,
             };
-            let high = plan.work.samples(m, batch) / batch as u64;
+            let high = plan.steps(m);
             report.extend([
                 d.transfer_s,
                 low as f64 * d.batch_s,
@@ -657,7 +653,8 @@ mod tests {
     /// Epochs(1) at batch 2, one second a batch.
     fn plan() -> ClientPlan {
         ClientPlan {
-            work: LocalWork::Epochs(1),
+            epochs: Some(1),
+            fixed_steps: 0,
             batch_size: 2,
             device: Some(DeviceTiming {
                 batch_s: 1.0,

@@ -34,7 +34,6 @@ pub mod ward;
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::AggregationRule;
-use crate::config::LocalWork;
 use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
 use afl::AflConfig;
@@ -438,12 +437,25 @@ pub struct Dropped<'a> {
 /// server configured it, and its own device.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClientPlan {
-    /// Local steps or epochs (`train.work`).
-    pub work: LocalWork,
+    /// Local epochs over the examples kept (`train.work.epochs`), or `None` for a fixed
+    /// number of steps whatever the examples kept.
+    pub epochs: Option<usize>,
+    /// The steps of a round of fixed steps (`train.work.steps`; unused with epochs).
+    pub fixed_steps: usize,
     /// The training batch size.
     pub batch_size: usize,
     /// The client's device; `None` where the run has no clock.
     pub device: Option<DeviceTiming>,
+}
+
+impl ClientPlan {
+    /// Training steps on `m` examples (an epoch's last, partial batch is a step).
+    pub fn steps(&self, m: usize) -> usize {
+        match self.epochs {
+            Some(e) => e * m.div_ceil(self.batch_size.max(1)),
+            None => self.fixed_steps,
+        }
+    }
 }
 
 /// A client's device as the client itself knows it: seconds to train one batch of the
