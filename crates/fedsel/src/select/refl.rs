@@ -14,7 +14,7 @@
 //!
 //! **The code's rule** (`client_manager.py:268-336` with `avail_priority = 1`, the value of
 //! REFL's runs, `run_exps.sh` line 97, and the random sampler, which "does not matter"
-//! once REFL is on, line 80):
+//! once REFL is on, line 78):
 //! 1. when at most K clients are online, all of them train (`:276-277`);
 //! 2. each online client gets a priority over two slots of the round's time window (the
 //!    moving-average deadline): 1 when it is available throughout the first slot but not
@@ -57,9 +57,9 @@
 //!   switch is the strategy itself (`avail_priority = 0`, REFL off, is `uniform`);
 //! - *recently run clients* (`prohibit_reselect`) are left out before the priority rule
 //!   rather than removed after it and replaced by uniformly drawn online clients
-//!   (`aggregator.py:705-718`), which would let the replacements ignore the priority; when
+//!   (`aggregator.py:704-719`), which would let the replacements ignore the priority; when
 //!   too few clients remain, the recently run ones fill the round, uniformly. The code also
-//!   replaces clients whose late update is still pending (`:686-693`); a client whose
+//!   replaces clients whose late update is still pending (`:686-694`); a client whose
 //!   update the round policy dropped was selected, so it is out for `prohibit_reselect`
 //!   rounds like any other, which covers a pending update that the default
 //!   `stale_update = -1` keeps waiting at most until it arrives, but not one that takes
