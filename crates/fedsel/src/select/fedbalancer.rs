@@ -907,4 +907,24 @@ mod tests {
             assert!(e.contains(key), "{e}");
         }
     }
+
+    #[test]
+    fn a_bad_value_in_the_config_is_an_error_naming_its_key() {
+        use crate::config::Config;
+        let e = Config::from_toml_str(
+            "[selection]\nstrategy = \"fedbalancer\"\n[selection.fedbalancer]\nfb_w = 0\n",
+            "test",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("selection.fedbalancer.fb_w"), "{e}");
+        let ok = Config::from_toml_str(
+            "[selection]\nstrategy = \"fedbalancer\"\n[selection.fedbalancer]\nfb_p = 0.8\n",
+            "test",
+            &[],
+        )
+        .unwrap();
+        assert!(ok.to_resolved_toml().contains("fb_p = 0.8"));
+    }
 }

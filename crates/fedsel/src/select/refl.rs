@@ -430,4 +430,22 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn a_set_table_survives_the_resolved_config_and_a_bad_value_is_named() {
+        use crate::config::Config;
+        let load = |text: &str| Config::from_toml_str(text, "test", &[]);
+        let set =
+            load("[selection]\nstrategy = \"refl\"\n[selection.refl]\nprohibit_reselect = 2\n")
+                .unwrap();
+        assert_eq!(set.selection.refl.prohibit_reselect, 2);
+        let resolved = set.to_resolved_toml();
+        assert_eq!(load(&resolved).unwrap().selection.refl, set.selection.refl);
+        let default = load("[selection]\nstrategy = \"refl\"\n").unwrap();
+        assert!(!default.to_resolved_toml().contains("[selection.refl]"));
+        let e = load("[selection.refl]\nprohibit_reselect = -1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("prohibit_reselect"), "{e}");
+    }
 }
