@@ -617,6 +617,7 @@ const STRATEGIES: &[&str] = &[
     "oort",
     "fedcs",
     "tifl",
+    "pyramidfl",
     "refl",
     "fedbalancer",
 ];
@@ -972,6 +973,12 @@ impl Config {
         sel.oort.validate()?;
         sel.fedcs.validate()?;
         sel.tifl.validate()?;
+        sel.pyramidfl.validate()?;
+        check(
+            sel.strategy != "pyramidfl" || self.system.as_ref().is_some_and(|s| s.is_on()),
+            "selection.strategy",
+            "pyramidfl ranks clients by their devices' round trips: it needs a [system] clock (system.kind)",
+        )?;
         sel.fedbalancer.validate()?;
         self.validate_availability()?;
         if let Some(system) = &self.system {
@@ -1178,13 +1185,15 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 8] = [
+const ELIDED_AT_DEFAULT: [&str; 10] = [
     "eval.per_client",
     "eval.per_client_every",
     "eval.per_client_clients",
     "selection.oort",
     "selection.fedcs",
     "selection.tifl",
+    "selection.ward_distances",
+    "selection.pyramidfl",
     "selection.refl",
     "selection.fedbalancer",
 ];

@@ -32,7 +32,7 @@ use rayon::prelude::*;
 use crate::aggregate::{self, Server};
 use crate::availability;
 use crate::checkpoint::Checkpoint;
-use crate::config::{AggregationRule, ClientSize, Config, LocalWork};
+use crate::config::{AggregationRule, ClientSize, Config, LocalWork, TrainConfig};
 use crate::data::{self, Dataset, FederatedData};
 use crate::error::{ConfigError, Error, Result};
 use crate::ledger::Ledger;
@@ -41,11 +41,12 @@ use crate::partition::{self, ClientData};
 use crate::rng::{Purpose, stream};
 use crate::select::guard::{self, AvailableOnly};
 use crate::select::{
-    self, ClientQuery, Dropped, Feedback, GradientScope, RoundContext, Setup, UpdateKind,
+    self, ClientOrder, ClientQuery, DeviceReport, Dropped, Feedback, GradientScope, Planned,
+    RoundContext, Setup, UpdateKind, UploadDropout,
 };
 use crate::summary::{ClockSummary, RunSummary};
-use crate::system::RoundPolicy;
 use crate::system::clock::{self, Clock, Flight, QueryWork, RoundClock, RoundTiming};
+use crate::system::{RoundPolicy, StaleConfig};
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
 
 /// A prepared run: data, clients, model.
@@ -833,10 +834,11 @@ pub fn run_with(
                 None => run.selection_budget(budget, active.len()),
             },
         };
-        let selection = run.select(&ctx, lr, &mut cost);
+        let planned = run.select(&ctx, lr, &mut cost);
         let mut assessed = None;
-        let trained = selection.as_ref().ok().map(|s| {
-            run.train(t, lr, &s.clients, &mut cost, || {
+        let trained = planned.as_ref().ok().map(|p| {
+            let orders = p.orders.as_deref();
+            run.train(t, lr, &p.selection.clients, orders, &mut cost, || {
                 assessed = pending
                     .as_ref()
                     .map(|(global, r)| assess(exp, global, r.round));
@@ -848,7 +850,8 @@ pub fn run_with(
             record.elapsed_s = started.elapsed().as_secs_f64();
             run.log(record, Some(assessment), observer)?;
         }
-        let (selection, mut trained) = (selection?, trained.expect("trained when selected"));
+        let selection = planned?.selection;
+        let mut trained = trained.expect("trained when selected");
         let train_loss = trained.mean_loss();
         let (reported, trained, clock) = match fedbuff {
             Some((_, k)) => {
@@ -864,12 +867,7 @@ pub fn run_with(
                 let (reported, trained, mut clock) =
                     run.on_time(t, &selection.clients, trained, timing, &mut cost)?;
                 if let Some(c) = &mut clock
-                    && run
-                        .exp
-                        .config
-                        .system
-                        .as_ref()
-                        .is_some_and(|s| s.stale.is_some())
+                    && run.stale().is_some()
                 {
                     c.stale = Some(staleness(stale.iter().map(|(_, tau)| *tau)));
                 }
@@ -1014,6 +1012,133 @@ struct Flying {
     report: Option<Vec<f64>>,
 }
 
+/// Gives weight 0 in `w` to each model of `models`, as (index in `w`, client, model),
+/// that holds a non-finite value (F3AST's code, TFF's `zero_all_if_any_non_finite`),
+/// logging each drop, and returns how many models it was given; when it was given some and
+/// dropped them all, the round has nothing to aggregate and the run has diverged.
+fn check_finite<'m>(
+    t: usize,
+    models: impl Iterator<Item = (usize, usize, &'m [f32])>,
+    w: &mut [f64],
+) -> Result<usize> {
+    let (mut given, mut dropped) = (0, 0);
+    for (i, client, x) in models {
+        given += 1;
+        if x.iter().any(|v| !v.is_finite()) {
+            tracing::warn!(
+                "round {t}: client {client} sent a non-finite model; dropped with weight 0"
+            );
+            w[i] = 0.0;
+            dropped += 1;
+        }
+    }
+    if given > 0 && dropped == given {
+        return Err(Error::Diverged {
+            round: t,
+            what: "every local model of the round".into(),
+        });
+    }
+    Ok(given)
+}
+
+/// Mini-batch steps of a client of `n` training examples under `train.work`.
+fn client_steps(cfg: &TrainConfig, n: usize) -> usize {
+    let batch = cfg.batch_size.max(1);
+    (cfg.work.samples(n, batch) / batch as u64) as usize
+}
+
+/// What each client reports of its device when it registers ([`DeviceReport`]).
+fn device_reports(exp: &Experiment, clock: &Clock) -> Vec<DeviceReport> {
+    let cfg = &exp.config.train;
+    let batch = cfg.batch_size.max(1);
+    exp.clients
+        .iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let n = c.train.len();
+            DeviceReport {
+                download_s: clock.transfer_s(k),
+                compute_s: clock.compute_s(k, cfg.work.samples(n, batch)),
+                upload_s: clock.transfer_s(k),
+                steps: client_steps(cfg, n),
+                epoch_steps: n.div_ceil(batch),
+                batch,
+            }
+        })
+        .collect()
+}
+
+/// Checks a selector's orders: one per entry, work finite and > 0, dropout rates in
+/// [0, 1), and the same order on every entry of one client (its entries share a training).
+fn check_orders(clients: &[usize], orders: &[ClientOrder]) -> std::result::Result<(), String> {
+    if orders.len() != clients.len() {
+        return Err(format!(
+            "gave {} orders for {} selected clients",
+            orders.len(),
+            clients.len()
+        ));
+    }
+    for (i, (&k, o)) in clients.iter().zip(orders).enumerate() {
+        if !(o.work.is_finite() && o.work > 0.0) {
+            return Err(format!(
+                "ordered client {k} a work of {}, not finite and > 0",
+                o.work
+            ));
+        }
+        if let Some(d) = o.dropout
+            && !(0.0..1.0).contains(&d.rate())
+        {
+            return Err(format!(
+                "ordered client {k} an upload dropout of {}, outside [0, 1)",
+                d.rate()
+            ));
+        }
+        if let Some(j) = clients[..i].iter().position(|&c| c == k)
+            && orders[j] != *o
+        {
+            return Err(format!("gave client {k}'s entries different orders"));
+        }
+    }
+    Ok(())
+}
+
+/// Drops part of a trained model's update before upload ([`UploadDropout`]): each dropped
+/// coordinate of `params` is set back to the broadcast `global`'s value, so the server
+/// aggregates it as no change. Returns how many coordinates were dropped.
+fn drop_upload(
+    params: &mut [f32],
+    global: &[f32],
+    layout: &ParamLayout,
+    dropout: UploadDropout,
+    rng: &mut crate::rng::Rng,
+) -> usize {
+    match dropout {
+        UploadDropout::Smallest(f) => {
+            let n = (f * params.len() as f64).floor() as usize;
+            let mut order: Vec<usize> = (0..params.len()).collect();
+            let change = |i: usize| (params[i] - global[i]).abs();
+            order.sort_by(|&a, &b| change(a).total_cmp(&change(b)).then(a.cmp(&b)));
+            for &i in &order[..n] {
+                params[i] = global[i];
+            }
+            n
+        }
+        UploadDropout::Layers(p) => {
+            use rand::Rng as _;
+            let mut dropped = 0;
+            for i in 0..layout.specs.len() {
+                // The code keeps a tensor when its draw is at least the ratio.
+                if rng.random::<f64>() < p {
+                    let r = layout.range(i);
+                    dropped += r.len();
+                    params[r.clone()].copy_from_slice(&global[r]);
+                }
+            }
+            dropped
+        }
+    }
+}
+
 /// The items of the entries the round policy `kept`, in entry order.
 fn kept_entries<T>(items: Vec<T>, kept: &[bool]) -> Vec<T> {
     items
@@ -1088,8 +1213,11 @@ struct Run<'a> {
 struct Trained {
     /// The selected clients, ascending, each once.
     distinct: Vec<usize>,
-    /// One update per entry of `distinct`.
+    /// One update per entry of `distinct`, as uploaded: the coordinates its order dropped
+    /// ([`UploadDropout`]) hold the broadcast model's values.
     updates: Vec<train::LocalUpdate>,
+    /// Per entry of `distinct`, the fraction of the update uploaded (1 without dropout).
+    sent: Vec<f64>,
     /// Per selection entry, the mean training loss.
     losses: Vec<f64>,
     /// Per selection entry, the local model minus the broadcast one (whole or output layer,
@@ -1117,6 +1245,15 @@ impl Trained {
             .binary_search(&k)
             .expect("selected clients are in `distinct`");
         &self.updates[i]
+    }
+
+    /// The fraction of selected client `k`'s update that it uploaded.
+    fn sent_of(&self, k: usize) -> f64 {
+        let i = self
+            .distinct
+            .binary_search(&k)
+            .expect("selected clients are in `distinct`");
+        self.sent[i]
     }
 
     /// Seconds selected client `k` spent on its sample-selection pass (one forward pass
@@ -1179,6 +1316,9 @@ impl<'a> Run<'a> {
                     .collect()
             }),
         });
+        if let Some(clock) = &exp.clock {
+            selector.register_devices(&device_reports(exp, clock));
+        }
         let env = availability::Environment::new(
             &cfg.availability,
             &cfg.budget,
@@ -1248,9 +1388,7 @@ impl<'a> Run<'a> {
     /// Replaces the initial state with a checkpoint's; returns the round to continue from.
     fn restore(&mut self, cp: Checkpoint) -> Result<usize> {
         check_resumable(&self.exp.config, &cp)?;
-        if let Some(s) = &self.exp.config.system
-            && (s.stale.is_some() || matches!(s.round, RoundPolicy::Fedbuff { .. }))
-        {
+        if self.stale().is_some() || self.fedbuff().is_some() {
             return Err(ConfigError::invalid(
                 "checkpoint",
                 "cannot resume a run with [system.stale] or policy = \"fedbuff\": the updates in flight are not checkpointed; rerun it from the start",
@@ -1313,24 +1451,28 @@ impl<'a> Run<'a> {
         )
     }
 
-    /// Asks the selector for the round's clients, answering its queries, and checks that it
-    /// chose only available clients and, under the `selector` rule, gave their weights.
-    fn select(
-        &mut self,
-        ctx: &RoundContext,
-        lr: f64,
-        cost: &mut Ledger,
-    ) -> Result<select::Selection> {
+    /// Asks the selector for the round's clients and orders, answering its queries, and
+    /// checks that it chose only available clients, under the `selector` rule gave their
+    /// weights, and gave valid orders ([`check_orders`]).
+    fn select(&mut self, ctx: &RoundContext, lr: f64, cost: &mut Ledger) -> Result<Planned> {
         let t = ctx.round;
         let name = self.selector.name();
         let seed = self.exp.config.seed;
-        let selection = self.with_query(t, lr, ctx.available, cost, |selector, query| {
-            selector.select(
+        let planned = self.with_query(t, lr, ctx.available, cost, |selector, query| {
+            selector.plan(
                 ctx,
                 query,
                 &mut stream(seed, Purpose::Selection, t as u64, 0),
             )
         })?;
+        let selection = &planned.selection;
+        if let Some(orders) = &planned.orders {
+            check_orders(&selection.clients, orders).map_err(|reason| Error::Selection {
+                selector: name.into(),
+                round: t,
+                reason,
+            })?;
+        }
         if let Some(&k) = selection
             .clients
             .iter()
@@ -1352,7 +1494,7 @@ impl<'a> Run<'a> {
                     .into(),
             });
         }
-        Ok(selection)
+        Ok(planned)
     }
 
     /// Broadcasts the global model and trains: each distinct client trains once, in
@@ -1361,11 +1503,15 @@ impl<'a> Run<'a> {
     /// split and the evaluation can, so the threads take the trainings first, in client
     /// order, and whichever runs out of them first moves on to the evaluation, which the
     /// other joins when its last training ends.
+    ///
+    /// A client with an order ([`ClientOrder`]) trains its ordered steps and drops what it
+    /// was told to from its upload.
     fn train(
         &mut self,
         t: usize,
         lr: f64,
         selected: &[usize],
+        orders: Option<&[ClientOrder]>,
         cost: &mut Ledger,
         beside: impl FnOnce() + Send,
     ) -> Trained {
@@ -1373,6 +1519,21 @@ impl<'a> Run<'a> {
         let mut distinct = selected.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
+        let order_of = |k: usize| {
+            orders.map_or(ClientOrder::FULL, |o| {
+                o[selected
+                    .iter()
+                    .position(|&s| s == k)
+                    .expect("a selected client")]
+            })
+        };
+        let distinct_orders: Vec<ClientOrder> = distinct.iter().map(|&k| order_of(k)).collect();
+        // The work of a client told to train more or less, as steps of its own.
+        let works: Vec<Option<TrainConfig>> = distinct
+            .iter()
+            .zip(&distinct_orders)
+            .map(|(&k, o)| self.ordered_work(k, o.work))
+            .collect();
         let taken: Vec<Option<OptimizerState>> =
             distinct.iter().map(|&k| self.states[k].take()).collect();
         let (exp, trainer, global) = (self.exp, &self.trainer, &self.global);
@@ -1381,9 +1542,15 @@ impl<'a> Run<'a> {
         let mut slots: Vec<Option<(train::LocalUpdate, Option<Vec<f64>>)>> =
             distinct.iter().map(|_| None).collect();
         rayon::scope_fifo(|s| {
-            for ((slot, &k), state) in slots.iter_mut().zip(&distinct).zip(taken) {
+            for (((slot, &k), state), work) in
+                slots.iter_mut().zip(&distinct).zip(taken).zip(&works)
+            {
                 s.spawn_fifo(move |_| {
                     let mut rng = stream(seed, Purpose::Training, t as u64, k as u64);
+                    let trainer = match work {
+                        Some(cfg) => Trainer { cfg, ..*trainer },
+                        None => *trainer,
+                    };
                     let own = &exp.clients[k].train;
                     *slot = Some(match rule {
                         None => (trainer.train(global, own, lr, &mut rng, state), None),
@@ -1398,10 +1565,22 @@ impl<'a> Run<'a> {
             }
             s.spawn_fifo(|_| beside());
         });
-        let (updates, reports): (Vec<train::LocalUpdate>, Vec<Option<Vec<f64>>>) = slots
+        let (mut updates, reports): (Vec<train::LocalUpdate>, Vec<Option<Vec<f64>>>) = slots
             .into_iter()
             .map(|u| u.expect("every training ran in the scope"))
             .unzip();
+        let total = self.global.len();
+        let mut sent = vec![1.0; distinct.len()];
+        for (i, (&k, o)) in distinct.iter().zip(&distinct_orders).enumerate() {
+            if let Some(dropout) = o.dropout {
+                let mut rng = stream(seed, Purpose::Upload, t as u64, k as u64);
+                let layout = &self.exp.layout;
+                let dropped =
+                    drop_upload(&mut updates[i].params, global, layout, dropout, &mut rng);
+                cost.dropped_params += dropped as u64;
+                sent[i] = (total - dropped) as f64 / total as f64;
+            }
+        }
         let d = distinct.len() as u64;
         cost.broadcasts += d;
         cost.uploads += d;
@@ -1423,6 +1602,7 @@ impl<'a> Run<'a> {
         let mut trained = Trained {
             distinct,
             updates,
+            sent,
             losses: Vec::new(),
             deltas: None,
             durations: None,
@@ -1449,6 +1629,29 @@ impl<'a> Run<'a> {
                 .collect()
         });
         trained
+    }
+
+    /// The training settings of client `k` told to do `work` times its own local work
+    /// ([`ClientOrder::work`]): ⌊E·`work`⌋ steps, at least one, E being its steps under
+    /// `train.work`. `None` for `work` = 1, the run's own settings, and for a client with
+    /// no steps to scale (no training examples under epochs). Steps over its data
+    /// reshuffle at each pass as epochs do, so E steps of an epoch-based run are its epochs.
+    fn ordered_work(&self, k: usize, work: f64) -> Option<TrainConfig> {
+        let cfg = &self.exp.config.train;
+        let base = client_steps(cfg, self.exp.clients[k].train.len());
+        if work == 1.0 || base == 0 {
+            return None;
+        }
+        let steps = ((base as f64 * work).floor() as usize).max(1);
+        Some(TrainConfig {
+            work: LocalWork::Steps(steps),
+            ..cfg.clone()
+        })
+    }
+
+    /// `[system.stale]`, when the run folds late updates.
+    fn stale(&self) -> Option<StaleConfig> {
+        self.exp.config.system.as_ref().and_then(|s| s.stale)
     }
 
     /// Availability and budget of round `t`, and when it starts on the clock: with a
@@ -1482,7 +1685,8 @@ impl<'a> Run<'a> {
         let finish: Vec<f64> = selected
             .iter()
             .map(|&c| {
-                let f = clock.finish_s(c, trained.of(c).steps as u64 * batch);
+                let samples = trained.of(c).steps as u64 * batch;
+                let f = clock.finish_sending_s(c, samples, trained.sent_of(c));
                 trained.pass_s(clock, c).map_or(f, |p| p + f)
             })
             .collect();
@@ -1496,13 +1700,7 @@ impl<'a> Run<'a> {
             _ => clock.round(self.start_s, query_s, selected, &finish, k),
         };
         self.fresh_late.clear();
-        if self
-            .exp
-            .config
-            .system
-            .as_ref()
-            .is_some_and(|s| s.stale.is_some())
-        {
+        if self.stale().is_some() {
             let arrives = clock.arrives(self.start_s, query_s, selected, &finish);
             self.fresh_late = (0..selected.len())
                 .filter(|&i| arrives[i] && !timing.kept[i])
@@ -1627,30 +1825,28 @@ impl<'a> Run<'a> {
             ),
             Some(kept) => kept_weights(self.rule, selection, &self.sizes, kept),
         };
-        let live = kept.map_or(locals.len(), |k| k.iter().filter(|&&x| x).count());
-        let mut dropped = 0;
-        for (i, x) in locals.iter().enumerate() {
-            if kept.is_none_or(|k| k[i]) && x.iter().any(|v| !v.is_finite()) {
-                tracing::warn!(
-                    "round {t}: client {} sent a non-finite model; dropped with weight 0",
-                    selection.clients[i]
-                );
-                w[i] = 0.0;
-                dropped += 1;
-            }
-        }
-        if dropped > 0 && dropped == live {
-            return Err(Error::Diverged {
-                round: t,
-                what: "every local model of the round".into(),
-            });
-        }
+        let live = check_finite(
+            t,
+            locals
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| kept.is_none_or(|k| k[*i]))
+                .map(|(i, x)| (i, selection.clients[i], *x)),
+            &mut w,
+        )?;
         // A round with nobody selected (an empty trace round, K_t = 0) or no update in
         // time leaves the model alone.
         if live > 0 {
             let delta = aggregate::delta(&self.global, &locals, &w);
-            self.server.step(&mut self.global, &delta);
+            self.step(t, &delta)?;
         }
+        Ok(())
+    }
+
+    /// Takes the server step with the aggregated `delta`; parameters that are no longer
+    /// finite end the run.
+    fn step(&mut self, t: usize, delta: &[f32]) -> Result<()> {
+        self.server.step(&mut self.global, delta);
         if self.global.iter().any(|x| !x.is_finite()) {
             return Err(Error::Diverged {
                 round: t,
@@ -1678,11 +1874,7 @@ impl<'a> Run<'a> {
         stale: &[(LateUpdate, usize)],
     ) -> Result<()> {
         let cfg = self
-            .exp
-            .config
-            .system
-            .as_ref()
-            .and_then(|s| s.stale)
+            .stale()
             .expect("stale updates come with [system.stale]");
         let entries: Vec<usize> = (0..locals.len())
             .filter(|&i| kept.is_none_or(|k| k[i]))
@@ -1718,32 +1910,13 @@ impl<'a> Run<'a> {
         clock::fold_weights(&mut w, n, &factors, self.rule != AggregationRule::Selector);
         let mut all: Vec<&[f32]> = entries.iter().map(|&i| locals[i]).collect();
         all.extend(stale.iter().map(|(u, _)| u.params.as_slice()));
-        let mut dropped = 0;
-        for (i, x) in all.iter().enumerate() {
-            if x.iter().any(|v| !v.is_finite()) {
-                let who = clients[i];
-                tracing::warn!(
-                    "round {t}: client {who} sent a non-finite model; dropped with weight 0"
-                );
-                w[i] = 0.0;
-                dropped += 1;
-            }
-        }
-        if dropped == all.len() {
-            return Err(Error::Diverged {
-                round: t,
-                what: "every local model of the round".into(),
-            });
-        }
+        check_finite(
+            t,
+            all.iter().enumerate().map(|(i, x)| (i, clients[i], *x)),
+            &mut w,
+        )?;
         let delta = aggregate::delta(&self.global, &all, &w);
-        self.server.step(&mut self.global, &delta);
-        if self.global.iter().any(|x| !x.is_finite()) {
-            return Err(Error::Diverged {
-                round: t,
-                what: "parameters after aggregation".into(),
-            });
-        }
-        Ok(())
+        self.step(t, &delta)
     }
 
     /// The late updates round `t` folds or lets expire (`[system.stale]`,
@@ -1755,10 +1928,7 @@ impl<'a> Run<'a> {
         timing: Option<&RoundTiming>,
         cost: &mut Ledger,
     ) -> Vec<(LateUpdate, usize)> {
-        let (Some(cfg), Some(timing)) = (
-            self.exp.config.system.as_ref().and_then(|s| s.stale),
-            timing,
-        ) else {
+        let (Some(cfg), Some(timing)) = (self.stale(), timing) else {
             return Vec::new();
         };
         let close_s = self.start_s + timing.round_s;
@@ -1867,7 +2037,7 @@ impl<'a> Run<'a> {
                     report: trained.samples.as_ref().map(|s| s[i].clone()),
                 },
             );
-            let finish = clock.finish_s(k, u.steps as u64 * batch);
+            let finish = clock.finish_sending_s(k, u.steps as u64 * batch, trained.sent_of(k));
             queue.push((id, trained.pass_s(clock, k).map_or(finish, |p| p + finish)));
         }
         for (k, u) in trained.distinct.iter().zip(trained.updates) {
@@ -1909,24 +2079,15 @@ impl<'a> Run<'a> {
         for (x, (_, _, s)) in w.iter_mut().zip(&items) {
             *x *= clock::fedbuff_weight(*s);
         }
-        let mut dropped = 0;
-        for (i, (x, _, _)) in items.iter().enumerate() {
-            if x.delta.iter().any(|v| !v.is_finite()) {
-                tracing::warn!(
-                    "round {t}: client {} sent a non-finite model; dropped with weight 0",
-                    x.client
-                );
-                w[i] = 0.0;
-                dropped += 1;
-            }
-        }
+        check_finite(
+            t,
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, (x, _, _))| (i, x.client, x.delta.as_slice())),
+            &mut w,
+        )?;
         if !items.is_empty() {
-            if dropped == items.len() {
-                return Err(Error::Diverged {
-                    round: t,
-                    what: "every local model of the round".into(),
-                });
-            }
             let mut acc = vec![0f64; self.global.len()];
             for ((x, _, _), &wk) in items.iter().zip(&w).filter(|(_, w)| **w != 0.0) {
                 for (a, &d) in acc.iter_mut().zip(&x.delta) {
@@ -1934,13 +2095,7 @@ impl<'a> Run<'a> {
                 }
             }
             let delta: Vec<f32> = acc.into_iter().map(|a| a as f32).collect();
-            self.server.step(&mut self.global, &delta);
-            if self.global.iter().any(|x| !x.is_finite()) {
-                return Err(Error::Diverged {
-                    round: t,
-                    what: "parameters after aggregation".into(),
-                });
-            }
+            self.step(t, &delta)?;
         }
         let round_s = r.close_s - before_s;
         if !(round_s.is_finite() && r.close_s.is_finite()) {
@@ -1976,6 +2131,7 @@ impl<'a> Run<'a> {
         let reported = Trained {
             distinct: Vec::new(),
             updates: Vec::new(),
+            sent: Vec::new(),
             losses: items.iter().map(|(x, _, _)| x.loss).collect(),
             deltas,
             durations: Some(

@@ -38,6 +38,8 @@ pub enum Purpose {
     Budget = 10,
     /// Each client's device (compute speed, bandwidth), drawn once from the data seed.
     Device = 11,
+    /// A client's choice of what to leave out of its upload (update dropout by layer).
+    Upload = 12,
 }
 
 /// Mixes a 64-bit value (SplitMix64 finaliser); used to spread the key over the seed bytes.

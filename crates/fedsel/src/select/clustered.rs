@@ -127,19 +127,18 @@ pub fn cluster_buckets(
     buckets
 }
 
-/// Algorithm 2's buckets for m draws: Ward on the rows of `distance`, cut into
-/// maximal subtrees of weight ≤ 1/m under the weights p ∝ `sizes`, then
+/// Algorithm 2's buckets for m draws: the Ward `merges` of the rows of the distance
+/// matrix, cut into maximal subtrees of weight ≤ 1/m under the weights p ∝ `sizes`, then
 /// [`cluster_buckets`] with `rng`.
 pub fn similarity_buckets(
-    distance: &[Vec<f64>],
+    merges: &[ward::Merge],
     sizes: &[usize],
     m: usize,
     rng: &mut Rng,
 ) -> Buckets {
-    let merges = ward::linkage(distance);
     let total: f64 = sizes.iter().sum::<usize>() as f64;
     let p: Vec<f64> = sizes.iter().map(|&s| s as f64 / total).collect();
-    let clusters = ward::cut_by_weight(&merges, &p, 1.0 / m.max(1) as f64);
+    let clusters = ward::cut_by_weight(merges, &p, 1.0 / m.max(1) as f64);
     cluster_buckets(&clusters, sizes, m, rng)
 }
 
@@ -186,6 +185,8 @@ fn arccos_distance(a: &[f32], b: &[f32], na: f64, nb: f64) -> f64 {
 #[derive(Debug, Clone)]
 pub struct ClusteredSampling {
     variant: Variant,
+    /// How Ward's point distances are obtained (Alg. 2, `selection.ward_distances`).
+    ward: ward::WardDistances,
     sizes: Vec<usize>,
     per_round: usize,
     buckets: Buckets,
@@ -200,6 +201,9 @@ struct State {
     norms: Vec<f64>,
     /// Pairwise arccos distances, kept up to date as updates arrive.
     distance: Vec<Vec<f64>>,
+    /// Ward's kept point distances (`selection.ward_distances = "incremental"` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ward: Option<ward::KeptDistances>,
 }
 
 impl ClusteredSampling {
@@ -207,11 +211,18 @@ impl ClusteredSampling {
     pub fn new(variant: Variant) -> Self {
         Self {
             variant,
+            ward: ward::WardDistances::Exact,
             sizes: Vec::new(),
             per_round: 0,
             buckets: Vec::new(),
             state: State::default(),
         }
+    }
+
+    /// The same selector with Ward's point distances obtained as `ward` says (Alg. 2).
+    pub fn with_ward_distances(mut self, ward: ward::WardDistances) -> Self {
+        self.ward = ward;
+        self
     }
 
     /// The buckets of the latest selection.
@@ -252,6 +263,8 @@ impl Selector for ClusteredSampling {
                 updates: vec![Vec::new(); n],
                 norms: vec![0.0; n],
                 distance: vec![vec![0.0; n]; n],
+                ward: (self.ward == ward::WardDistances::Incremental)
+                    .then(ward::KeptDistances::default),
             },
         };
     }
@@ -267,7 +280,11 @@ impl Selector for ClusteredSampling {
             self.buckets = match self.variant {
                 Variant::Sizes => sizes_buckets(&self.sizes, m),
                 Variant::Similarity => {
-                    similarity_buckets(&self.state.distance, &self.sizes, m, rng)
+                    let merges = match &mut self.state.ward {
+                        Some(kept) => kept.linkage(&self.state.distance),
+                        None => ward::linkage(&self.state.distance),
+                    };
+                    similarity_buckets(&merges, &self.sizes, m, rng)
                 }
             };
         }
@@ -289,6 +306,9 @@ impl Selector for ClusteredSampling {
         let mut fresh: Vec<usize> = feedback.selected.to_vec();
         fresh.sort_unstable();
         fresh.dedup();
+        if let Some(kept) = &mut self.state.ward {
+            kept.mark_changed(&fresh);
+        }
         let n = self.state.updates.len();
         for &k in &fresh {
             for j in 0..n {
@@ -328,6 +348,10 @@ impl Selector for ClusteredSampling {
             super::check_loaded(name, "distances in a row", row.len(), n)?;
         }
         self.state = loaded;
+        self.state.ward = match (self.ward, self.state.ward.take()) {
+            (ward::WardDistances::Exact, _) => None,
+            (ward::WardDistances::Incremental, kept) => Some(kept.unwrap_or_default()),
+        };
         Ok(())
     }
 }
@@ -422,5 +446,78 @@ mod tests {
         }
         // Each order has probability 1/2: 40 seeds see both.
         assert!(first[0] > 0 && first[1] > 0, "{first:?}");
+    }
+
+    /// Alg. 2 with Ward's distances kept (`ward_distances = "incremental"`) picks as the
+    /// exact recomputation does over 40 rounds of 60 clients, and a run saved and loaded at
+    /// round 20 continues as the uninterrupted one, its kept distances included.
+    #[test]
+    fn kept_ward_distances_pick_as_exact_ones_and_resume() {
+        use crate::select::testing::{FixedLosses, setup};
+        use rand::Rng as _;
+        let n = 60;
+        let make = |ward: ward::WardDistances| {
+            let mut s = ClusteredSampling::new(Variant::Similarity).with_ward_distances(ward);
+            s.setup(&Setup {
+                per_round: 6,
+                ..setup(&vec![1.0 / n as f64; n])
+            });
+            s
+        };
+        let (mut exact, mut kept) = (
+            make(ward::WardDistances::Exact),
+            make(ward::WardDistances::Incremental),
+        );
+        let mut resumed = None;
+        let all: Vec<usize> = (0..n).collect();
+        let mut data = stream(4, Purpose::Strategy, 0, 0);
+        for round in 0..40 {
+            let ctx = RoundContext {
+                round,
+                available: &all,
+                budget: 6,
+            };
+            let mut q = FixedLosses(vec![0.0; n]);
+            let pick = |s: &mut ClusteredSampling, q: &mut FixedLosses| {
+                let mut rng = stream(4, Purpose::Selection, round as u64, 0);
+                s.select(&ctx, q, &mut rng).unwrap().clients
+            };
+            let want = pick(&mut exact, &mut q);
+            assert_eq!(pick(&mut kept, &mut q), want, "round {round}");
+            if let Some(r) = resumed.as_mut() {
+                assert_eq!(pick(r, &mut q), want, "round {round}, resumed");
+            }
+            let updates: Vec<Vec<f32>> = want
+                .iter()
+                .map(|_| (0..20).map(|_| data.random_range(-1.0..1.0)).collect())
+                .collect();
+            let feedback = Feedback {
+                round,
+                selected: &want,
+                train_losses: &vec![0.0; want.len()],
+                updates: Some(&updates),
+                durations: None,
+                dropped: None,
+            };
+            for s in [&mut exact, &mut kept].into_iter().chain(resumed.as_mut()) {
+                s.observe(&feedback);
+            }
+            if round == 20 {
+                let mut r = make(ward::WardDistances::Incremental);
+                r.load(&kept.save()).unwrap();
+                resumed = Some(r);
+            }
+        }
+        assert!(
+            kept.state
+                .ward
+                .as_ref()
+                .is_some_and(|k| !k.sums().is_empty())
+        );
+        assert_eq!(resumed.unwrap().save(), kept.save());
+        assert!(
+            exact.save().get("ward").is_none(),
+            "exact runs keep no distances"
+        );
     }
 }

@@ -26,6 +26,7 @@ pub mod md;
 pub mod oort;
 mod panels;
 pub mod powd;
+pub mod pyramidfl;
 pub mod refl;
 pub mod tifl;
 pub mod uniform;
@@ -47,8 +48,10 @@ use hics::HicsConfig;
 use md::MdConfig;
 use oort::OortConfig;
 use powd::PowdConfig;
+use pyramidfl::PyramidflConfig;
 use refl::ReflConfig;
 use tifl::TiflConfig;
+use ward::WardDistances;
 
 /// Client selection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,7 +59,7 @@ use tifl::TiflConfig;
 pub struct SelectionConfig {
     /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
     /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort`, `fedcs`, `tifl`,
-    /// `refl` or `fedbalancer`.
+    /// `pyramidfl`, `refl` or `fedbalancer`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -100,6 +103,15 @@ pub struct SelectionConfig {
     /// written out only when they differ from the defaults (as Oort's).
     #[serde(skip_serializing_if = "FedBalancerConfig::is_default")]
     pub fedbalancer: FedBalancerConfig,
+    /// How Clustered Sampling Alg. 2 and HiCS-FL obtain Ward's point distances: `exact`
+    /// (the default, Θ(N³) a round) or `incremental` (O(K N²), history-dependent last
+    /// bits; for thousands of clients). Written out only when not the default.
+    #[serde(skip_serializing_if = "WardDistances::is_default")]
+    pub ward_distances: WardDistances,
+    /// PyramidFL settings (`pyramidfl`), written out only when they differ from the
+    /// defaults (as Oort's).
+    #[serde(skip_serializing_if = "PyramidflConfig::is_default")]
+    pub pyramidfl: PyramidflConfig,
 }
 
 impl Default for SelectionConfig {
@@ -122,6 +134,8 @@ impl Default for SelectionConfig {
             tifl: TiflConfig::default(),
             refl: ReflConfig::default(),
             fedbalancer: FedBalancerConfig::default(),
+            ward_distances: WardDistances::Exact,
+            pyramidfl: PyramidflConfig::default(),
         }
     }
 }
@@ -400,6 +414,85 @@ pub struct Selection {
     pub weights: Option<Vec<f64>>,
 }
 
+/// A selection with the work it orders of each entry ([`Selector::plan`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Planned {
+    /// The clients, as [`Selector::select`] returns them.
+    pub selection: Selection,
+    /// One order per entry of `selection.clients`, or `None`: every entry trains the run's
+    /// `train.work` and uploads its whole model, as without plans. Entries of one client
+    /// (MD sampling's duplicates share one training) must carry the same order.
+    pub orders: Option<Vec<ClientOrder>>,
+}
+
+/// What the server asks of one selected client beyond the run's defaults: how much local
+/// work, and how much of its update to upload (PyramidFL's per-client local iterations
+/// and update dropout). The engine trains and uploads as ordered, books the steps in the
+/// ledger (`train_steps`, and `dropped_params` for what was not sent) and charges the
+/// clock for the compute and the upload actually done.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClientOrder {
+    /// The client trains ⌊E·`work`⌋ mini-batch steps, at least one, where E is its steps
+    /// under `train.work` (e·⌈n/B⌉ for e epochs): PyramidFL's `int(upload_epoch · ratio)`
+    /// (`training/learner.py` line 539). 1 is the run's own work; finite and > 0.
+    pub work: f64,
+    /// Which coordinates of its update the client leaves out of its upload, if any.
+    pub dropout: Option<UploadDropout>,
+}
+
+impl ClientOrder {
+    /// The run's own work and a whole upload.
+    pub const FULL: Self = Self {
+        work: 1.0,
+        dropout: None,
+    };
+}
+
+/// How a client drops part of its update x_k − w before it uploads it. A dropped
+/// coordinate is not sent; the server takes it as no change (x_k = w there), so it
+/// enters the aggregation as a zero update under the client's full weight, not
+/// renormalised over the clients that sent it: PyramidFL's client zeroes the dropped
+/// part of its delta (`training/learner.py` line 419) and its server adds every delta
+/// times its weight into one sum (`training/param_server.py` lines 320-329).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UploadDropout {
+    /// The ⌊f·P⌋ of the P coordinates whose change |x_k − w| is smallest (ties to the
+    /// lower index) are dropped, f in [0, 1).
+    Smallest(f64),
+    /// Each parameter tensor (a layer's weight or bias) is dropped whole with probability
+    /// p in [0, 1), from the client's own stream of the round: PyramidFL's code, which
+    /// multiplies each tensor's delta by `random.uniform(0, 1) >= dropout_ratio`
+    /// (`training/learner.py` line 419).
+    Layers(f64),
+}
+
+impl UploadDropout {
+    /// The fraction or probability.
+    pub fn rate(self) -> f64 {
+        match self {
+            Self::Smallest(f) | Self::Layers(f) => f,
+        }
+    }
+}
+
+/// A client's device as it reports it when it registers ([`Setup::durations`] is their
+/// sum): the times of one round of the run's own work, and that work.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceReport {
+    /// Seconds to download the model.
+    pub download_s: f64,
+    /// Seconds of compute for the run's `train.work`.
+    pub compute_s: f64,
+    /// Seconds to upload a whole update.
+    pub upload_s: f64,
+    /// Mini-batch steps of the run's `train.work` (E of [`ClientOrder::work`]).
+    pub steps: usize,
+    /// Mini-batch steps of one pass over its training part, ⌈n_k / B⌉.
+    pub epoch_steps: usize,
+    /// The batch size B.
+    pub batch: usize,
+}
+
 /// What happened in a round, reported back to the selector.
 #[derive(Debug, Clone, Copy)]
 pub struct Feedback<'a> {
@@ -535,6 +628,27 @@ pub trait Selector: Send {
         rng: &mut Rng,
     ) -> Result<Selection, Error>;
 
+    /// Receives each client's registered device ([`DeviceReport`]), after
+    /// [`Selector::setup`] and only when the run has a clock.
+    fn register_devices(&mut self, devices: &[DeviceReport]) {
+        let _ = devices;
+    }
+
+    /// Chooses the round's clients and what each is to do ([`ClientOrder`]): by default
+    /// [`Selector::select`]'s clients with no orders. A strategy that orders per-client
+    /// work or upload dropout overrides this; the engine calls this, never `select`.
+    fn plan(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        query: &mut dyn ClientQuery,
+        rng: &mut Rng,
+    ) -> Result<Planned, Error> {
+        Ok(Planned {
+            selection: self.select(ctx, query, rng)?,
+            orders: None,
+        })
+    }
+
     /// Learns from the round's outcome.
     fn observe(&mut self, feedback: &Feedback<'_>) {
         let _ = feedback;
@@ -635,13 +749,16 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         ))),
         "fedgs" => Ok(Box::new(fedgs::FedGs::new(cfg.fedgs.clone()))),
         "f3ast" => Ok(Box::new(f3ast::F3ast::new(cfg.f3ast.clone()))),
-        "hics" => Ok(Box::new(hics::Hics::new(cfg.hics.clone()))),
+        "hics" => Ok(Box::new(
+            hics::Hics::new(cfg.hics.clone()).with_ward_distances(cfg.ward_distances),
+        )),
         "cs1" => Ok(Box::new(clustered::ClusteredSampling::new(
             clustered::Variant::Sizes,
         ))),
-        "cs2" => Ok(Box::new(clustered::ClusteredSampling::new(
-            clustered::Variant::Similarity,
-        ))),
+        "cs2" => Ok(Box::new(
+            clustered::ClusteredSampling::new(clustered::Variant::Similarity)
+                .with_ward_distances(cfg.ward_distances),
+        )),
         "divfl" => Ok(Box::new(divfl::DivFl::new(cfg.divfl.clone()))),
         "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
         "fedcs" => Ok(Box::new(fedcs::FedCs::new(cfg.fedcs.clone()))),
@@ -651,6 +768,7 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
             cfg.fedbalancer.clone(),
             cfg.oort.clone(),
         ))),
+        "pyramidfl" => Ok(Box::new(pyramidfl::PyramidFl::new(cfg.pyramidfl.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",
             format!("unknown strategy `{other}`"),

@@ -239,10 +239,22 @@ impl Clock {
     /// Seconds client `k` takes to download the model, process `samples` samples and
     /// upload its update.
     pub fn finish_s(&self, k: usize, samples: u64) -> f64 {
-        let p = &self.profiles[k];
+        self.finish_sending_s(k, samples, 1.0)
+    }
+
+    /// [`Clock::finish_s`] for an upload of the fraction `sent` of the model (a client
+    /// that drops part of its update, [`UploadDropout`](crate::select::UploadDropout)):
+    /// the upload takes that fraction of the transfer; the download is whole. The indices
+    /// of a sparse upload are not charged, as PyramidFL's clock does not charge them
+    /// (`training/param_server.py` line 179 scales the transfer by 1 − ratio).
+    pub fn finish_sending_s(&self, k: usize, samples: u64, sent: f64) -> f64 {
         let transfer = self.transfer_s(k);
-        let compute = self.augmentation * samples as f64 * p.compute_ms_per_sample / 1000.0;
-        transfer + compute + transfer
+        transfer + self.compute_s(k, samples) + sent * transfer
+    }
+
+    /// Seconds of client `k`'s compute to train on `samples` samples.
+    pub fn compute_s(&self, k: usize, samples: u64) -> f64 {
+        self.augmentation * samples as f64 * self.profiles[k].compute_ms_per_sample / 1000.0
     }
 
     /// Seconds client `k` takes to do `work`.
