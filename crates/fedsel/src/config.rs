@@ -618,6 +618,8 @@ const STRATEGIES: &[&str] = &[
     "fedcs",
     "tifl",
     "pyramidfl",
+    "refl",
+    "fedbalancer",
 ];
 
 /// Floats the Synthetic generator may produce (4 GB): far above every paper's size
@@ -977,6 +979,7 @@ impl Config {
             "selection.strategy",
             "pyramidfl ranks clients by their devices' round trips: it needs a [system] clock (system.kind)",
         )?;
+        sel.fedbalancer.validate()?;
         self.validate_availability()?;
         if let Some(system) = &self.system {
             system.validate()?;
@@ -1182,7 +1185,7 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 8] = [
+const ELIDED_AT_DEFAULT: [&str; 10] = [
     "eval.per_client",
     "eval.per_client_every",
     "eval.per_client_clients",
@@ -1191,6 +1194,8 @@ const ELIDED_AT_DEFAULT: [&str; 8] = [
     "selection.tifl",
     "selection.ward_distances",
     "selection.pyramidfl",
+    "selection.refl",
+    "selection.fedbalancer",
 ];
 
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes

@@ -3,7 +3,8 @@
 //! Each round runs, top to bottom:
 //! availability → selection (with any loss, gradient or probe reports it
 //! asks for) → broadcast → local training of the selected, in
-//! parallel → (with `[system]`, the virtual clock's round policy) →
+//! parallel, each after the strategy's sample-selection pass if it asks for one
+//! ([`select::SampleRule`]) → (with `[system]`, the virtual clock's round policy) →
 //! aggregation → server step → feedback to the selector → evaluation →
 //! metrics.
 //!
@@ -936,6 +937,54 @@ fn staleness(taus: impl Iterator<Item = usize>) -> (usize, f64) {
     (n, if n == 0 { 0.0 } else { sum as f64 / n as f64 })
 }
 
+/// Client `k`'s sample-selection pass of round `t` ([`select::SampleRule`]): the loss of the
+/// received model `global` on each of its training examples (in batches of the evaluation
+/// batch size), handed to the rule with the client's device and its own stream (Probe,
+/// keyed 5N + k, apart from every other query's).
+fn sample_pass(
+    exp: &Experiment,
+    rule: &dyn select::SampleRule,
+    global: &[f32],
+    t: usize,
+    k: usize,
+) -> select::SampleChoice {
+    let losses = train::example_losses(
+        exp.arch.as_ref(),
+        &exp.layout,
+        global,
+        &exp.data.train,
+        &exp.clients[k].train,
+        exp.config.eval.batch_size,
+        &exp.device,
+    );
+    let batch_size = exp.config.train.batch_size;
+    let device = exp.clock.as_ref().map(|c| {
+        let work = |inference_samples, training_samples| QueryWork {
+            transfers: 0,
+            inference_samples,
+            training_samples,
+        };
+        select::DeviceTiming {
+            batch_s: c.query_s(k, work(0, batch_size as u64)),
+            sample_inference_s: c.query_s(k, work(1, 0)),
+            transfer_s: c.transfer_s(k),
+        }
+    });
+    let key = (5 * exp.clients.len() + k) as u64;
+    let mut rng = stream(exp.config.seed, Purpose::Probe, t as u64, key);
+    let (epochs, fixed_steps) = match exp.config.train.work {
+        LocalWork::Epochs(e) => (Some(e), 0),
+        LocalWork::Steps(s) => (None, s),
+    };
+    let plan = select::ClientPlan {
+        epochs,
+        fixed_steps,
+        batch_size,
+        device,
+    };
+    rule.choose(k, &losses, &plan, &mut rng)
+}
+
 /// An update that missed its round's cut and waits, under `[system.stale]`, to be folded
 /// into a later round when it arrives.
 struct LateUpdate {
@@ -959,6 +1008,8 @@ struct Flying {
     loss: f64,
     /// The selector's weight for its entry, if it gave any.
     weight: Option<f64>,
+    /// Its client's sample-selection report, when the selector asked for a pass.
+    report: Option<Vec<f64>>,
 }
 
 /// Gives weight 0 in `w` to each model of `models`, as (index in `w`, client, model),
@@ -1178,6 +1229,12 @@ struct Trained {
     /// The entries the round policy discarded, each with the seconds from the broadcast
     /// until the round closed without it, when the run has a clock.
     dropped: Option<(Vec<usize>, Vec<f64>)>,
+    /// Per selection entry, the report of its client's sample-selection pass, when the
+    /// selector asked for one ([`select::SampleRule`]).
+    samples: Option<Vec<Vec<f64>>>,
+    /// Per entry of `distinct`, the examples its sample-selection pass passed forward
+    /// (none without a pass): the clock puts them before the client's training.
+    inferred: Vec<u64>,
 }
 
 impl Trained {
@@ -1197,6 +1254,26 @@ impl Trained {
             .binary_search(&k)
             .expect("selected clients are in `distinct`");
         self.sent[i]
+    }
+
+    /// Seconds selected client `k` spent on its sample-selection pass (one forward pass
+    /// per example), or `None` when it ran none.
+    fn pass_s(&self, clock: &Clock, k: usize) -> Option<f64> {
+        let i = self
+            .distinct
+            .binary_search(&k)
+            .expect("selected clients are in `distinct`");
+        let n = *self.inferred.get(i)?;
+        (n > 0).then(|| {
+            clock.query_s(
+                k,
+                QueryWork {
+                    transfers: 0,
+                    inference_samples: n,
+                    training_samples: 0,
+                },
+            )
+        })
     }
 
     /// Mean training loss over the selection's entries, duplicates counted as selected.
@@ -1460,7 +1537,10 @@ impl<'a> Run<'a> {
         let taken: Vec<Option<OptimizerState>> =
             distinct.iter().map(|&k| self.states[k].take()).collect();
         let (exp, trainer, global) = (self.exp, &self.trainer, &self.global);
-        let mut slots: Vec<Option<train::LocalUpdate>> = distinct.iter().map(|_| None).collect();
+        let rule = self.selector.sample_rule();
+        let rule = rule.as_deref();
+        let mut slots: Vec<Option<(train::LocalUpdate, Option<Vec<f64>>)>> =
+            distinct.iter().map(|_| None).collect();
         rayon::scope_fifo(|s| {
             for (((slot, &k), state), work) in
                 slots.iter_mut().zip(&distinct).zip(taken).zip(&works)
@@ -1471,15 +1551,24 @@ impl<'a> Run<'a> {
                         Some(cfg) => Trainer { cfg, ..*trainer },
                         None => *trainer,
                     };
-                    *slot = Some(trainer.train(global, &exp.clients[k].train, lr, &mut rng, state));
+                    let own = &exp.clients[k].train;
+                    *slot = Some(match rule {
+                        None => (trainer.train(global, own, lr, &mut rng, state), None),
+                        Some(rule) => {
+                            let choice = sample_pass(exp, rule, global, t, k);
+                            let idx: Vec<usize> = choice.keep.iter().map(|&i| own[i]).collect();
+                            let u = trainer.train(global, &idx, lr, &mut rng, state);
+                            (u, Some(choice.report))
+                        }
+                    });
                 });
             }
             s.spawn_fifo(|_| beside());
         });
-        let mut updates: Vec<train::LocalUpdate> = slots
+        let (mut updates, reports): (Vec<train::LocalUpdate>, Vec<Option<Vec<f64>>>) = slots
             .into_iter()
             .map(|u| u.expect("every training ran in the scope"))
-            .collect();
+            .unzip();
         let total = self.global.len();
         let mut sent = vec![1.0; distinct.len()];
         for (i, (&k, o)) in distinct.iter().zip(&distinct_orders).enumerate() {
@@ -1497,6 +1586,19 @@ impl<'a> Run<'a> {
         cost.uploads += d;
         cost.trainings += d;
         cost.train_steps += updates.iter().map(|u| u.steps as u64).sum::<u64>();
+        let inferred: Vec<u64> = match rule {
+            Some(_) => distinct
+                .iter()
+                .map(|&k| exp.clients[k].train.len() as u64)
+                .collect(),
+            None => Vec::new(),
+        };
+        cost.sample_examples += inferred.iter().sum::<u64>();
+        cost.scalar_reports += reports
+            .iter()
+            .flatten()
+            .map(|r| r.len() as u64)
+            .sum::<u64>();
         let mut trained = Trained {
             distinct,
             updates,
@@ -1505,8 +1607,21 @@ impl<'a> Run<'a> {
             deltas: None,
             durations: None,
             dropped: None,
+            samples: None,
+            inferred,
         };
         trained.losses = selected.iter().map(|&k| trained.of(k).mean_loss).collect();
+        if rule.is_some() {
+            trained.samples = Some(
+                selected
+                    .iter()
+                    .map(|&k| {
+                        let i = trained.distinct.binary_search(&k).expect("selected");
+                        reports[i].clone().unwrap_or_default()
+                    })
+                    .collect(),
+            );
+        }
         trained.deltas = (self.needs.updates != UpdateKind::None).then(|| {
             selected
                 .iter()
@@ -1571,10 +1686,19 @@ impl<'a> Run<'a> {
             .iter()
             .map(|&c| {
                 let samples = trained.of(c).steps as u64 * batch;
-                clock.finish_sending_s(c, samples, trained.sent_of(c))
+                let f = clock.finish_sending_s(c, samples, trained.sent_of(c));
+                trained.pass_s(clock, c).map_or(f, |p| p + f)
             })
             .collect();
-        let timing = clock.round(self.start_s, query_s, selected, &finish, k);
+        let timing = match (clock.policy(), self.selector.round_deadline_s()) {
+            (RoundPolicy::Deadline { .. }, Some(deadline_s)) => {
+                let arrives = clock.arrives(self.start_s, query_s, selected, &finish);
+                let mut r = clock::deadline(&finish, &arrives, deadline_s);
+                r.round_s += query_s;
+                r
+            }
+            _ => clock.round(self.start_s, query_s, selected, &finish, k),
+        };
         self.fresh_late.clear();
         if self.stale().is_some() {
             let arrives = clock.arrives(self.start_s, query_s, selected, &finish);
@@ -1623,6 +1747,7 @@ impl<'a> Run<'a> {
         let aggregated = kept.iter().filter(|&&k| k).count();
         trained.losses = kept_entries(std::mem::take(&mut trained.losses), kept);
         trained.deltas = trained.deltas.take().map(|d| kept_entries(d, kept));
+        trained.samples = trained.samples.take().map(|s| kept_entries(s, kept));
         trained.durations = Some(kept_entries(timing.finish, kept));
         // A wait for someone to come online (a behave trace) is part of the round.
         let round_s = (self.start_s - total.clock_s) + timing.round_s;
@@ -1909,10 +2034,11 @@ impl<'a> Run<'a> {
                     delta,
                     loss: trained.losses[i],
                     weight: selection.weights.as_ref().map(|w| w[i]),
+                    report: trained.samples.as_ref().map(|s| s[i].clone()),
                 },
             );
             let finish = clock.finish_sending_s(k, u.steps as u64 * batch, trained.sent_of(k));
-            queue.push((id, finish));
+            queue.push((id, trained.pass_s(clock, k).map_or(finish, |p| p + finish)));
         }
         for (k, u) in trained.distinct.iter().zip(trained.updates) {
             self.states[*k] = u.state;
@@ -2015,6 +2141,13 @@ impl<'a> Run<'a> {
                     .collect(),
             ),
             dropped: Some((Vec::new(), Vec::new())),
+            samples: trained.samples.as_ref().map(|_| {
+                items
+                    .iter()
+                    .map(|(x, _, _)| x.report.clone().unwrap_or_default())
+                    .collect()
+            }),
+            inferred: Vec::new(),
         };
         Ok((clients, reported, Some(rc)))
     }
@@ -2057,6 +2190,9 @@ impl<'a> Run<'a> {
                 r.entry,
                 r.reason
             );
+        }
+        if let Some(reports) = &trained.samples {
+            self.selector.observe_samples(t, selected, reports);
         }
         for (k, u) in trained.distinct.iter().zip(trained.updates) {
             self.states[*k] = u.state;

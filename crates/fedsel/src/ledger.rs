@@ -51,6 +51,13 @@ pub struct Ledger {
     /// `summary.json` at 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub stale_trainings: u64,
+    /// Training examples the selected clients passed forward for a client-side sample
+    /// selection ([`SampleRule`](crate::select::SampleRule), FedBalancer's per-sample
+    /// losses) before they trained. Like `wasted_trainings`, left out of
+    /// [`Ledger::COLUMNS`] and of `summary.json` at 0, so that runs without a rule keep
+    /// their outputs.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub sample_examples: u64,
     /// Parameters the round's uploads left out, as their selector ordered
     /// ([`UploadDropout`](crate::select::UploadDropout), PyramidFL's update dropout): the
     /// communication saved, which `uploads` (whole models) does not show. Like
@@ -114,6 +121,7 @@ impl Ledger {
         self.protocol_messages += other.protocol_messages;
         self.wasted_trainings += other.wasted_trainings;
         self.stale_trainings += other.stale_trainings;
+        self.sample_examples += other.sample_examples;
         self.dropped_params += other.dropped_params;
     }
 }
@@ -140,6 +148,7 @@ mod tests {
             protocol_messages: 11,
             wasted_trainings: 13,
             stale_trainings: 14,
+            sample_examples: 16,
             dropped_params: 15,
         };
         assert_eq!(a.values(), [1, 2, 3, 12, 4, 5, 6, 7, 8, 9, 10, 11]);
@@ -152,14 +161,18 @@ mod tests {
         b.add(&a);
         assert_eq!(b.values(), a.values().map(|v| 2 * v));
         assert_eq!(b.wasted_trainings, 26);
+        assert_eq!(b.sample_examples, 32);
+        assert_eq!(json["sample_examples"], 16);
         assert_eq!(b.dropped_params, 30);
         // At 0 (every run without a clock) it is left out, and read back as 0.
         let plain = Ledger {
             wasted_trainings: 0,
+            sample_examples: 0,
             ..a
         };
         let json = serde_json::to_value(plain).unwrap();
         assert!(json.get("wasted_trainings").is_none());
+        assert!(json.get("sample_examples").is_none());
         assert_eq!(serde_json::from_value::<Ledger>(json).unwrap(), plain);
     }
 }

@@ -619,6 +619,53 @@ pub fn correct_flags(
         .collect()
 }
 
+/// The cross-entropy of the flat `params` on each example of `idx`, in order, the examples
+/// in batches of `batch_size` side by side: the per-sample losses a client computes for a
+/// sample-selection pass ([`crate::select::SampleRule`], FedBalancer's
+/// `calculate_loss_on_whole_dataset_with_inference`). The model is in evaluation mode (no
+/// dropout), as the FedBalancer code's `model.test`; each row's loss is computed from its
+/// `f32` logits as [`model::loss_and_correct_of`] computes it, so an example's loss does
+/// not depend on which examples share its batch.
+pub fn example_losses(
+    arch: &dyn Architecture,
+    layout: &ParamLayout,
+    params: &[f32],
+    data: &Dataset,
+    idx: &[usize],
+    batch_size: usize,
+    device: &Device,
+) -> Vec<f64> {
+    let exact = host_logits(arch, data, device);
+    let tensors = exact.is_none().then(|| layout.to_tensors(params, device));
+    let fused = arch
+        .fused_logits()
+        .filter(|_| exact.is_none() && on_host(device));
+    idx.par_chunks(batch_size)
+        .flat_map_iter(|chunk| {
+            let z: Vec<f32> = match (exact, fused, &tensors) {
+                (Some(f), _, _) => exact_batch(f, params, data, chunk),
+                (None, Some(f), _) => {
+                    let x = host_values(model::batch(data, chunk, device).0);
+                    f.logits(params, &x, chunk.len())
+                }
+                (None, None, Some(p)) => {
+                    let (x, _) = model::batch(data, chunk, device);
+                    arch.forward(p, x, None)
+                        .into_data()
+                        .try_into_vec::<f32>()
+                        .expect("f32 logits")
+                }
+                (None, None, None) => unreachable!("tensors are made where no host path exists"),
+            };
+            let classes = z.len() / chunk.len();
+            z.chunks_exact(classes)
+                .zip(chunk)
+                .map(|(row, &i)| model::loss_and_correct_of(row, &[i64::from(data.labels[i])]).0)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// A batch's inputs as the host slice [`FusedLogits::logits`] reads: dense values, or
 /// token ids as `f32`.
 fn host_values(x: model::Batch) -> Vec<f32> {
@@ -1290,5 +1337,38 @@ mod tests {
         let s = batches(&idx, LocalWork::Steps(7), 10, &mut rng);
         assert_eq!(s.len(), 7);
         assert!(s.iter().all(|b| !b.is_empty() && b.len() <= 10));
+    }
+
+    /// Each example's loss is the model's loss on that example alone, whatever batch it
+    /// shares, and their mean is the evaluation's loss.
+    #[test]
+    fn example_losses_are_each_example_s_own_loss() {
+        let data = separable();
+        let arch = LogReg {
+            inputs: 4,
+            classes: 2,
+        };
+        let layout = ParamLayout::of(&arch);
+        let device = Device::flex();
+        let params = layout.init(3);
+        let idx: Vec<usize> = (0..60).map(|i| (i * 7) % 200).collect();
+        let losses = |b| example_losses(&arch, &layout, &params, &data, &idx, b, &device);
+        let (by7, by64) = (losses(7), losses(64));
+        assert_eq!(by7, by64);
+        for (&i, &l) in idx.iter().zip(&by7) {
+            let alone = evaluate_flat(&arch, &layout, &params, &data, &[i], 1, &device);
+            assert!(
+                (l - alone.loss).abs() < 1e-6,
+                "example {i}: {l} vs {}",
+                alone.loss
+            );
+        }
+        let all = evaluate_flat(&arch, &layout, &params, &data, &idx, 64, &device);
+        let mean = by7.iter().sum::<f64>() / by7.len() as f64;
+        assert!((mean - all.loss).abs() < 1e-6, "{mean} vs {}", all.loss);
+        assert!(
+            by7.iter().any(|&l| (l - mean).abs() > 1e-3),
+            "losses differ by example"
+        );
     }
 }

@@ -16,6 +16,7 @@ pub mod afl;
 pub mod clustered;
 pub mod divfl;
 pub mod f3ast;
+pub mod fedbalancer;
 pub mod fedcor;
 pub mod fedcs;
 pub mod fedgs;
@@ -26,6 +27,7 @@ pub mod oort;
 mod panels;
 pub mod powd;
 pub mod pyramidfl;
+pub mod refl;
 pub mod tifl;
 pub mod uniform;
 pub mod ward;
@@ -38,6 +40,7 @@ use crate::rng::Rng;
 use afl::AflConfig;
 use divfl::DivflConfig;
 use f3ast::F3astConfig;
+use fedbalancer::FedBalancerConfig;
 use fedcor::FedCorConfig;
 use fedcs::FedCsConfig;
 use fedgs::FedGsConfig;
@@ -46,6 +49,7 @@ use md::MdConfig;
 use oort::OortConfig;
 use powd::PowdConfig;
 use pyramidfl::PyramidflConfig;
+use refl::ReflConfig;
 use tifl::TiflConfig;
 use ward::WardDistances;
 
@@ -54,8 +58,8 @@ use ward::WardDistances;
 #[serde(deny_unknown_fields, default)]
 pub struct SelectionConfig {
     /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
-    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort`, `fedcs`, `tifl`
-    /// or `pyramidfl`.
+    /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort`, `fedcs`, `tifl`,
+    /// `pyramidfl`, `refl` or `fedbalancer`.
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -91,6 +95,14 @@ pub struct SelectionConfig {
     /// Oort's).
     #[serde(skip_serializing_if = "TiflConfig::is_default")]
     pub tifl: TiflConfig,
+    /// REFL settings (`refl`), written out only when they differ from the defaults (as
+    /// Oort's).
+    #[serde(skip_serializing_if = "ReflConfig::is_default")]
+    pub refl: ReflConfig,
+    /// FedBalancer settings (`fedbalancer`, whose Oort part reads `[selection.oort]`),
+    /// written out only when they differ from the defaults (as Oort's).
+    #[serde(skip_serializing_if = "FedBalancerConfig::is_default")]
+    pub fedbalancer: FedBalancerConfig,
     /// How Clustered Sampling Alg. 2 and HiCS-FL obtain Ward's point distances: `exact`
     /// (the default, Θ(N³) a round) or `incremental` (O(K N²), history-dependent last
     /// bits; for thousands of clients). Written out only when not the default.
@@ -120,6 +132,8 @@ impl Default for SelectionConfig {
             oort: OortConfig::default(),
             fedcs: FedCsConfig::default(),
             tifl: TiflConfig::default(),
+            refl: ReflConfig::default(),
+            fedbalancer: FedBalancerConfig::default(),
             ward_distances: WardDistances::Exact,
             pyramidfl: PyramidflConfig::default(),
         }
@@ -512,6 +526,76 @@ pub struct Dropped<'a> {
     pub at_least_s: &'a [f64],
 }
 
+/// What a client knows when it runs a [`SampleRule`]: the round's training plan, as the
+/// server configured it, and its own device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClientPlan {
+    /// Local epochs over the examples kept (`train.work.epochs`), or `None` for a fixed
+    /// number of steps whatever the examples kept.
+    pub epochs: Option<usize>,
+    /// The steps of a round of fixed steps (`train.work.steps`; unused with epochs).
+    pub fixed_steps: usize,
+    /// The training batch size.
+    pub batch_size: usize,
+    /// The client's device; `None` where the run has no clock.
+    pub device: Option<DeviceTiming>,
+}
+
+impl ClientPlan {
+    /// Training steps on `m` examples (an epoch's last, partial batch is a step).
+    pub fn steps(&self, m: usize) -> usize {
+        match self.epochs {
+            Some(e) => e * m.div_ceil(self.batch_size.max(1)),
+            None => self.fixed_steps,
+        }
+    }
+}
+
+/// A client's device as the client itself knows it: seconds to train one batch of the
+/// training batch size, to pass one sample forward, and to send the model one way.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceTiming {
+    /// Seconds of one training step on a whole batch.
+    pub batch_s: f64,
+    /// Seconds of one sample's forward pass.
+    pub sample_inference_s: f64,
+    /// Seconds of the model's download (or, equally, of the update's upload).
+    pub transfer_s: f64,
+}
+
+/// What a client's sample-selection pass decided: the positions, among the client's
+/// training examples, of those it trains on this round, and the scalars it uploads beside
+/// its update.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SampleChoice {
+    /// Positions into the client's training examples, each once; at least one where the
+    /// client holds any.
+    pub keep: Vec<usize>,
+    /// The statistics the strategy asked for, reported with the update.
+    pub report: Vec<f64>,
+}
+
+/// A client-side sample-selection pass (FedBalancer, Shin et al., MobiSys'22, Alg. 1): a
+/// strategy that returns one from [`Selector::sample_rule`] makes every client it selected
+/// pass its training examples forward through the model it received, hand the per-example
+/// losses to [`SampleRule::choose`] on the client, and train on the chosen examples only.
+/// The losses never leave the client; only [`SampleChoice::report`] does, and the strategy
+/// hears it through [`Selector::observe_samples`]. The engine books the forward passes
+/// (`sample_examples` in the ledger) and the reported scalars, and puts the pass on the
+/// virtual clock before the client's training (one inference per example). A rule is a
+/// snapshot of the strategy's state for the round, so the clients apply it side by side.
+pub trait SampleRule: Send + Sync {
+    /// The examples client `client` trains on, from `losses` (one per training example, in
+    /// the client's order), its plan and device, and its own stream.
+    fn choose(
+        &self,
+        client: usize,
+        losses: &[f64],
+        plan: &ClientPlan,
+        rng: &mut Rng,
+    ) -> SampleChoice;
+}
+
 /// A client-selection strategy.
 pub trait Selector: Send {
     /// Name as used in configs.
@@ -568,6 +652,28 @@ pub trait Selector: Send {
     /// Learns from the round's outcome.
     fn observe(&mut self, feedback: &Feedback<'_>) {
         let _ = feedback;
+    }
+
+    /// The client-side sample selection the round's clients run before they train (see
+    /// [`SampleRule`]); asked once per round, right after [`Selector::select`]. `None`, the
+    /// default, trains every client on all its examples, as before the mechanism existed.
+    fn sample_rule(&self) -> Option<Box<dyn SampleRule>> {
+        None
+    }
+
+    /// The reports of the round's sample-selection pass (see [`SampleRule`]), one per entry
+    /// whose update the server used, after [`Selector::observe`]; never called for a round
+    /// without a rule.
+    fn observe_samples(&mut self, round: usize, clients: &[usize], reports: &[Vec<f64>]) {
+        let _ = (round, clients, reports);
+    }
+
+    /// The deadline, in seconds after the training broadcast, at which the server closes
+    /// this round when the round policy is `deadline`: a strategy that adapts the deadline
+    /// (FedBalancer's Alg. 4) sets it here, in place of `system.round.deadline_s`. Asked
+    /// right after [`Selector::select`]; `None`, the default, keeps the policy's.
+    fn round_deadline_s(&self) -> Option<f64> {
+        None
     }
 
     /// State to checkpoint: everything learned from rounds so far. What
@@ -657,6 +763,11 @@ pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
         "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
         "fedcs" => Ok(Box::new(fedcs::FedCs::new(cfg.fedcs.clone()))),
         "tifl" => Ok(Box::new(tifl::Tifl::new(cfg.tifl.clone()))),
+        "refl" => Ok(Box::new(refl::Refl::new(cfg.refl.clone()))),
+        "fedbalancer" => Ok(Box::new(fedbalancer::FedBalancer::new(
+            cfg.fedbalancer.clone(),
+            cfg.oort.clone(),
+        ))),
         "pyramidfl" => Ok(Box::new(pyramidfl::PyramidFl::new(cfg.pyramidfl.clone()))),
         other => Err(ConfigError::invalid(
             "selection.strategy",

@@ -338,6 +338,14 @@ impl Oort {
         }
     }
 
+    /// Replaces client `k`'s statistical utility (set by [`Selector::observe`] from its
+    /// mean training loss) by one computed from its own per-sample losses: FedBalancer's
+    /// clients report Eq. 1 over the samples above its loss threshold
+    /// ([`super::fedbalancer`]).
+    pub(crate) fn set_statistical_utility(&mut self, k: usize, utility: f64) {
+        self.state.reward[k] = utility;
+    }
+
     /// The clients that trained more than `blacklist_rounds` times, most-trained first
     /// (ties by id), at most ⌊`blacklist_max_len`·N⌋ of them (the code's `get_blacklist`).
     fn blacklist(&self) -> Vec<bool> {
