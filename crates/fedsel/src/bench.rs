@@ -427,8 +427,8 @@ pub struct SelectionWorkload {
     /// Clients per round.
     pub k: usize,
     /// Rounds timed, after the strategy's warm-up (FedCor's R_w + 1 rounds, HiCS-FL's
-    /// ⌈n/k⌉ rounds of its first sweep, and one more under `hics-incremental`, one round
-    /// for the rest).
+    /// ⌈n/k⌉ rounds of its first sweep, and above 1,000 clients one more, one round for
+    /// the rest).
     pub rounds: usize,
 }
 
@@ -461,12 +461,6 @@ pub fn selection_time(
                 refresh: crate::select::divfl::DivflRefresh::Stale,
                 ..Default::default()
             },
-            ..Default::default()
-        },
-        // "cs2-incremental", "hics-incremental": Ward's point distances kept and updated.
-        "cs2-incremental" | "hics-incremental" => crate::config::SelectionConfig {
-            strategy: strategy.trim_end_matches("-incremental").into(),
-            ward_distances: crate::select::ward::WardDistances::Incremental,
             ..Default::default()
         },
         _ => crate::config::SelectionConfig {
@@ -508,10 +502,9 @@ pub fn selection_time(
     s.initial_phase(&mut clients)?;
     let setup_s = started.elapsed().as_secs_f64();
     let warmup = match strategy {
-        "hics" => n.div_ceil(w.k),
-        // The first clustering after the sweep is the exact Θ(N³) one that the kept
-        // distances start from: part of the warm-up, as FedCor's R_w + 1.
-        "hics-incremental" => n.div_ceil(w.k) + 1,
+        // Above 1,000 clients the first clustering after the sweep is the exact Θ(N³) one
+        // that the kept distances start from: part of the warm-up, as FedCor's R_w + 1.
+        "hics" => n.div_ceil(w.k) + usize::from(n > crate::select::ward::EXACT_UP_TO),
         "fedcor" | "fedgp" => cfg.fedcor.warmup + 1,
         _ => 1,
     };
@@ -681,12 +674,10 @@ pub fn scaling(strategy: &str) -> Option<Scaling> {
         "powd" | "cpowd" | "rpowd" => ("N + d log d", 0, 1),
         "afl" | "f3ast" | "oort" | "fedcs" | "cs1" | "tifl" => ("N log N", 0, 1),
         "fedcor" | "fedgp" => ("K N (d + K)", 0, 1),
-        "cs2" => ("N³ + K N P", 3, 3),
-        "hics" => ("N³", 3, 3),
+        "cs2" => ("N³ to 1,000 clients, then K N² + K N P", 4, 3),
+        "hics" => ("N³ to 1,000 clients, then K N² + K N P", 4, 3),
         "divfl" => ("N² P", 1, 2),
         "divfl-stale" => ("K N P + K N²", 1, 2),
-        "cs2-incremental" => ("K N² + K N P", 4, 2),
-        "hics-incremental" => ("K N² + K N P", 4, 2),
         "fedgs" => ("N² (setup N³)", 2, 2),
         _ => return None,
     };
@@ -708,8 +699,7 @@ impl Scaling {
 }
 
 /// Every strategy [`selection_time`] knows, in the order `fedsel bench` prints them;
-/// `divfl-stale` is DivFL under its stale refresh; `cs2-incremental` and
-/// `hics-incremental` keep Ward's point distances between rounds.
+/// `divfl-stale` is DivFL under its stale refresh.
 pub const STRATEGIES: &[&str] = &[
     "uniform",
     "md",
@@ -722,9 +712,7 @@ pub const STRATEGIES: &[&str] = &[
     "fedgp",
     "cs1",
     "cs2",
-    "cs2-incremental",
     "hics",
-    "hics-incremental",
     "divfl",
     "divfl-stale",
     "fedgs",

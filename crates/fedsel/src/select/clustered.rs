@@ -255,7 +255,7 @@ impl ClusteredSampling {
     pub fn new(variant: Variant) -> Self {
         Self {
             variant,
-            ward: ward::WardDistances::Exact,
+            ward: ward::WardDistances::Auto,
             sizes: Vec::new(),
             per_round: 0,
             buckets: Vec::new(),
@@ -307,8 +307,7 @@ impl Selector for ClusteredSampling {
                 updates: vec![Vec::new(); n],
                 norms: vec![0.0; n],
                 distance: vec![vec![0.0; n]; n],
-                ward: (self.ward == ward::WardDistances::Incremental)
-                    .then(ward::KeptDistances::default),
+                ward: self.ward.kept(n),
             },
         };
     }
@@ -382,10 +381,13 @@ impl Selector for ClusteredSampling {
             super::check_loaded(name, "distances in a row", row.len(), n)?;
         }
         self.state = loaded;
-        self.state.ward = match (self.ward, self.state.ward.take()) {
-            (ward::WardDistances::Exact, _) => None,
-            (ward::WardDistances::Incremental, kept) => Some(kept.unwrap_or_default()),
-        };
+        // Kept sums from the checkpoint, where this run keeps them (an exact run's
+        // checkpoint has none: the first linkage then recomputes them).
+        let saved = self.state.ward.take();
+        self.state.ward = self
+            .ward
+            .kept(self.sizes.len())
+            .map(|fresh| saved.unwrap_or(fresh));
         Ok(())
     }
 }

@@ -343,7 +343,7 @@ impl Hics {
             state: State::default(),
             matrix: Vec::new(),
             changed: Vec::new(),
-            ward: ward::WardDistances::Exact,
+            ward: ward::WardDistances::Auto,
             log: String::new(),
         }
     }
@@ -576,8 +576,7 @@ impl Selector for Hics {
         self.state = State {
             latest: vec![Vec::new(); self.n],
             unseen: (0..self.n).collect(),
-            ward: (self.ward == ward::WardDistances::Incremental)
-                .then(ward::KeptDistances::default),
+            ward: self.ward.kept(self.n),
         };
         self.matrix = Vec::new();
         self.changed.clear();
@@ -664,10 +663,10 @@ impl Selector for Hics {
             super::check_loaded("hics", "clients (an unseen one)", k + 1, self.n)?;
         }
         self.state = loaded;
-        self.state.ward = match (self.ward, self.state.ward.take()) {
-            (ward::WardDistances::Exact, _) => None,
-            (ward::WardDistances::Incremental, kept) => Some(kept.unwrap_or_default()),
-        };
+        // Kept sums from the checkpoint, where this run keeps them (an exact run's
+        // checkpoint has none: the first linkage then recomputes them).
+        let saved = self.state.ward.take();
+        self.state.ward = self.ward.kept(self.n).map(|fresh| saved.unwrap_or(fresh));
         self.matrix = Vec::new();
         self.changed.clear();
         Ok(())

@@ -103,9 +103,10 @@ pub struct SelectionConfig {
     /// written out only when they differ from the defaults (as Oort's).
     #[serde(skip_serializing_if = "FedBalancerConfig::is_default")]
     pub fedbalancer: FedBalancerConfig,
-    /// How Clustered Sampling Alg. 2 and HiCS-FL obtain Ward's point distances: `exact`
-    /// (the default, Θ(N³) a round) or `incremental` (O(K N²), history-dependent last
-    /// bits; for thousands of clients). Written out only when not the default.
+    /// How Clustered Sampling Alg. 2 and HiCS-FL obtain Ward's point distances: `auto`
+    /// (exact up to 1,000 clients, incremental above), `exact` (Θ(N³) a round) or
+    /// `incremental` (O(K N²), history-dependent last bits). Written out only when not
+    /// the default.
     #[serde(skip_serializing_if = "WardDistances::is_default")]
     pub ward_distances: WardDistances,
     /// PyramidFL settings (`pyramidfl`), written out only when they differ from the
@@ -134,7 +135,7 @@ impl Default for SelectionConfig {
             tifl: TiflConfig::default(),
             refl: ReflConfig::default(),
             fedbalancer: FedBalancerConfig::default(),
-            ward_distances: WardDistances::Exact,
+            ward_distances: WardDistances::Auto,
             pyramidfl: PyramidflConfig::default(),
         }
     }

@@ -5,13 +5,13 @@
 //! what the authors ran), so the points' own distances are Θ(N³) a clustering: 5·10¹¹
 //! squared differences at 10,000 clients, 31 s a round of Clustered Sampling on the 2-core
 //! machine that measured it (docs/speed.md), the bound of both selectors at that size
-//! ([`point_distances`]). That exact recomputation is the default
-//! ([`WardDistances::Exact`]). Only the K clients that report change their rows (and, the
+//! ([`point_distances`]). Only the K clients that report change their rows (and, the
 //! matrix being symmetric, their columns), so [`KeptDistances`] updates the squared sums in
-//! O(K N²) instead ([`WardDistances::Incremental`], opt-in): each sum then depends on the
-//! run's history, not on the rows alone, and differs from the exact one in its last bits,
-//! which is why it is not the default; it is kept in the selector's checkpoint, so that a
-//! resumed run clusters as an uninterrupted one does.
+//! O(K N²) instead ([`WardDistances::Incremental`]): each sum then depends on the run's
+//! history, not on the rows alone, and differs from the exact one in its last bits. The
+//! default recomputes exactly up to [`EXACT_UP_TO`] clients, which covers every paper's
+//! setting bit for bit, and keeps the sums above; kept sums go into the selector's
+//! checkpoint, so that a resumed run clusters as an uninterrupted one does.
 //!
 //! The Lance–Williams recurrence on Euclidean distances, merging the closest pair
 //! (the lowest-index pair on ties, so the result is deterministic), with each
@@ -186,18 +186,36 @@ fn point_sums_on(points: &[Vec<f64>], isa: crate::cpu::Isa) -> Vec<Vec<f64>> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WardDistances {
-    /// Recomputed from the rows every round, Θ(N³): the same bits whatever came before.
+    /// [`Self::Exact`] up to [`EXACT_UP_TO`] clients, every paper's size, and
+    /// [`Self::Incremental`] above, where Θ(N³) a round is tens of seconds.
     #[default]
+    Auto,
+    /// Recomputed from the rows every round, Θ(N³): the same bits whatever came before.
     Exact,
     /// Updated where the rows changed, O(K N² + K N·dims) ([`KeptDistances`]): not the
     /// exact sums' bits, and history-dependent; for federations of thousands of clients.
     Incremental,
 }
 
+/// The most clients [`WardDistances::Auto`] recomputes the distances for (as FedGS's
+/// `exact_up_to`): 33 ms a round of CS2 at 1,000 clients, 31 s at 10,000.
+pub const EXACT_UP_TO: usize = 1000;
+
 impl WardDistances {
     /// Whether this is the default, so that configs without the key keep their hash.
     pub fn is_default(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// The distances a selector of `n` clients keeps under this setting: `None` when they
+    /// are recomputed every round.
+    pub fn kept(self, n: usize) -> Option<KeptDistances> {
+        let incremental = match self {
+            Self::Auto => n > EXACT_UP_TO,
+            Self::Exact => false,
+            Self::Incremental => true,
+        };
+        incremental.then(KeptDistances::default)
     }
 }
 
