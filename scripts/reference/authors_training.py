@@ -23,7 +23,9 @@ no size changes):
 1. `--target_accuracy` (their own option) stops a run at the target: 0.69 in 2SPC, 0.64 in
    Dir; a run that never reaches it runs its 500 rounds and is censored at 500.
 2. One seed per invocation (`--seed S`, S = 1..5), `--verbose=0`, CPU (no `--gpu`).
-3. FMNIST is read from the IDX files of `$FEDSEL_DATA/fashion-mnist` by a stand-in for
+3. Their Dir partition solves a QP with `cvxopt` (`sampling.Dirichlet_noniid`): cvxopt 1.3.3
+   from PyPI, on the children's PYTHONPATH (`pip install --target DIR cvxopt`,
+   `PYTHONPATH=DIR`). FMNIST is read from the IDX files of `$FEDSEL_DATA/fashion-mnist` by a stand-in for
    `torchvision.datasets.FashionMNIST` (torchvision is not installed): the same arrays,
    `ToTensor` and `Normalize` computed on the whole set at once in float32, the same values
    as torchvision's per-image transforms; `__getitem__` returns (image, int label) as
@@ -52,12 +54,13 @@ HiCS-FL (sizes from fedsel's CPU grid `configs/hics/claims_fmnist_cpu.toml`):
    one-element `int()` works as under NumPy 1.x (NumPy's global generator: the same draws).
 6. Their test loader's `num_workers=2` is run with 0 workers (the same batches, in order).
 7. Stand-ins for imports their FMNIST path never uses (torchvision's CIFAR, ImageFolder and
-   resnet18, PIL, imageio, progress, ipdb, the LMDB ImageNet loader, cvxopt) and the same
+   resnet18, PIL, imageio, progress, ipdb, the LMDB ImageNet loader) and the same
    FMNIST and tqdm stand-ins as for FedCor; CPU, one torch thread.
 
     git clone https://github.com/Yoruko-Tang/FedCor /tmp/fedcor-src && git -C /tmp/fedcor-src checkout d941083ce2840e877476182d898c1ffa878d599b
     git clone https://github.com/CityChan/HiCS-FL /tmp/hics-src && git -C /tmp/hics-src checkout 25f309d118d72c8ca176b6551704f648b304e100
-    FEDSEL_DATA=../shared/data nice python scripts/reference/authors_training.py \
+    pip install --target /tmp/cvxopt-pkg cvxopt
+    PYTHONPATH=/tmp/cvxopt-pkg FEDSEL_DATA=../shared/data nice python scripts/reference/authors_training.py \
         --fedcor /tmp/fedcor-src --hics /tmp/hics-src --jobs 2 [--only fedcor|hics]
 
 Rows already in the CSVs are skipped, so an interrupted grid resumes.
@@ -239,7 +242,7 @@ def child_fedcor(checkout: Path, setting: str, method: str, seed: int, out: Path
     import pickle
     import runpy
 
-    _install_standins(["cvxopt", "matplotlib", "matplotlib.pyplot"])
+    _install_standins(["matplotlib", "matplotlib.pyplot"])
     part, target = FEDCOR_SETTINGS[setting]
     argv = FEDCOR_COMMON + part + FEDCOR_METHODS[method] + [
         f"--seed={seed}", f"--target_accuracy={target}"]
@@ -261,7 +264,7 @@ class _StopRun(Exception):
 def child_hics(checkout: Path, setting: str, method: str, seed: int, out: Path) -> None:
     _install_standins([
         "PIL", "PIL.Image", "imageio", "ipdb", "progress", "progress.bar",
-        "pytorch_lmdb_imagenet", "pytorch_lmdb_imagenet.folder2lmdb", "cvxopt",
+        "pytorch_lmdb_imagenet", "pytorch_lmdb_imagenet.folder2lmdb",
     ])
     import torch
     from torch import nn
@@ -418,7 +421,7 @@ def grid(a) -> None:
                             text=True, check=True).stdout.strip()
     checkouts = {"fedcor": a.fedcor, "hics": a.hics}
     authors = {"fedcor": FEDCOR_COMMIT, "hics": HICS_COMMIT}
-    command = ("FEDSEL_DATA=../shared/data nice python scripts/reference/authors_training.py "
+    command = ("PYTHONPATH=/tmp/cvxopt-pkg FEDSEL_DATA=../shared/data nice python scripts/reference/authors_training.py "
                "--fedcor /tmp/fedcor-src --hics /tmp/hics-src --jobs 2")
     todo = [c for c in plan(a.only)
             if any((c[1], c[2], str(c[3])) not in done(s) for s in sections_of(c[0], c[1]))]
