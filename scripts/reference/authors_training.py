@@ -63,7 +63,9 @@ HiCS-FL (sizes from fedsel's CPU grid `configs/hics/claims_fmnist_cpu.toml`):
     PYTHONPATH=/tmp/cvxopt-pkg FEDSEL_DATA=../shared/data nice python scripts/reference/authors_training.py \
         --fedcor /tmp/fedcor-src --hics /tmp/hics-src --jobs 2 [--only fedcor|hics]
 
-Rows already in the CSVs are skipped, so an interrupted grid resumes.
+Rows already in the CSVs are skipped, so an interrupted grid resumes, and grids over other
+settings (`--settings`) or repositories (`--only`) may run side by side. A run whose grid
+was stopped while it ran is recorded with `--collect WORKDIR --commit SHA --command CMD`.
 """
 
 from __future__ import annotations
@@ -350,15 +352,19 @@ class _NumPy1:
 # ---------------------------------------------------------------- the grid (parent process)
 
 
-def plan(only: str | None):
+def plan(only: str | None, settings: list[str] | None):
     cells = []
     if only in (None, "fedcor"):
         for setting in FEDCOR_SETTINGS:
+            if settings and setting not in settings:
+                continue
             for seed in SEEDS:
                 for method in FEDCOR_METHODS:
                     cells.append(("fedcor", setting, method, seed))
     if only in (None, "hics"):
         for setting in HICS_SETTINGS:
+            if settings and setting not in settings:
+                continue
             for seed in SEEDS:
                 for method in HICS_METHODS:
                     cells.append(("hics", setting, method, seed))
@@ -416,22 +422,41 @@ def sections_of(repo: str, setting: str) -> list[str]:
     return [HICS_SECTIONS[t][0] for t in HICS_SETTINGS[setting][1]]
 
 
+def is_done(repo: str, setting: str, method: str, seed: int) -> bool:
+    return all((setting, method, str(seed)) in done(s) for s in sections_of(repo, setting))
+
+
+def record(repo: str, setting: str, method: str, seed: int, res: Path, commit: str,
+           command: str, seconds: float) -> None:
+    """Appends the rows of one finished run (its child's result file)."""
+    authors = {"fedcor": FEDCOR_COMMIT, "hics": HICS_COMMIT}[repo]
+    r = json.loads(res.read_text())
+    detail = json.dumps({"repo": repo, "authors_commit": authors, "setting": setting,
+                         "method": method, "seed": seed,
+                         "run": r.get("argv") or r.get("args")}, sort_keys=True)
+    cmd = f"{command} (authors' {repo} at {authors[:7]})"
+    rows = rows_for(repo, setting, method, seed, r["acc"], cmd, commit, detail)
+    append(rows)
+    print(f"{repo} {setting} {method} seed {seed}: "
+          + ", ".join(f"{x['section']} {x['value']}{' (censored)' if x['censored'] == 'true' else ''}" for x in rows)
+          + f" [{seconds:.0f} s, {len(r['acc'])} rounds]", flush=True)
+
+
 def grid(a) -> None:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
     checkouts = {"fedcor": a.fedcor, "hics": a.hics}
-    authors = {"fedcor": FEDCOR_COMMIT, "hics": HICS_COMMIT}
     command = ("PYTHONPATH=/tmp/cvxopt-pkg FEDSEL_DATA=../shared/data nice python scripts/reference/authors_training.py "
-               "--fedcor /tmp/fedcor-src --hics /tmp/hics-src --jobs 2")
-    todo = [c for c in plan(a.only)
-            if any((c[1], c[2], str(c[3])) not in done(s) for s in sections_of(c[0], c[1]))]
+               + " ".join(sys.argv[1:]))
+    todo = [c for c in plan(a.only, a.settings) if not is_done(*c)]
     print(f"{len(todo)} runs to do", flush=True)
     running: list = []
     scratch = Path(tempfile.mkdtemp(prefix="authors-runs-"))
     while todo or running:
         while todo and len(running) < a.jobs:
             repo, setting, method, seed = todo.pop(0)
-            if checkouts[repo] is None:
+            # Another grid (other settings, or --only) may have finished this run meanwhile.
+            if checkouts[repo] is None or is_done(repo, setting, method, seed):
                 continue
             work = scratch / f"{repo}-{setting}-{method}-{seed}"
             work.mkdir()
@@ -453,16 +478,14 @@ def grid(a) -> None:
                 tail = (work / "log.txt").read_text()[-3000:]
                 print(f"FAILED {repo} {setting} {method} {seed}:\n{tail}", flush=True)
                 continue
-            r = json.loads(res.read_text())
-            detail = json.dumps({"repo": repo, "authors_commit": authors[repo], "setting": setting,
-                                 "method": method, "seed": seed,
-                                 "run": r.get("argv") or r.get("args")}, sort_keys=True)
-            cmd = f"{command} (authors' {repo} at {authors[repo][:7]})"
-            rows = rows_for(repo, setting, method, seed, r["acc"], cmd, commit, detail)
-            append(rows)
-            print(f"{repo} {setting} {method} seed {seed}: "
-                  + ", ".join(f"{x['section']} {x['value']}{' (censored)' if x['censored'] == 'true' else ''}" for x in rows)
-                  + f" [{time.time() - t0:.0f} s, {len(r['acc'])} rounds]", flush=True)
+            record(repo, setting, method, seed, res, commit, command, time.time() - t0)
+
+
+def collect(work: Path, commit: str, command: str) -> None:
+    """Appends the rows of a run whose grid was stopped while it ran: its work directory
+    (named repo-setting-method-seed) holds the child's result file."""
+    repo, setting, *method, seed = work.name.split("-")
+    record(repo, setting, "-".join(method), int(seed), work / "result.json", commit, command, 0.0)
 
 
 def main() -> None:
@@ -471,6 +494,10 @@ def main() -> None:
     ap.add_argument("--hics", type=Path, help="a checkout of CityChan/HiCS-FL at " + HICS_COMMIT)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", choices=["fedcor", "hics"])
+    ap.add_argument("--settings", nargs="*", help="only these settings (2SPC, Dir, setting2, setting3)")
+    ap.add_argument("--collect", type=Path, help="append the rows of a finished run's work directory")
+    ap.add_argument("--commit", help="with --collect: the commit its grid ran at")
+    ap.add_argument("--command", help="with --collect: the command of its grid")
     ap.add_argument("--child", choices=["fedcor", "hics"], help=argparse.SUPPRESS)
     ap.add_argument("--checkout", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
@@ -482,6 +509,8 @@ def main() -> None:
         child_fedcor(a.checkout.resolve(), a.setting, a.method, a.seed, a.result)
     elif a.child == "hics":
         child_hics(a.checkout.resolve(), a.setting, a.method, a.seed, a.result)
+    elif a.collect is not None:
+        collect(a.collect, a.commit, a.command)
     else:
         for name, path, tell in (("fedcor", a.fedcor, "src/federated_main.py"), ("hics", a.hics, "trainer.py")):
             if path is not None and not (path / tell).is_file():
