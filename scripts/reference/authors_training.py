@@ -64,7 +64,8 @@ HiCS-FL (sizes from fedsel's CPU grid `configs/hics/claims_fmnist_cpu.toml`):
         --fedcor /tmp/fedcor-src --hics /tmp/hics-src --jobs 2 [--only fedcor|hics]
 
 Rows already in the CSVs are skipped, so an interrupted grid resumes, and grids over other
-settings (`--settings`) or repositories (`--only`) may run side by side. A run whose grid
+settings (`--settings`) or repositories (`--only`), or the same ones, may run side by side
+(a run is marked as taken in $TMPDIR/authors-training-running while it runs). A run whose grid
 was stopped while it ran is recorded with `--collect WORKDIR --commit SHA --command CMD`.
 """
 
@@ -426,6 +427,20 @@ def is_done(repo: str, setting: str, method: str, seed: int) -> bool:
     return all((setting, method, str(seed)) in done(s) for s in sections_of(repo, setting))
 
 
+RUNNING = Path(tempfile.gettempdir()) / "authors-training-running"
+
+
+def claim(repo: str, setting: str, method: str, seed: int) -> Path | None:
+    """Marks a run as taken, so that grids side by side never run it twice; None if taken."""
+    RUNNING.mkdir(exist_ok=True)
+    mark = RUNNING / f"{repo}-{setting}-{method}-{seed}"
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return None
+    return mark
+
+
 def record(repo: str, setting: str, method: str, seed: int, res: Path, commit: str,
            command: str, seconds: float) -> None:
     """Appends the rows of one finished run (its child's result file)."""
@@ -455,8 +470,11 @@ def grid(a) -> None:
     while todo or running:
         while todo and len(running) < a.jobs:
             repo, setting, method, seed = todo.pop(0)
-            # Another grid (other settings, or --only) may have finished this run meanwhile.
+            # Another grid may have finished this run meanwhile, or be running it.
             if checkouts[repo] is None or is_done(repo, setting, method, seed):
+                continue
+            mark = claim(repo, setting, method, seed)
+            if mark is None:
                 continue
             work = scratch / f"{repo}-{setting}-{method}-{seed}"
             work.mkdir()
@@ -467,18 +485,19 @@ def grid(a) -> None:
                  "--checkout", str(checkouts[repo]), "--setting", setting, "--method", method,
                  "--seed", str(seed), "--result", str(res)],
                 cwd=work, stdout=log, stderr=subprocess.STDOUT)
-            running.append((p, (repo, setting, method, seed), res, time.time(), work))
+            running.append((p, (repo, setting, method, seed), res, time.time(), work, mark))
         time.sleep(2)
         for item in list(running):
-            p, (repo, setting, method, seed), res, t0, work = item
+            p, (repo, setting, method, seed), res, t0, work, mark = item
             if p.poll() is None:
                 continue
             running.remove(item)
             if p.returncode != 0:
                 tail = (work / "log.txt").read_text()[-3000:]
                 print(f"FAILED {repo} {setting} {method} {seed}:\n{tail}", flush=True)
-                continue
-            record(repo, setting, method, seed, res, commit, command, time.time() - t0)
+            else:
+                record(repo, setting, method, seed, res, commit, command, time.time() - t0)
+            mark.unlink()
 
 
 def collect(work: Path, commit: str, command: str) -> None:
