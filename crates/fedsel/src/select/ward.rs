@@ -134,6 +134,92 @@ fn merge(mut d: Vec<Vec<f64>>) -> Vec<Merge> {
     merges
 }
 
+/// The merges from `d` by the nearest-neighbour chain (Murtagh 1983; Müllner 2011, Fig. 4):
+/// follow nearest neighbours until two are each other's, merge them, go on from what is
+/// left of the chain. Ward's distance is reducible, so the chain finds the greedy scan's
+/// merges, at O(n²) whatever the data, where [`merge`]'s rescans of the rows that pointed
+/// at a merged pair grow with how many did. The merges are found in another order, so
+/// Lance–Williams sums its terms in another order: heights within rounding of the scan's,
+/// and on exact ties possibly another pair first. Used with [`KeptDistances`], whose sums
+/// are not the exact bits either; merges are then sorted by height (stably) and numbered
+/// as scipy does.
+fn merge_by_chain(mut d: Vec<Vec<f64>>) -> Vec<Merge> {
+    let n = d.len();
+    let mut size = vec![1usize; n];
+    let mut active = vec![true; n];
+    // (slot a, slot b, height, size): slot i holds a cluster containing point i.
+    let mut raw: Vec<(usize, usize, f64, usize)> = Vec::with_capacity(n.saturating_sub(1));
+    let mut chain: Vec<usize> = Vec::new();
+    while raw.len() + 1 < n {
+        if chain.is_empty() {
+            chain.push(active.iter().position(|&a| a).expect("two clusters left"));
+        }
+        let (a, b) = loop {
+            let a = chain[chain.len() - 1];
+            let prev = chain.len().checked_sub(2).map(|p| chain[p]);
+            // The previous link wins ties, so the chain ends; otherwise the lowest slot.
+            let (mut best, mut least) = match prev {
+                Some(p) => (p, d[a][p]),
+                None => (n, f64::INFINITY),
+            };
+            for (k, (&v, &open)) in d[a].iter().zip(&active).enumerate() {
+                if open && k != a && (best == n || v < least) {
+                    (best, least) = (k, v);
+                }
+            }
+            if Some(best) == prev {
+                chain.truncate(chain.len() - 2);
+                break (a, best);
+            }
+            chain.push(best);
+        };
+        let (i, j) = (a.min(b), a.max(b));
+        let h = d[i][j];
+        let (si, sj) = (size[i] as f64, size[j] as f64);
+        for k in 0..n {
+            if active[k] && k != i && k != j {
+                let v = lance_williams(si, sj, size[k] as f64, d[i][k], d[j][k], h);
+                d[i][k] = v;
+                d[k][i] = v;
+            }
+        }
+        size[i] += size[j];
+        active[j] = false;
+        raw.push((i, j, h, size[i]));
+    }
+    // Heights in order (stably: equal heights keep the order found), then scipy's numbering:
+    // a cluster's id is n + the index of the merge that formed it.
+    raw.sort_by(|x, y| x.2.total_cmp(&y.2));
+    // Sizes are counted again in that order: with non-finite heights the order is not the
+    // one found, and the tree must still be whole.
+    let mut parent: Vec<usize> = (0..n).collect();
+    let mut label: Vec<usize> = (0..n).collect();
+    let mut count = vec![1usize; n];
+    let find = |parent: &mut Vec<usize>, mut x: usize| {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    };
+    raw.iter()
+        .enumerate()
+        .map(|(t, &(i, j, height, _))| {
+            let (ri, rj) = (find(&mut parent, i), find(&mut parent, j));
+            let (a, b) = (label[ri].min(label[rj]), label[ri].max(label[rj]));
+            parent[rj] = ri;
+            label[ri] = n + t;
+            count[ri] += count[rj];
+            Merge {
+                a,
+                b,
+                height,
+                size: count[ri],
+            }
+        })
+        .collect()
+}
+
 /// Column panels per tile: independent chains of additions enough to keep two adders busy.
 const GROUP: usize = 8;
 /// Features per block: a tile's column panels, GROUP × DEPTH × PANEL values, stay in L1.
@@ -252,7 +338,7 @@ impl KeptDistances {
     /// Ward linkage of `points`, from the squared distances kept since the last call.
     pub fn linkage(&mut self, points: &[Vec<f64>]) -> Vec<Merge> {
         self.update(points);
-        merge(roots(&self.sums))
+        merge_by_chain(roots(&self.sums))
     }
 
     /// The squared distances now kept (for tests and checks).
@@ -742,6 +828,41 @@ mod tests {
             k.sums().iter().flatten().map(|x| x.to_bits()).collect()
         };
         assert_eq!(bits(&back), bits(&one));
+    }
+
+    /// The chain finds the scan's merges on random points: the same pairs and sizes in the
+    /// same order, heights within rounding; and non-finite distances still make a whole
+    /// tree.
+    #[test]
+    fn the_chain_merges_as_the_scan() {
+        use crate::rng::{Purpose, stream};
+        use rand::Rng as _;
+        for seed in 0..12 {
+            let mut rng = stream(seed, Purpose::Strategy, 0, 0);
+            let n = 2 + rng.random_range(0..120);
+            let points: Vec<Vec<f64>> = (0..n)
+                .map(|_| (0..5).map(|_| rng.random_range(-1.0..1.0)).collect())
+                .collect();
+            let (chain, scan) = (merge_by_chain(point_distances(&points)), linkage(&points));
+            assert_eq!(chain.len(), n - 1);
+            for (a, b) in chain.iter().zip(&scan) {
+                assert_eq!((a.a, a.b, a.size), (b.a, b.b, b.size), "seed {seed}");
+                assert!(
+                    (a.height - b.height).abs() <= 1e-12 * b.height,
+                    "seed {seed}"
+                );
+            }
+        }
+        for bad in [f64::NAN, f64::INFINITY] {
+            let pts = vec![
+                vec![bad, 1.0],
+                vec![bad, 2.0],
+                vec![0.0, bad],
+                vec![1.0, 1.0],
+            ];
+            let m = merge_by_chain(point_distances(&pts));
+            assert_eq!((m.len(), m[2].size), (3, 4));
+        }
     }
 
     /// Points whose distances are all NaN or infinite still merge n − 1 times into one
