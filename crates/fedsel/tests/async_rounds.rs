@@ -4,25 +4,10 @@
 #[allow(dead_code)]
 mod common;
 
-use common::Collect;
+use common::{run, synthetic};
 use fedsel::config::Config;
-use fedsel::data::locate;
-use fedsel::engine::{self, Experiment, RoundRecord};
+use fedsel::engine::{self, RoundRecord};
 use fedsel::output::RunWriter;
-
-fn synthetic(overrides: &[&str]) -> Experiment {
-    let set: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let config = Config::load(None, &set).unwrap();
-    config.validate().unwrap();
-    let dir = locate::data_dir(None, None);
-    Experiment::prepare(config, &dir).unwrap()
-}
-
-fn run(exp: &Experiment) -> Vec<RoundRecord> {
-    let mut c = Collect::default();
-    engine::run(exp, &mut c).unwrap();
-    c.0
-}
 
 const FEDBUFF: &str = "system.round={policy=\"fedbuff\", concurrency=8, buffer_size=4}";
 

@@ -6,9 +6,8 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::Collect;
+use common::{Collect, run, synthetic};
 use fedsel::config::Config;
-use fedsel::data::locate;
 use fedsel::engine::{self, Experiment, RoundRecord};
 use fedsel::error::Error;
 use fedsel::rng::Rng;
@@ -16,20 +15,6 @@ use fedsel::select::{
     ClientOrder, ClientQuery, Feedback, Needs, Planned, RoundContext, Selection, Selector,
     UpdateKind, UploadDropout,
 };
-
-fn synthetic(overrides: &[&str]) -> Experiment {
-    let set: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let config = Config::load(None, &set).unwrap();
-    config.validate().unwrap();
-    let dir = locate::data_dir(None, None);
-    Experiment::prepare(config, &dir).unwrap()
-}
-
-fn run(exp: &Experiment) -> Vec<RoundRecord> {
-    let mut c = Collect::default();
-    engine::run(exp, &mut c).unwrap();
-    c.0
-}
 
 /// One fixed client a round, 0, 1, 2, ..., each with `order` (or none), recording the
 /// updates the server received.

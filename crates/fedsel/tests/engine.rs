@@ -1,5 +1,6 @@
 //! End-to-end properties of the round loop.
 
+#[allow(dead_code)]
 mod common;
 
 use std::sync::mpsc;

@@ -4,24 +4,8 @@
 #[allow(dead_code)]
 mod common;
 
-use common::Collect;
-use fedsel::config::Config;
-use fedsel::data::locate;
-use fedsel::engine::{self, Experiment, RoundRecord};
-
-fn synthetic(overrides: &[&str]) -> Experiment {
-    let set: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let config = Config::load(None, &set).unwrap();
-    config.validate().unwrap();
-    let dir = locate::data_dir(None, None);
-    Experiment::prepare(config, &dir).unwrap()
-}
-
-fn run(exp: &Experiment) -> Vec<RoundRecord> {
-    let mut c = Collect::default();
-    engine::run(exp, &mut c).unwrap();
-    c.0
-}
+use common::{run, synthetic};
+use fedsel::engine::RoundRecord;
 
 /// Every round policy of `system.round` (and no clock at all), with REFL's own stale
 /// updates beside over-commitment.

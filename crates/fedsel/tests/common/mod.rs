@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use fedsel::engine::{Observer, RoundRecord};
+use fedsel::config::Config;
+use fedsel::data::locate;
+use fedsel::engine::{self, Experiment, Observer, RoundRecord};
 
 /// `../shared/data` beside the repository, if present.
 pub fn shared_data() -> Option<PathBuf> {
@@ -27,4 +29,20 @@ impl Observer for Collect {
         self.0.push(r.clone());
         Ok(())
     }
+}
+
+/// The built-in synthetic experiment with `overrides` (`key=value`, as `--set` takes them).
+pub fn synthetic(overrides: &[&str]) -> Experiment {
+    let set: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let config = Config::load(None, &set).unwrap();
+    config.validate().unwrap();
+    let dir = locate::data_dir(None, None);
+    Experiment::prepare(config, &dir).unwrap()
+}
+
+/// Every round's record of a run of `exp`.
+pub fn run(exp: &Experiment) -> Vec<RoundRecord> {
+    let mut c = Collect::default();
+    engine::run(exp, &mut c).unwrap();
+    c.0
 }
