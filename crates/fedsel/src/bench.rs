@@ -676,7 +676,7 @@ pub fn scaling(strategy: &str) -> Option<Scaling> {
         "fedcor" | "fedgp" => ("K N (d + K)", 0, 1),
         "cs2" => ("N³ to 1,000 clients, then K N² + K N P", 4, 3),
         "hics" => ("N³ to 1,000 clients, then K N² + K N P", 4, 3),
-        "divfl" => ("N² P", 1, 2),
+        "divfl" => ("N² P to 1,000 clients, then N P + N² m", 1, 2),
         "divfl-stale" => ("K N P + K N²", 1, 2),
         "fedgs" => ("N² (setup N³)", 2, 2),
         _ => return None,

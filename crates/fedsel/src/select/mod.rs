@@ -854,6 +854,42 @@ pub(crate) mod testing {
         }
     }
 
+    /// A query that answers gradients with `gradient(call, client)`, the calls counted
+    /// from 1, and every loss with 0: for the selectors that read gradients alone.
+    pub struct Gradients<F> {
+        calls: u64,
+        gradient: F,
+    }
+
+    impl<F: FnMut(u64, usize) -> Vec<f32>> Gradients<F> {
+        pub fn new(gradient: F) -> Self {
+            Self { calls: 0, gradient }
+        }
+    }
+
+    impl<F: FnMut(u64, usize) -> Vec<f32>> ClientQuery for Gradients<F> {
+        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; clients.len()])
+        }
+        fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; clients.len()])
+        }
+        fn probe(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
+            Ok(vec![0.0; evaluate.len()])
+        }
+        fn gradients(
+            &mut self,
+            clients: &[usize],
+            _: GradientScope,
+        ) -> Result<Vec<Vec<f32>>, Error> {
+            self.calls += 1;
+            Ok(clients
+                .iter()
+                .map(|&k| (self.gradient)(self.calls, k))
+                .collect())
+        }
+    }
+
     pub fn setup(weights: &[f64]) -> Setup {
         Setup {
             sizes: weights.iter().map(|w| (w * 1000.0) as usize).collect(),

@@ -67,17 +67,24 @@ pub(super) fn distances_with(g: &[&[f32]], kernel: Kernel) -> Vec<Vec<f64>> {
     let dots = pair_sums(g, DEPTH, GROUP, |tile, rows, cols, depth| {
         accumulate(kernel, tile, rows, cols, depth)
     });
-    let dot = |i: usize, j: usize| dots.get(i, j);
-    let sq: Vec<f64> = (0..n).map(|i| dot(i, i)).collect();
-    let mut dist = vec![vec![0.0; n]; n];
-    for i in 0..n {
-        for j in i + 1..n {
-            let d = (sq[i] + sq[j] - 2.0 * dot(i, j)).max(0.0).sqrt();
-            dist[i][j] = d;
-            dist[j][i] = d;
-        }
-    }
-    dist
+    let sq: Vec<f64> = (0..n).map(|i| dots.get(i, i)).collect();
+    // Row by row, side by side: entry (i, j) is pair (min, max)'s one expression, and
+    // floating-point addition commutes, so both halves hold the same bits.
+    (0..n)
+        .into_par_iter()
+        .map(|i| {
+            (0..n)
+                .map(|j| {
+                    let (a, b) = if i < j { (i, j) } else { (j, i) };
+                    if a == b {
+                        0.0
+                    } else {
+                        (sq[a] + sq[b] - 2.0 * dots.get(a, b)).max(0.0).sqrt()
+                    }
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// ‖v‖² as [`gradient_distances`] sums it: the products in parameter order from −0.0.
