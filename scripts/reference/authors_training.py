@@ -353,22 +353,28 @@ class _NumPy1:
 # ---------------------------------------------------------------- the grid (parent process)
 
 
-def plan(only: str | None, settings: list[str] | None):
+def plan(only: str | None, settings: list[str] | None, seeds: list[int] | None = None,
+         methods: list[str] | None = None):
+    """The runs to do: the rule's seeds (`SEEDS`) unless `seeds` names others, whose rows
+    are written unplanned (an explanation, never a verdict's evidence)."""
+    seeds = seeds or SEEDS
     cells = []
     if only in (None, "fedcor"):
         for setting in FEDCOR_SETTINGS:
             if settings and setting not in settings:
                 continue
-            for seed in SEEDS:
+            for seed in seeds:
                 for method in FEDCOR_METHODS:
-                    cells.append(("fedcor", setting, method, seed))
+                    if not methods or method in methods:
+                        cells.append(("fedcor", setting, method, seed))
     if only in (None, "hics"):
         for setting in HICS_SETTINGS:
             if settings and setting not in settings:
                 continue
-            for seed in SEEDS:
+            for seed in seeds:
                 for method in HICS_METHODS:
-                    cells.append(("hics", setting, method, seed))
+                    if not methods or method in methods:
+                        cells.append(("hics", setting, method, seed))
     return cells
 
 
@@ -388,7 +394,7 @@ def rows_for(repo: str, setting: str, method: str, seed: int, acc: list[float], 
             "section": section, "table": table, "setting": setting, "method": method,
             "metric": "rounds_to_target", "seed": seed,
             "value": f"{float(reached if reached is not None else rounds):.1f}",
-            "censored": "false" if reached is not None else "true", "planned": "true",
+            "censored": "false" if reached is not None else "true", "planned": "true" if seed in SEEDS else "false",
             "command": command, "commit": commit, "config_hash": config_hash,
         })
     return rows
@@ -463,7 +469,7 @@ def grid(a) -> None:
     checkouts = {"fedcor": a.fedcor, "hics": a.hics}
     command = ("PYTHONPATH=/tmp/cvxopt-pkg FEDSEL_DATA=../shared/data nice python scripts/reference/authors_training.py "
                + " ".join(sys.argv[1:]))
-    todo = [c for c in plan(a.only, a.settings) if not is_done(*c)]
+    todo = [c for c in plan(a.only, a.settings, a.seeds, a.methods) if not is_done(*c)]
     print(f"{len(todo)} runs to do", flush=True)
     running: list = []
     scratch = Path(tempfile.mkdtemp(prefix="authors-runs-"))
@@ -514,6 +520,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", choices=["fedcor", "hics"])
     ap.add_argument("--settings", nargs="*", help="only these settings (2SPC, Dir, setting2, setting3)")
+    ap.add_argument("--seeds", type=int, nargs="*",
+                    help="other seeds than the rule's 1-5: their rows are unplanned arms")
+    ap.add_argument("--methods", nargs="*", help="only these methods (e.g. powd, random-code)")
     ap.add_argument("--collect", type=Path, help="append the rows of a finished run's work directory")
     ap.add_argument("--commit", help="with --collect: the commit its grid ran at")
     ap.add_argument("--command", help="with --collect: the command of its grid")
