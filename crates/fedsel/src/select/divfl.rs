@@ -612,8 +612,8 @@ mod tests {
     }
 
     /// A query whose gradients change at every call, as a client's do when the model moves.
-    fn moving(params: usize) -> testing::Gradients<impl FnMut(u64, usize) -> Vec<f32>> {
-        testing::Gradients::new(move |call, k| {
+    fn moving(params: usize) -> testing::Vectors<impl FnMut(u64, usize) -> Vec<f32>> {
+        testing::Vectors::new(move |call, k| {
             let mut r = stream(call, Purpose::Strategy, 0, k as u64);
             (0..params).map(|_| r.random_range(-1.0f32..1.0)).collect()
         })
@@ -662,7 +662,7 @@ mod tests {
                 available: &available,
                 budget: k,
             };
-            let mut q = testing::Gradients::new(|_, k| g[k].clone());
+            let mut q = testing::Vectors::new(|_, k| g[k].clone());
             s.select(&ctx, &mut q, &mut stream(1, Purpose::Selection, 0, 0))
                 .unwrap()
                 .clients

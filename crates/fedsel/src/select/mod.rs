@@ -854,20 +854,29 @@ pub(crate) mod testing {
         }
     }
 
-    /// A query that answers gradients with `gradient(call, client)`, the calls counted
-    /// from 1, and every loss with 0: for the selectors that read gradients alone.
-    pub struct Gradients<F> {
+    /// A query that answers gradients and local updates with `vector(call, client)`, the
+    /// calls counted from 1, and every loss with 0: for the selectors that read vectors
+    /// alone (DivFL, FedGS's update graph).
+    pub struct Vectors<F> {
         calls: u64,
-        gradient: F,
+        vector: F,
     }
 
-    impl<F: FnMut(u64, usize) -> Vec<f32>> Gradients<F> {
-        pub fn new(gradient: F) -> Self {
-            Self { calls: 0, gradient }
+    impl<F: FnMut(u64, usize) -> Vec<f32>> Vectors<F> {
+        pub fn new(vector: F) -> Self {
+            Self { calls: 0, vector }
+        }
+
+        fn answer(&mut self, clients: &[usize]) -> Vec<Vec<f32>> {
+            self.calls += 1;
+            clients
+                .iter()
+                .map(|&k| (self.vector)(self.calls, k))
+                .collect()
         }
     }
 
-    impl<F: FnMut(u64, usize) -> Vec<f32>> ClientQuery for Gradients<F> {
+    impl<F: FnMut(u64, usize) -> Vec<f32>> ClientQuery for Vectors<F> {
         fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
             Ok(vec![0.0; clients.len()])
         }
@@ -882,11 +891,10 @@ pub(crate) mod testing {
             clients: &[usize],
             _: GradientScope,
         ) -> Result<Vec<Vec<f32>>, Error> {
-            self.calls += 1;
-            Ok(clients
-                .iter()
-                .map(|&k| (self.gradient)(self.calls, k))
-                .collect())
+            Ok(self.answer(clients))
+        }
+        fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, Error> {
+            Ok(self.answer(clients))
         }
     }
 

@@ -568,24 +568,6 @@ mod tests {
             .collect()
     }
 
-    /// A query whose clients' local updates are fixed vectors.
-    struct FixedUpdates(Vec<Vec<f32>>);
-
-    impl ClientQuery for FixedUpdates {
-        fn holdout_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
-            Ok(vec![0.0; clients.len()])
-        }
-        fn minibatch_losses(&mut self, clients: &[usize]) -> Result<Vec<f64>, Error> {
-            Ok(vec![0.0; clients.len()])
-        }
-        fn probe(&mut self, _: &[usize], evaluate: &[usize]) -> Result<Vec<f64>, Error> {
-            Ok(vec![0.0; evaluate.len()])
-        }
-        fn local_updates(&mut self, clients: &[usize]) -> Result<Vec<Vec<f32>>, Error> {
-            Ok(clients.iter().map(|&k| self.0[k].clone()).collect())
-        }
-    }
-
     /// The Table 3 diagnostic on an update graph, by hand. Updates (1, 0, 0), (1, 1, 0),
     /// (0, 1, 1), (−1, 0, 1) have clipped cosines 1/√2 (0–1), ½ (1–2, 2–3) and 0 elsewhere;
     /// the label distributions of the graph module's Table 3 test join {0–1, 1–2, 2–3} in
@@ -601,7 +583,7 @@ mod tests {
             vec![0.0, 0.0, 0.5, 0.5],
             vec![0.2, 0.0, 0.0, 0.8],
         ];
-        let updates = vec![
+        let updates = [
             vec![1.0, 0.0, 0.0],
             vec![1.0, 1.0, 0.0],
             vec![0.0, 1.0, 1.0],
@@ -618,7 +600,10 @@ mod tests {
                 oracle_features: Some(labels.clone()),
                 ..setup(&[0.25; 4])
             });
-            s.initial_phase(&mut FixedUpdates(updates.clone())).unwrap();
+            s.initial_phase(&mut crate::select::testing::Vectors::new(|_, k| {
+                updates[k].clone()
+            }))
+            .unwrap();
             s
         };
         for protocol in [Protocol::Paper, Protocol::Code] {
