@@ -394,6 +394,11 @@ pub struct ModelConfig {
     /// Start the output layer's bias at zero instead of the uniform draw (the FedGS
     /// authors' logistic regression does, `self.layer.bias.data.zero_()`).
     pub zero_bias: bool,
+    /// How the layers' weights are drawn: `default` (PyTorch's per-layer defaults) or
+    /// `xavier_relu` (the HiCS-FL authors' scripts; `mlp` and `logreg` only). Written out
+    /// only when not the default, so that configs from before the key keep their hash.
+    #[serde(skip_serializing_if = "ModelInit::is_default")]
+    pub init: ModelInit,
 }
 
 impl Default for ModelConfig {
@@ -402,9 +407,39 @@ impl Default for ModelConfig {
             kind: "logreg".into(),
             dropout: 0.0,
             zero_bias: false,
+            init: ModelInit::Default,
         }
     }
 }
+
+/// How a model's weights are initialised (`model.init`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelInit {
+    /// PyTorch's defaults, layer by layer: a linear layer's weight and bias
+    /// U(−1/√fan_in, 1/√fan_in) (`nn.Linear.reset_parameters`).
+    #[default]
+    Default,
+    /// Every linear layer's weight Xavier-uniform at ReLU's gain √2,
+    /// U(−b, b) with b = √2·√(6 / (fan_in + fan_out)); biases keep PyTorch's default.
+    /// The HiCS-FL authors' servers redraw every `nn.Linear` and `nn.Conv2d` weight so
+    /// (`nn.init.xavier_uniform_(m.weight, gain=nn.init.calculate_gain('relu'))`,
+    /// `server/server_base.py`, `server_poc.py`, `server_hics.py` at 25f309d), whatever the
+    /// selector, which sets the training their Table 1 reports. `cnn_hics_code` draws its
+    /// weights so always.
+    XavierRelu,
+}
+
+impl ModelInit {
+    /// Whether this is the default, so that configs without the key keep their hash.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The model kinds `model.init = "xavier_relu"` applies to: every 2-D parameter of theirs is
+/// a linear layer's weight `[fan_in, fan_out]` ([`crate::model::ParamLayout::with_init`]).
+const XAVIER_MODELS: &[&str] = &["logreg", "mlp"];
 
 /// Local optimizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -913,6 +948,15 @@ impl Config {
             format!("`{}` is not one of {}", self.model.kind, MODELS.join(", ")),
         )?;
         check_prob(self.model.dropout, "model.dropout", false, true)?;
+        check(
+            self.model.init.is_default() || XAVIER_MODELS.contains(&self.model.kind.as_str()),
+            "model.init",
+            format!(
+                "`xavier_relu` applies to {} only, not `{}`",
+                XAVIER_MODELS.join(" and "),
+                self.model.kind
+            ),
+        )?;
         let t = &self.train;
         check_pos(t.lr, "train.lr")?;
         check_prob(t.momentum, "train.momentum", false, true)?;
@@ -1185,7 +1229,8 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 10] = [
+const ELIDED_AT_DEFAULT: [&str; 11] = [
+    "model.init",
     "eval.per_client",
     "eval.per_client_every",
     "eval.per_client_clients",
@@ -1301,6 +1346,33 @@ mod tests {
         assert!(e.to_string().contains("pacer_stp"), "{e}");
         let e = Config::load(None, &["eval.per_clent=true".into()]).unwrap_err();
         assert!(e.to_string().contains("per_clent"), "{e}");
+    }
+
+    /// `model.init` is elided at its default (every config from before the key keeps its
+    /// hash), written out otherwise, and refused with its name on a kind it does not apply to.
+    #[test]
+    fn model_init_is_elided_at_its_default_and_checked_against_the_kind() {
+        let default = Config::load(None, &[]).unwrap();
+        let c = Config::load(None, &["model.init=\"default\"".into()]).unwrap();
+        assert_eq!(c.hash(), default.hash());
+        assert!(!c.to_resolved_toml().contains("init"));
+        let c = Config::load(None, &["model.init=\"xavier_relu\"".into()]).unwrap();
+        assert_eq!(c.model.init, ModelInit::XavierRelu);
+        assert_ne!(c.hash(), default.hash());
+        assert!(c.to_resolved_toml().contains("init = \"xavier_relu\""));
+        let mlp = [
+            "model.kind=\"mlp\"".into(),
+            "model.init=\"xavier_relu\"".into(),
+        ];
+        Config::load(None, &mlp).unwrap();
+        let cnn = [
+            "model.kind=\"cnn_fmnist\"".into(),
+            "model.init=\"xavier_relu\"".into(),
+        ];
+        let e = Config::load(None, &cnn).unwrap_err().to_string();
+        assert!(e.contains("model.init") && e.contains("cnn_fmnist"), "{e}");
+        let e = Config::load(None, &["model.init=\"xavier\"".into()]).unwrap_err();
+        assert!(e.to_string().contains("xavier"), "{e}");
     }
 
     /// A billion Synthetic users is refused by validation, before the generator runs (it
