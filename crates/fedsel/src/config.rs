@@ -174,7 +174,13 @@ pub enum DatasetConfig {
         generator: SyntheticGenerator,
     },
     /// Fashion-MNIST from the four IDX files.
-    Fmnist,
+    Fmnist {
+        /// How pixels in [0, 1] are normalised: `mnist` (0.1307, 0.3081), as the FedCor code,
+        /// or `half` (0.5, 0.5), as the HiCS-FL code. Written out only when not the default,
+        /// so that configs from before the key keep their hash.
+        #[serde(default, skip_serializing_if = "FmnistNormalize::is_default")]
+        normalize: FmnistNormalize,
+    },
     /// CIFAR-10 binary version.
     Cifar10,
     /// CIFAR-100 binary version (fine labels).
@@ -313,7 +319,7 @@ impl DatasetConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Synthetic { .. } => "synthetic",
-            Self::Fmnist => "fmnist",
+            Self::Fmnist { .. } => "fmnist",
             Self::Cifar10 => "cifar10",
             Self::Cifar100 => "cifar100",
             Self::Shakespeare { .. } => "shakespeare",
@@ -409,6 +415,26 @@ impl Default for ModelConfig {
             zero_bias: false,
             init: ModelInit::Default,
         }
+    }
+}
+
+/// How Fashion-MNIST's pixels, scaled to [0, 1], are normalised (`dataset.normalize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FmnistNormalize {
+    /// (x − 0.1307) / 0.3081, MNIST's mean and std, as the FedCor code normalises
+    /// Fashion-MNIST (`transforms.Normalize((0.1307,), (0.3081,))`).
+    #[default]
+    Mnist,
+    /// (x − 0.5) / 0.5, onto [−1, 1], as the HiCS-FL code does for every method
+    /// (`transforms.Normalize((0.5), (0.5))`, `sampling.py` at 25f309d).
+    Half,
+}
+
+impl FmnistNormalize {
+    /// Whether this is the default, so that configs without the key keep their hash.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
     }
 }
 
@@ -1229,7 +1255,8 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 11] = [
+const ELIDED_AT_DEFAULT: [&str; 12] = [
+    "dataset.normalize",
     "model.init",
     "eval.per_client",
     "eval.per_client_every",
@@ -1373,6 +1400,34 @@ mod tests {
         assert!(e.contains("model.init") && e.contains("cnn_fmnist"), "{e}");
         let e = Config::load(None, &["model.init=\"xavier\"".into()]).unwrap_err();
         assert!(e.to_string().contains("xavier"), "{e}");
+    }
+
+    /// `dataset.normalize` is elided at its default, so every Fashion-MNIST config from
+    /// before the key keeps its hash; `half` is written out; another dataset refuses it.
+    #[test]
+    fn fmnist_normalize_is_elided_at_its_default() {
+        let fmnist = |extra: &[&str]| {
+            let mut set = vec!["dataset={ kind = \"fmnist\" }".to_string()];
+            set.extend(extra.iter().map(|s| s.to_string()));
+            Config::from_toml_str("", "d", &set)
+        };
+        let default = fmnist(&[]).unwrap();
+        let mnist = fmnist(&["dataset.normalize=\"mnist\""]).unwrap();
+        assert_eq!(mnist.hash(), default.hash());
+        assert!(!default.to_resolved_toml().contains("normalize"));
+        let half = fmnist(&["dataset.normalize=\"half\""]).unwrap();
+        assert_eq!(
+            half.dataset,
+            DatasetConfig::Fmnist {
+                normalize: FmnistNormalize::Half
+            }
+        );
+        assert_ne!(half.hash(), default.hash());
+        assert!(half.to_resolved_toml().contains("normalize = \"half\""));
+        let e = Config::from_toml_str("", "d", &["dataset.normalize=\"half\"".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("normalize"), "{e}");
     }
 
     /// A billion Synthetic users is refused by validation, before the generator runs (it
