@@ -21,14 +21,15 @@ const SCHEMA: &str = "\
 CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
   name, seed, rounds, targets = [acc, ...], data_dir, device = \"flex\"|\"cuda\", verify_checksums, checkpoint_every
   [dataset]       kind = synthetic (alpha, beta, users, dim, classes, test_fraction)
-                       | fmnist | cifar10 | cifar100
+                       | fmnist (normalize = mnist|half) | cifar10 | cifar100
                        | shakespeare (train_fraction, min_samples, max_clients, max_samples_per_client)
                        | leaf (path, holdout = leaf_test|split, shape, classes) | flgo (path, source, shape, classes)
   [partition]     clients, holdout_fraction
   [partition.scheme] kind = natural | iid | shards (shards_per_client) | dirichlet_qp (alpha)
                        | class_dirichlet (alphas = [..]) | labels (labels_per_client)
                        | lognormal_dirichlet (sigma, alpha)
-  [model]         kind = logreg | mlp | cnn_fmnist | cnn_hics | cnn_hics_code | cnn_cifar | char_lstm, dropout
+  [model]         kind = logreg | mlp | cnn_fmnist | cnn_hics | cnn_hics_code | cnn_cifar | char_lstm, dropout,
+                  zero_bias, init = default|xavier_relu
   [train]         optimizer = sgd|adam, lr, momentum, weight_decay, beta1, beta2, eps,
                   work = { steps = N } | { epochs = N }, batch_size, prox_mu, persistent_state,
                   schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }

@@ -174,7 +174,13 @@ pub enum DatasetConfig {
         generator: SyntheticGenerator,
     },
     /// Fashion-MNIST from the four IDX files.
-    Fmnist,
+    Fmnist {
+        /// How pixels in [0, 1] are normalised: `mnist` (0.1307, 0.3081), as the FedCor code,
+        /// or `half` (0.5, 0.5), as the HiCS-FL code. Written out only when not the default,
+        /// so that configs from before the key keep their hash.
+        #[serde(default, skip_serializing_if = "FmnistNormalize::is_default")]
+        normalize: FmnistNormalize,
+    },
     /// CIFAR-10 binary version.
     Cifar10,
     /// CIFAR-100 binary version (fine labels).
@@ -313,7 +319,7 @@ impl DatasetConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Synthetic { .. } => "synthetic",
-            Self::Fmnist => "fmnist",
+            Self::Fmnist { .. } => "fmnist",
             Self::Cifar10 => "cifar10",
             Self::Cifar100 => "cifar100",
             Self::Shakespeare { .. } => "shakespeare",
@@ -394,6 +400,11 @@ pub struct ModelConfig {
     /// Start the output layer's bias at zero instead of the uniform draw (the FedGS
     /// authors' logistic regression does, `self.layer.bias.data.zero_()`).
     pub zero_bias: bool,
+    /// How the layers' weights are drawn: `default` (PyTorch's per-layer defaults) or
+    /// `xavier_relu` (the HiCS-FL authors' scripts; `mlp` and `logreg` only). Written out
+    /// only when not the default, so that configs from before the key keep their hash.
+    #[serde(skip_serializing_if = "ModelInit::is_default")]
+    pub init: ModelInit,
 }
 
 impl Default for ModelConfig {
@@ -402,9 +413,59 @@ impl Default for ModelConfig {
             kind: "logreg".into(),
             dropout: 0.0,
             zero_bias: false,
+            init: ModelInit::Default,
         }
     }
 }
+
+/// How Fashion-MNIST's pixels, scaled to [0, 1], are normalised (`dataset.normalize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FmnistNormalize {
+    /// (x − 0.1307) / 0.3081, MNIST's mean and std, as the FedCor code normalises
+    /// Fashion-MNIST (`transforms.Normalize((0.1307,), (0.3081,))`).
+    #[default]
+    Mnist,
+    /// (x − 0.5) / 0.5, onto [−1, 1], as the HiCS-FL code does for every method
+    /// (`transforms.Normalize((0.5), (0.5))`, `sampling.py` at 25f309d).
+    Half,
+}
+
+impl FmnistNormalize {
+    /// Whether this is the default, so that configs without the key keep their hash.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// How a model's weights are initialised (`model.init`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelInit {
+    /// PyTorch's defaults, layer by layer: a linear layer's weight and bias
+    /// U(−1/√fan_in, 1/√fan_in) (`nn.Linear.reset_parameters`).
+    #[default]
+    Default,
+    /// Every linear layer's weight Xavier-uniform at ReLU's gain √2,
+    /// U(−b, b) with b = √2·√(6 / (fan_in + fan_out)); biases keep PyTorch's default.
+    /// The HiCS-FL authors' servers redraw every `nn.Linear` and `nn.Conv2d` weight so
+    /// (`nn.init.xavier_uniform_(m.weight, gain=nn.init.calculate_gain('relu'))`,
+    /// `server/server_base.py`, `server_poc.py`, `server_hics.py` at 25f309d), whatever the
+    /// selector, which sets the training their Table 1 reports. `cnn_hics_code` draws its
+    /// weights so always.
+    XavierRelu,
+}
+
+impl ModelInit {
+    /// Whether this is the default, so that configs without the key keep their hash.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The model kinds `model.init = "xavier_relu"` applies to: every 2-D parameter of theirs is
+/// a linear layer's weight `[fan_in, fan_out]` ([`crate::model::ParamLayout::with_init`]).
+const XAVIER_MODELS: &[&str] = &["logreg", "mlp"];
 
 /// Local optimizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -913,6 +974,15 @@ impl Config {
             format!("`{}` is not one of {}", self.model.kind, MODELS.join(", ")),
         )?;
         check_prob(self.model.dropout, "model.dropout", false, true)?;
+        check(
+            self.model.init.is_default() || XAVIER_MODELS.contains(&self.model.kind.as_str()),
+            "model.init",
+            format!(
+                "`xavier_relu` applies to {} only, not `{}`",
+                XAVIER_MODELS.join(" and "),
+                self.model.kind
+            ),
+        )?;
         let t = &self.train;
         check_pos(t.lr, "train.lr")?;
         check_prob(t.momentum, "train.momentum", false, true)?;
@@ -1185,7 +1255,9 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 10] = [
+const ELIDED_AT_DEFAULT: [&str; 12] = [
+    "dataset.normalize",
+    "model.init",
     "eval.per_client",
     "eval.per_client_every",
     "eval.per_client_clients",
@@ -1301,6 +1373,61 @@ mod tests {
         assert!(e.to_string().contains("pacer_stp"), "{e}");
         let e = Config::load(None, &["eval.per_clent=true".into()]).unwrap_err();
         assert!(e.to_string().contains("per_clent"), "{e}");
+    }
+
+    /// `model.init` is elided at its default (every config from before the key keeps its
+    /// hash), written out otherwise, and refused with its name on a kind it does not apply to.
+    #[test]
+    fn model_init_is_elided_at_its_default_and_checked_against_the_kind() {
+        let default = Config::load(None, &[]).unwrap();
+        let c = Config::load(None, &["model.init=\"default\"".into()]).unwrap();
+        assert_eq!(c.hash(), default.hash());
+        assert!(!c.to_resolved_toml().contains("init"));
+        let c = Config::load(None, &["model.init=\"xavier_relu\"".into()]).unwrap();
+        assert_eq!(c.model.init, ModelInit::XavierRelu);
+        assert_ne!(c.hash(), default.hash());
+        assert!(c.to_resolved_toml().contains("init = \"xavier_relu\""));
+        let mlp = [
+            "model.kind=\"mlp\"".into(),
+            "model.init=\"xavier_relu\"".into(),
+        ];
+        Config::load(None, &mlp).unwrap();
+        let cnn = [
+            "model.kind=\"cnn_fmnist\"".into(),
+            "model.init=\"xavier_relu\"".into(),
+        ];
+        let e = Config::load(None, &cnn).unwrap_err().to_string();
+        assert!(e.contains("model.init") && e.contains("cnn_fmnist"), "{e}");
+        let e = Config::load(None, &["model.init=\"xavier\"".into()]).unwrap_err();
+        assert!(e.to_string().contains("xavier"), "{e}");
+    }
+
+    /// `dataset.normalize` is elided at its default, so every Fashion-MNIST config from
+    /// before the key keeps its hash; `half` is written out; another dataset refuses it.
+    #[test]
+    fn fmnist_normalize_is_elided_at_its_default() {
+        let fmnist = |extra: &[&str]| {
+            let mut set = vec!["dataset={ kind = \"fmnist\" }".to_string()];
+            set.extend(extra.iter().map(|s| s.to_string()));
+            Config::from_toml_str("", "d", &set)
+        };
+        let default = fmnist(&[]).unwrap();
+        let mnist = fmnist(&["dataset.normalize=\"mnist\""]).unwrap();
+        assert_eq!(mnist.hash(), default.hash());
+        assert!(!default.to_resolved_toml().contains("normalize"));
+        let half = fmnist(&["dataset.normalize=\"half\""]).unwrap();
+        assert_eq!(
+            half.dataset,
+            DatasetConfig::Fmnist {
+                normalize: FmnistNormalize::Half
+            }
+        );
+        assert_ne!(half.hash(), default.hash());
+        assert!(half.to_resolved_toml().contains("normalize = \"half\""));
+        let e = Config::from_toml_str("", "d", &["dataset.normalize=\"half\"".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("normalize"), "{e}");
     }
 
     /// A billion Synthetic users is refused by validation, before the generator runs (it

@@ -236,7 +236,7 @@ impl Experiment {
             _ => None,
         };
         let arch = model::build(&config.model, &data.train)?;
-        let layout = ParamLayout::of(arch.as_ref());
+        let layout = ParamLayout::of(arch.as_ref()).with_init(config.model.init);
         let clock = match &config.system {
             Some(system) => {
                 let train = &config.train;

@@ -128,6 +128,7 @@ pub fn idx(data: &[u8]) -> Result<()> {
         (Path::new("images"), images),
         (Path::new("labels"), labels),
         false,
+        crate::config::FmnistNormalize::default(),
     )?;
     Ok(())
 }

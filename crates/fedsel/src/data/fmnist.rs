@@ -4,13 +4,15 @@
 //! SHA-256 of its decompressed bytes against the published files, so a
 //! truncated or corrupt copy is reported by name instead of training on noise.
 //! Pixels are scaled to [0, 1] and normalised with (0.1307, 0.3081), as the
-//! FedCor code does.
+//! FedCor code does, or with (0.5, 0.5), as the HiCS-FL code does
+//! (`dataset.normalize`, [`FmnistNormalize`]).
 
 use std::borrow::Cow;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::{Dataset, FederatedData, Inputs, read_file};
+use crate::config::FmnistNormalize;
 use crate::digest::sha256_hex;
 use crate::error::DataError;
 
@@ -45,8 +47,15 @@ const FILES: [(&str, u32, usize, &str); 4] = [
     ),
 ];
 
-const MEAN: f32 = 0.1307;
-const STD: f32 = 0.3081;
+/// The (mean, std) each pixel in [0, 1] is normalised with.
+fn mean_std(normalize: FmnistNormalize) -> (f32, f32) {
+    match normalize {
+        // MNIST's statistics, as the FedCor code's `transforms.Normalize((0.1307,), (0.3081,))`.
+        FmnistNormalize::Mnist => (0.1307, 0.3081),
+        // The HiCS-FL code's `transforms.Normalize((0.5), (0.5))` (`sampling.py`): [−1, 1].
+        FmnistNormalize::Half => (0.5, 0.5),
+    }
+}
 
 /// Path of `stem` under `dir`, preferring the raw file over `.gz`; `None` if neither exists.
 fn find(dir: &Path, stem: &str) -> Option<PathBuf> {
@@ -159,7 +168,12 @@ impl Split {
 }
 
 /// Reads one split's two files and parses them.
-fn load_split(dir: &Path, split: Split, verify: bool) -> Result<Dataset, DataError> {
+fn load_split(
+    dir: &Path,
+    split: Split,
+    verify: bool,
+    normalize: FmnistNormalize,
+) -> Result<Dataset, DataError> {
     let read = |i: usize| -> Result<(PathBuf, Vec<u8>), DataError> {
         let (stem, ..) = FILES[i];
         let path = find(dir, stem).ok_or_else(|| missing(dir, stem))?;
@@ -169,17 +183,25 @@ fn load_split(dir: &Path, split: Split, verify: bool) -> Result<Dataset, DataErr
     let (images, labels) = split.files();
     let (ipath, ibytes) = read(images)?;
     let (lpath, lbytes) = read(labels)?;
-    parse_split(split, (&ipath, &ibytes), (&lpath, &lbytes), verify)
+    parse_split(
+        split,
+        (&ipath, &ibytes),
+        (&lpath, &lbytes),
+        verify,
+        normalize,
+    )
 }
 
 /// Parses one split from the bytes of its image and label files (each gzip-compressed
 /// or raw, with the path errors name), with every check [`load`] makes: magic numbers,
-/// shapes, counts, labels and, when `verify` is on, the published SHA-256.
+/// shapes, counts, labels and, when `verify` is on, the published SHA-256; pixels are
+/// normalised as `normalize` says.
 pub fn parse_split(
     split: Split,
     (ipath, iraw): (&Path, &[u8]),
     (lpath, lraw): (&Path, &[u8]),
     verify: bool,
+    normalize: FmnistNormalize,
 ) -> Result<Dataset, DataError> {
     let (images, labels) = split.files();
     let ibytes = decompress(ipath, iraw)?;
@@ -220,12 +242,13 @@ pub fn parse_split(
             format!("label {bad} is outside 0..9"),
         ));
     }
+    let (mean, std) = mean_std(normalize);
     Ok(Dataset {
         inputs: Inputs::Dense {
             shape: vec![1, 28, 28],
             values: ipix
                 .iter()
-                .map(|&p| (p as f32 / 255.0 - MEAN) / STD)
+                .map(|&p| (p as f32 / 255.0 - mean) / std)
                 .collect(),
         },
         labels: lab.iter().map(|&l| l as u32).collect(),
@@ -242,17 +265,22 @@ fn missing(dir: &Path, stem: &str) -> DataError {
     }
 }
 
-/// Loads Fashion-MNIST from `dir`, verifying checksums.
+/// Loads Fashion-MNIST from `dir`, verifying checksums, with the default normalisation.
 pub fn load(dir: &Path) -> Result<FederatedData, DataError> {
-    load_with(dir, true)
+    load_with(dir, true, FmnistNormalize::default())
 }
 
-/// Loads Fashion-MNIST; `verify` turns the checksum check on or off (shape checks always run).
-pub fn load_with(dir: &Path, verify: bool) -> Result<FederatedData, DataError> {
+/// Loads Fashion-MNIST; `verify` turns the checksum check on or off (shape checks always run),
+/// and `normalize` picks the pixels' normalisation.
+pub fn load_with(
+    dir: &Path,
+    verify: bool,
+    normalize: FmnistNormalize,
+) -> Result<FederatedData, DataError> {
     Ok(FederatedData {
         name: "fmnist".into(),
-        train: load_split(dir, Split::Train, verify)?,
-        test: load_split(dir, Split::Test, verify)?,
+        train: load_split(dir, Split::Train, verify, normalize)?,
+        test: load_split(dir, Split::Test, verify, normalize)?,
         users: None,
         user_models: None,
         user_holdout: None,
@@ -268,6 +296,41 @@ mod tests {
         bytes.extend(dims.iter().flat_map(|d| d.to_be_bytes()));
         bytes.extend_from_slice(payload);
         bytes
+    }
+
+    /// Pixels 0, 51, 128 and 255 of a one-image split under each normalisation:
+    /// (p/255 − 0.1307)/0.3081 by default (every existing result's), (p/255 − 0.5)/0.5
+    /// under `half`, so that 0 and 255 land on −1 and 1 exactly.
+    #[test]
+    fn pixels_are_normalised_as_the_config_says() {
+        let mut pixels = vec![0u8; 784];
+        pixels[..4].copy_from_slice(&[0, 51, 128, 255]);
+        let images = idx(2051, &[10_000, 28, 28], &pixels.repeat(10_000));
+        let labels = idx(2049, &[10_000], &[3; 10_000]);
+        let parse = |normalize| {
+            let d = parse_split(
+                Split::Test,
+                (Path::new("images"), &images),
+                (Path::new("labels"), &labels),
+                false,
+                normalize,
+            )
+            .unwrap();
+            let Inputs::Dense { values, .. } = d.inputs else {
+                unreachable!("Fashion-MNIST is dense")
+            };
+            values[..4].to_vec()
+        };
+        let mnist = parse(FmnistNormalize::Mnist);
+        let expected = [-0.424_212_96, 0.224_926_96, 1.205_001_1, 2.821_486_7];
+        for (v, e) in mnist.iter().zip(expected) {
+            assert!((v - e).abs() < 1e-6, "{mnist:?}");
+        }
+        assert_eq!(parse(FmnistNormalize::default()), mnist);
+        let half = parse(FmnistNormalize::Half);
+        assert_eq!(half[0], -1.0);
+        assert_eq!(half[3], 1.0);
+        assert!((half[1] + 0.6).abs() < 1e-6 && (half[2] - 1.0 / 255.0).abs() < 1e-6);
     }
 
     #[test]

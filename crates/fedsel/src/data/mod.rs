@@ -16,7 +16,7 @@ pub mod synthetic;
 
 use std::path::Path;
 
-use crate::config::{Config, DatasetConfig, FlgoSource, SyntheticGenerator};
+use crate::config::{Config, DatasetConfig, FlgoSource, FmnistNormalize, SyntheticGenerator};
 use crate::error::DataError;
 pub(crate) use crate::error::read_file;
 
@@ -155,9 +155,11 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
                 SyntheticGenerator::Easyfl => synthetic::generate_easyfl(&spec),
             })
         }
-        DatasetConfig::Fmnist => {
-            fmnist::load_with(&data_dir.join(fmnist::DIR), config.verify_checksums)
-        }
+        DatasetConfig::Fmnist { normalize } => fmnist::load_with(
+            &data_dir.join(fmnist::DIR),
+            config.verify_checksums,
+            *normalize,
+        ),
         DatasetConfig::Cifar10 => {
             cifar::load_cifar10(&data_dir.join(cifar::DIR10), config.verify_checksums)
         }
@@ -203,6 +205,7 @@ pub fn load(config: &Config, data_dir: &Path) -> Result<FederatedData, DataError
                 Some(FlgoSource::Fmnist) => Some(fmnist::load_with(
                     &data_dir.join(fmnist::DIR),
                     config.verify_checksums,
+                    FmnistNormalize::default(),
                 )?),
                 Some(FlgoSource::Cifar10) => Some(cifar::load_cifar10(
                     &data_dir.join(cifar::DIR10),

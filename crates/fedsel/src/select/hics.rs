@@ -24,8 +24,11 @@
 //!   γ⁰(1 − t/T), then a member ∝ p_k; a round never holds a client twice, so
 //!   a group without unpicked members is redrawn.
 //!
-//! Protocol `code` ([`HicsProtocol::Code`]) changes three of these as the authors'
-//! `server_hics.py` does: the member is drawn uniformly (`np.random.choice` without `p`);
+//! Protocol `code` ([`HicsProtocol::Code`]) changes four of these as the authors'
+//! `server_hics.py` does: warm-up takes the clients in id order, K a round
+//! (`random_pool[epoch*K:(epoch+1)*K]`; with a `class_dirichlet` partition, whose groups
+//! hold consecutive ids, one α group a round, so each group's updates start from one
+//! model); the member is drawn uniformly (`np.random.choice` without `p`);
 //! the distance is arccos over the whole output-layer update [ΔW, Δb] plus λ|Ĥ_u − Ĥ_k|
 //! (`get_matrix_similarity_from_grads_entropy`); and when the config says the partition
 //! has several α groups, the updates stop being refreshed after warm-up (the code's
@@ -84,7 +87,8 @@ pub enum HicsProtocol {
     /// Alg. 1 with Eq. 9 and Eq. 10 as printed.
     Paper,
     /// What the authors' code (`server_hics.py`) does where the paper says otherwise and
-    /// no key of its own covers it: a uniform choice inside a cluster instead of ∝ p_k,
+    /// no key of its own covers it: warm-up in client-id order instead of a random draw,
+    /// a uniform choice inside a cluster instead of ∝ p_k,
     /// the distance arccos(cos(G_u, G_k)) + λ|Ĥ_u − Ĥ_k| over the whole output-layer
     /// update G = [ΔW, Δb] (λ = 10 there), and, with `several_alpha_groups`, every
     /// client's update frozen after warm-up. The code's other choices have keys, which
@@ -593,10 +597,15 @@ impl Selector for Hics {
         self.warming_up = ctx.round < self.warmup_rounds(k) && !self.state.unseen.is_empty();
         if self.warming_up {
             let pool: Vec<usize> = self.state.unseen.iter().copied().filter(open).collect();
-            let mut clients: Vec<usize> = sample(rng, pool.len(), k.min(pool.len()))
-                .into_iter()
-                .map(|i| pool[i])
-                .collect();
+            let mut clients: Vec<usize> = match self.cfg.protocol {
+                HicsProtocol::Paper => sample(rng, pool.len(), k.min(pool.len()))
+                    .into_iter()
+                    .map(|i| pool[i])
+                    .collect(),
+                // `server_hics.py` warms up on `random_pool[epoch*K:(epoch+1)*K]`, the
+                // clients in id order; `unseen` keeps that order.
+                HicsProtocol::Code => pool.into_iter().take(k).collect(),
+            };
             clients.sort_unstable();
             self.state.unseen.retain(|c| !clients.contains(c));
             return Ok(Selection {
@@ -959,6 +968,48 @@ mod tests {
         assert_eq!(run(HicsProtocol::Code, true), 2.0);
         assert_eq!(run(HicsProtocol::Code, false), 3.0);
         assert_eq!(run(HicsProtocol::Paper, true), 3.0);
+    }
+
+    /// Warm-up under protocol `code` takes the clients in id order, K at a time
+    /// (`server_hics.py`: `random_pool[epoch*K:(epoch+1)*K]`): N = 6, K = 2 gives {0, 1},
+    /// {2, 3}, {4, 5} whatever the stream, with client 2 away in round 1 {3, 4}. Under the
+    /// paper the draw is random: some of 20 seeds give another first round.
+    #[test]
+    fn the_code_protocol_warms_up_in_id_order() {
+        let warm_up = |protocol: HicsProtocol, seed: u64, away: Option<usize>| {
+            let mut s = Hics::new(HicsConfig {
+                protocol,
+                ..HicsConfig::default()
+            });
+            s.setup(&Setup {
+                classes: 2,
+                rounds: 10,
+                ..crate::select::testing::setup(&[1.0 / 6.0; 6])
+            });
+            let mut q = crate::select::testing::FixedLosses(vec![0.0; 6]);
+            (0..3)
+                .map(|round| {
+                    let available: Vec<usize> =
+                        (0..6).filter(|&c| round != 1 || Some(c) != away).collect();
+                    let ctx = RoundContext {
+                        round,
+                        available: &available,
+                        budget: 2,
+                    };
+                    let mut rng =
+                        crate::rng::stream(seed, crate::rng::Purpose::Selection, round as u64, 0);
+                    s.select(&ctx, &mut q, &mut rng).unwrap().clients
+                })
+                .collect::<Vec<_>>()
+        };
+        for seed in 0..20 {
+            assert_eq!(
+                warm_up(HicsProtocol::Code, seed, None),
+                vec![vec![0, 1], vec![2, 3], vec![4, 5]]
+            );
+            assert_eq!(warm_up(HicsProtocol::Code, seed, Some(2))[1], vec![3, 4]);
+        }
+        assert!((0..20).any(|seed| warm_up(HicsProtocol::Paper, seed, None)[0] != vec![0, 1]));
     }
 
     /// `entropy.csv` rows after warm-up: true entropies (0, 0, ln 2, ln 2) make {2, 3} the
