@@ -371,6 +371,25 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
     let block = claims_block(dir.path(), &Fixed(true));
     assert!(block.contains("| 4 | b/a = "), "{block}");
     assert!(block.contains("**too few seeds**"), "{block}");
+
+    // Seeds 6-9 added unplanned, with powd faster than fedcor: they would pull S1's effect
+    // below 1, but an unplanned row never enters a verdict, so S1 still reads 1.313.
+    let dir = claims_dir(TESTED);
+    let mut csv = std::fs::read_to_string(dir.path().join("demo.csv")).unwrap();
+    for seed in 6..10 {
+        for (method, v) in [("fedcor", 300.0), ("powd", 30.0)] {
+            let _ = writeln!(
+                csv,
+                "demo,T1,S1,{method},rounds_to_target,{seed},{v},false,false,fedsel sweep x,abc1234,h"
+            );
+        }
+    }
+    std::fs::write(dir.path().join("demo.csv"), csv).unwrap();
+    let block = claims_block(dir.path(), &Fixed(true));
+    assert!(
+        block.contains("| S1 | as run (1-5) | fedcor vs powd, rounds_to_target | 5 | b/a = 1.313 [1.145, 1.506] | 0.0625 | reproduced |"),
+        "{block}"
+    );
 }
 
 /// Hand-made rows for each verdict, a stated size, pairs both censored, and an arm that

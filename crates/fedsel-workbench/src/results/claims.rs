@@ -376,7 +376,10 @@ fn arm<'a>(
 ) -> BTreeMap<(&'a str, u64), Obs> {
     rows.iter()
         .filter(|r| {
-            r.section == section
+            // An unplanned row (an arm or seeds added after the results were seen) explains
+            // a mismatch and never enters a verdict.
+            r.planned
+                && r.section == section
                 && r.metric == p.metric
                 && r.method == method
                 && setting.map_or(
@@ -395,8 +398,8 @@ fn arm<'a>(
         .collect()
 }
 
-/// Pairs A's and B's rows of `section` in one setting (all settings when `setting` is
-/// `None`) by (setting, seed) and tests them ([`verdict::claim`]: pairs with both arms
+/// Pairs A's and B's planned rows of `section` in one setting (all settings when `setting`
+/// is `None`) by (setting, seed) and tests them ([`verdict::claim`]: pairs with both arms
 /// censored are left out, one censored arm enters at its bound). Errors name the claim.
 pub fn test(
     spec: &ClaimSpec,
