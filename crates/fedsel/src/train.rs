@@ -575,48 +575,37 @@ pub fn correct_flags(
     batch_size: usize,
     device: &Device,
 ) -> Vec<bool> {
-    let exact = host_logits(arch, data, device);
-    let tensors = exact.is_none().then(|| layout.to_tensors(params, device));
-    let fused = arch
-        .fused_logits()
-        .filter(|_| exact.is_none() && on_host(device));
-    idx.par_chunks(batch_size)
-        .flat_map_iter(|chunk| {
-            let predicted: Vec<usize> = match (exact, fused, &tensors) {
-                (Some(f), _, _) => {
-                    let z = exact_batch(f, params, data, chunk);
-                    z.chunks_exact(z.len() / chunk.len())
-                        .map(model::argmax)
-                        .collect()
-                }
-                (None, Some(f), _) => {
-                    let x = host_values(model::batch(data, chunk, device).0);
-                    let z = f.logits(params, &x, chunk.len());
-                    z.chunks_exact(z.len() / chunk.len())
-                        .map(model::argmax)
-                        .collect()
-                }
-                (None, None, Some(p)) => {
-                    let (x, _) = model::batch(data, chunk, device);
-                    arch.forward(p, x, None)
-                        .argmax(1)
-                        .reshape([chunk.len()])
-                        .into_data()
-                        .try_into_vec_as::<i64>()
-                        .expect("argmax gives integers")
-                        .into_iter()
-                        .map(|k| k as usize)
-                        .collect()
-                }
-                (None, None, None) => unreachable!("tensors are made where no host path exists"),
+    per_batch_logits(
+        arch,
+        layout,
+        params,
+        data,
+        idx,
+        batch_size,
+        device,
+        |chunk, logits| {
+            let predicted: Vec<usize> = match logits {
+                Logits::Host(z) => z
+                    .chunks_exact(z.len() / chunk.len())
+                    .map(model::argmax)
+                    .collect(),
+                Logits::Device(z) => z
+                    .argmax(1)
+                    .reshape([chunk.len()])
+                    .into_data()
+                    .try_into_vec_as::<i64>()
+                    .expect("argmax gives integers")
+                    .into_iter()
+                    .map(|k| k as usize)
+                    .collect(),
             };
             predicted
                 .into_iter()
                 .zip(chunk)
                 .map(|(k, &i)| k == data.labels[i] as usize)
-                .collect::<Vec<_>>()
-        })
-        .collect()
+                .collect()
+        },
+    )
 }
 
 /// The cross-entropy of the flat `params` on each example of `idx`, in order, the examples
@@ -635,6 +624,53 @@ pub fn example_losses(
     batch_size: usize,
     device: &Device,
 ) -> Vec<f64> {
+    per_batch_logits(
+        arch,
+        layout,
+        params,
+        data,
+        idx,
+        batch_size,
+        device,
+        |chunk, logits| {
+            let z: Vec<f32> = match logits {
+                Logits::Host(z) => z,
+                Logits::Device(z) => z.into_data().try_into_vec::<f32>().expect("f32 logits"),
+            };
+            let classes = z.len() / chunk.len();
+            z.chunks_exact(classes)
+                .zip(chunk)
+                .map(|(row, &i)| model::loss_and_correct_of(row, &[i64::from(data.labels[i])]).0)
+                .collect()
+        },
+    )
+}
+
+/// A batch's logits, where the fastest path the architecture and device allow left them.
+enum Logits {
+    /// On the host, row after row: the exact or the fused path.
+    Host(Vec<f32>),
+    /// On the device: the tensor forward pass (boxed: a tensor handle is several times
+    /// a vector's size, and this path is a forward pass per batch anyway).
+    Device(Box<Tensor<2>>),
+}
+
+/// `per_batch(chunk, logits)` over the batches of `batch_size` examples of `idx`, side by
+/// side, in order: the logits of the exact host path where the architecture has one for
+/// this data, else of its fused host path on a host device, else of the tensor forward
+/// pass (the flat `params` made tensors once). Each example's logits are the same whatever
+/// shares its batch, on every path.
+#[allow(clippy::too_many_arguments)]
+fn per_batch_logits<T: Send>(
+    arch: &dyn Architecture,
+    layout: &ParamLayout,
+    params: &[f32],
+    data: &Dataset,
+    idx: &[usize],
+    batch_size: usize,
+    device: &Device,
+    per_batch: impl Fn(&[usize], Logits) -> Vec<T> + Sync,
+) -> Vec<T> {
     let exact = host_logits(arch, data, device);
     let tensors = exact.is_none().then(|| layout.to_tensors(params, device));
     let fused = arch
@@ -642,26 +678,19 @@ pub fn example_losses(
         .filter(|_| exact.is_none() && on_host(device));
     idx.par_chunks(batch_size)
         .flat_map_iter(|chunk| {
-            let z: Vec<f32> = match (exact, fused, &tensors) {
-                (Some(f), _, _) => exact_batch(f, params, data, chunk),
+            let logits = match (exact, fused, &tensors) {
+                (Some(f), _, _) => Logits::Host(exact_batch(f, params, data, chunk)),
                 (None, Some(f), _) => {
                     let x = host_values(model::batch(data, chunk, device).0);
-                    f.logits(params, &x, chunk.len())
+                    Logits::Host(f.logits(params, &x, chunk.len()))
                 }
                 (None, None, Some(p)) => {
                     let (x, _) = model::batch(data, chunk, device);
-                    arch.forward(p, x, None)
-                        .into_data()
-                        .try_into_vec::<f32>()
-                        .expect("f32 logits")
+                    Logits::Device(Box::new(arch.forward(p, x, None)))
                 }
                 (None, None, None) => unreachable!("tensors are made where no host path exists"),
             };
-            let classes = z.len() / chunk.len();
-            z.chunks_exact(classes)
-                .zip(chunk)
-                .map(|(row, &i)| model::loss_and_correct_of(row, &[i64::from(data.labels[i])]).0)
-                .collect::<Vec<_>>()
+            per_batch(chunk, logits)
         })
         .collect()
 }
