@@ -380,7 +380,7 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
         for (method, v) in [("fedcor", 300.0), ("powd", 30.0)] {
             let _ = writeln!(
                 csv,
-                "demo,T1,S1,{method},rounds_to_target,{seed},{v},false,false,fedsel sweep x,abc1234,h"
+                "demo,T1,S1,{method},rounds_to_target,{seed},{v},false,false,fedsel sweep x,def5678,h"
             );
         }
     }
@@ -388,6 +388,12 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
     let block = claims_block(dir.path(), &Fixed(true));
     assert!(
         block.contains("| S1 | as run (1-5) | fedcor vs powd, rounds_to_target | 5 | b/a = 1.313 [1.145, 1.506] | 0.0625 | reproduced |"),
+        "{block}"
+    );
+    // Nor do they count among the claim's runs (their commit is not named).
+    assert!(
+        block.contains("pre-registered: written at `c0`, run at `abc1234` |")
+            && !block.contains("def5678"),
         "{block}"
     );
 }

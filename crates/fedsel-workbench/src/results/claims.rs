@@ -487,10 +487,13 @@ fn short(commit: &str) -> &str {
 }
 
 /// The commits the rows of `section` tested by `p` ran at.
+/// The commits of the planned rows a claim's test reads: unplanned ones enter no test, so
+/// they say nothing of when the claim was written against its runs.
 fn run_commits<'a>(p: &Paired, section: &str, rows: &'a [Row]) -> BTreeSet<&'a str> {
     rows.iter()
         .filter(|r| {
-            r.section == section
+            r.planned
+                && r.section == section
                 && r.metric == p.metric
                 && (r.method == p.a || r.method == p.b)
                 && (p.settings.is_empty() || p.settings.contains(&r.setting))
