@@ -34,7 +34,7 @@
 //!
 //! **Protocol `code`** ([`FedCorProtocol::Code`]): the authors' code (Yoruko-Tang/FedCor
 //! at d941083) as the README's FMNIST command runs it (`--update_mean --group_size=100
-//! --GPR_gamma=0.95`) differs from the text in three ways, all three taken under `code`:
+//! --GPR_gamma=0.95`) differs from the text in four ways, all four taken under `code`:
 //! - **Discounted mean.** With `--update_mean` each fit first sets the prior mean to the
 //!   per-client discounted mean of the kept loss changes, μ_k = Σ_s γ^{t−e_s} Δl_{s,k} /
 //!   Σ_s γ^{t−e_s} over the samples s that observed k (`GPR.MLE_Mean`, GPR.py:117-135,
@@ -51,6 +51,12 @@
 //!   (federated_main.py:282-289: with `--update_mean` only `epoch == args.warmup` trains,
 //!   `max_epoches=1000`); GP-training rounds fit `steps` (`GPR_Epoch`, 100,
 //!   federated_main.py:299).
+//! - **Fit after the round's selection.** The code's round r (r a multiple of Δt past
+//!   warm-up) selects with the GP and α as they stand, then probes from the model that
+//!   round produced, resets α and fits (federated_main.py:180-182, 291-299): here the
+//!   probe, reset and fit open round r + 1, anchored at r, and r's annealing is wiped by
+//!   the reset as the code never applies it (its `Update_Discount` is in the `else`
+//!   branch, federated_main.py:301-302).
 //!
 //! The likelihood uses the Woodbury identity, so each Adam step factors only the d × d
 //! matrix K = σ_n² I + XXᵀ (Cholesky with jitter; a factorisation that still fails is an
@@ -883,7 +889,20 @@ impl Selector for FedCor {
             });
         }
         let warm = self.warm(t);
-        let gp_round = !warm && t.is_multiple_of(self.cfg.interval);
+        // The round a GP-training sample and fit belong to. Protocol `code` selects round
+        // r with the GP as it stands and trains the GP at the end of r when r is a multiple
+        // of Δt past warm-up (federated_main.py:180-182, then 291-299): here, at the start
+        // of round r + 1, from the same model w^{r+1}, anchored at r.
+        let (gp_round, anchor) = match self.cfg.protocol {
+            FedCorProtocol::Paper => (!warm && t.is_multiple_of(self.cfg.interval), t),
+            FedCorProtocol::Code => {
+                let r = t.saturating_sub(1);
+                (
+                    !warm && r > self.cfg.warmup && r.is_multiple_of(self.cfg.interval),
+                    r,
+                )
+            }
+        };
         // The current model's losses close the previous warm-up round's sample, and open
         // this round's sample in warm-up and on GP-training rounds.
         let closes = t > 0
@@ -925,17 +944,17 @@ impl Selector for FedCor {
                     for _ in 0..self.cfg.probes {
                         let probe = Self::uniform(ctx, rng);
                         let after = query.probe(&probe, &before.clients)?;
-                        self.record_change(t, &before, &before.clients, &after);
+                        self.record_change(anchor, &before, &before.clients, &after);
                     }
                 }
                 Variant::FedGp => {
                     let k_r = Self::uniform(ctx, rng);
                     let after = query.advance(&k_r, &before.clients)?;
-                    self.record_change(t, &before, &before.clients, &after);
+                    self.record_change(anchor, &before, &before.clients, &after);
                 }
             }
             self.alpha.iter_mut().for_each(|a| *a = 1.0);
-            self.fit(t, self.cfg.steps)?;
+            self.fit(anchor, self.cfg.steps)?;
         }
         let started = Instant::now();
         let m = ctx.budget.min(ctx.available.len());
@@ -1743,8 +1762,10 @@ mod tests {
 
     /// Protocol `code` on [`drive`]'s run with `group_size` = 6: the warm-up records a sample
     /// every round but fits once, at its last round, for 1000 steps on all four warm-up
-    /// samples; each later fit keeps every sample of age ≤ 6, warm-up ones included,
-    /// weighted θ^age (GPR.py:50-52, 155-163; federated_main.py:282-299).
+    /// samples; rounds 5 and 10 select with the GP as it stands and rounds 6 and 11 open
+    /// with their probes and fit, anchored at 5 and 10; each of those fits keeps every
+    /// sample of age ≤ 6, warm-up ones included, weighted θ^age (GPR.py:50-52, 155-163;
+    /// federated_main.py:180-182, 282-299).
     #[test]
     fn code_protocol_fits_once_in_warm_up_and_keeps_every_sample_of_the_window() {
         let code = FedCorConfig {
@@ -1753,11 +1774,13 @@ mod tests {
             ..FedCorConfig::default()
         };
         let (gp, q, _) = drive_with(code, Variant::FedCor, 12);
-        // The rounds ask the same of the clients as under `paper`.
         for t in 0..=4 {
             assert_eq!(calls_in(&q, t), vec!["holdout"], "round {t}");
         }
-        for t in [5, 10] {
+        for t in [5, 7, 8, 9, 10] {
+            assert!(calls_in(&q, t).is_empty(), "round {t}");
+        }
+        for t in [6, 11] {
             assert_eq!(calls_in(&q, t), vec!["holdout", "probe", "probe"]);
         }
         let fits: Vec<(usize, usize, Vec<usize>, Vec<f64>)> = gp
