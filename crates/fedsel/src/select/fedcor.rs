@@ -139,15 +139,18 @@ pub struct FedCorConfig {
     /// Discount base θ; samples are weighted θ^(age in rounds), i.e. γ = θ^Δt per interval
     /// (protocol `code`: `--GPR_gamma`, 0.95 in the README).
     pub theta: f64,
-    /// Past samples kept during warm-up (M in Eq. 17, warm-up phase).
+    /// Past samples kept during warm-up (M in Eq. 17, warm-up phase); protocol `code`
+    /// keeps `group_size` rounds instead.
     pub history_warmup: usize,
-    /// Past GP-training samples kept after warm-up (M in Eq. 17).
+    /// Past GP-training samples kept after warm-up (M in Eq. 17); protocol `code` keeps
+    /// `group_size` rounds instead.
     pub history: usize,
     /// Probe selections per GP-training round (S in Eq. 17).
     pub probes: usize,
     /// Adam steps per GP fit after warm-up.
     pub steps: usize,
-    /// Adam steps per GP fit during warm-up.
+    /// Adam steps per GP fit during warm-up; protocol `code` fits once, at the end of
+    /// warm-up, for [`CODE_WARMUP_STEPS`].
     pub warmup_steps: usize,
     /// Adam learning rate of the embeddings.
     pub lr: f64,
