@@ -1255,7 +1255,7 @@ fn inherit_kinds(table: &mut toml::Table, defaults: &toml::Table) {
 /// Keys the resolved config leaves out while they hold their default, so that configs from
 /// before they existed keep their hash. Their structs deny unknown fields, so serde itself
 /// refuses a misspelt key under them; absent from what was read back, they were not ignored.
-const ELIDED_AT_DEFAULT: [&str; 12] = [
+const ELIDED_AT_DEFAULT: [&str; 14] = [
     "dataset.normalize",
     "model.init",
     "eval.per_client",
@@ -1268,6 +1268,8 @@ const ELIDED_AT_DEFAULT: [&str; 12] = [
     "selection.pyramidfl",
     "selection.refl",
     "selection.fedbalancer",
+    "selection.fedcor.protocol",
+    "selection.fedcor.group_size",
 ];
 
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes
@@ -1373,6 +1375,32 @@ mod tests {
         assert!(e.to_string().contains("pacer_stp"), "{e}");
         let e = Config::load(None, &["eval.per_clent=true".into()]).unwrap_err();
         assert!(e.to_string().contains("per_clent"), "{e}");
+    }
+
+    /// `selection.fedcor.protocol` and `group_size` are elided at their defaults (every
+    /// FedCor config from before them keeps its hash) and written out otherwise.
+    #[test]
+    fn fedcor_protocol_is_elided_at_its_default() {
+        let default = Config::load(None, &[]).unwrap();
+        let given = [
+            "selection.fedcor.protocol=\"paper\"".into(),
+            "selection.fedcor.group_size=100".into(),
+        ];
+        let c = Config::load(None, &given).unwrap();
+        assert_eq!(c.hash(), default.hash());
+        let resolved: toml::Table = default.to_resolved_toml().parse().unwrap();
+        let fedcor = resolved["selection"]["fedcor"].as_table().unwrap();
+        assert!(fedcor.contains_key("theta"));
+        assert!(!fedcor.contains_key("protocol") && !fedcor.contains_key("group_size"));
+        let code = Config::load(None, &["selection.fedcor.protocol=\"code\"".into()]).unwrap();
+        assert_eq!(
+            code.selection.fedcor.protocol,
+            crate::select::fedcor::FedCorProtocol::Code
+        );
+        assert_ne!(code.hash(), default.hash());
+        assert!(code.to_resolved_toml().contains("protocol = \"code\""));
+        let e = Config::load(None, &["selection.fedcor.protocol=\"cod\"".into()]).unwrap_err();
+        assert!(e.to_string().contains("cod"), "{e}");
     }
 
     /// `model.init` is elided at its default (every config from before the key keeps its

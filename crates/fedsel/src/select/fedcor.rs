@@ -32,6 +32,32 @@
 //!   clients observed at both ends of its loss change, and the likelihood of a sample is
 //!   the marginal of the GP over those clients (columns of X), which is exact for a GP.
 //!
+//! **Protocol `code`** ([`FedCorProtocol::Code`]): the authors' code (Yoruko-Tang/FedCor
+//! at d941083) as the README's FMNIST command runs it (`--update_mean --group_size=100
+//! --GPR_gamma=0.95`) differs from the text in four ways, all four taken under `code`:
+//! - **Discounted mean.** With `--update_mean` each fit first sets the prior mean to the
+//!   per-client discounted mean of the kept loss changes, μ_k = Σ_s γ^{t−e_s} Δl_{s,k} /
+//!   Σ_s γ^{t−e_s} over the samples s that observed k (`GPR.MLE_Mean`, GPR.py:117-135,
+//!   called by `Train` at GPR.py:152-153), and the likelihood is that of Δl − μ
+//!   (`MultivariateNormal(loc = self.mu[idx], …)`, GPR.py:86). The selection reads Σ
+//!   only (GPR.py:213), so μ changes the fit, not Alg. 1.
+//! - **Window.** Every sample of the last `group_size` rounds is kept, warm-up samples
+//!   included (`Update_Training_Data` drops a round e once e + group_size < t,
+//!   GPR.py:50-52), each weighted γ^{t−e} with γ = θ per round of age and t the newest
+//!   sample's round (GPR.py:155-163; federated_main.py:116 passes `group_size` and
+//!   `GPR_gamma`).
+//! - **One warm-up fit.** Every warm-up round still records its sample, but the GP is fitted
+//!   once, on the last warm-up round's sample, for [`CODE_WARMUP_STEPS`] Adam steps
+//!   (federated_main.py:282-289: with `--update_mean` only `epoch == args.warmup` trains,
+//!   `max_epoches=1000`); GP-training rounds fit `steps` (`GPR_Epoch`, 100,
+//!   federated_main.py:299).
+//! - **Fit after the round's selection.** The code's round r (r a multiple of Δt past
+//!   warm-up) selects with the GP and α as they stand, then probes from the model that
+//!   round produced, resets α and fits (federated_main.py:180-182, 291-299): here the
+//!   probe, reset and fit open round r + 1, anchored at r, and r's annealing is wiped by
+//!   the reset as the code never applies it (its `Update_Discount` is in the `else`
+//!   branch, federated_main.py:301-302).
+//!
 //! The likelihood uses the Woodbury identity, so each Adam step factors only the d × d
 //! matrix K = σ_n² I + XXᵀ (Cholesky with jitter; a factorisation that still fails is an
 //! error, never a NaN): Σ⁻¹y = (y − XᵀK⁻¹Xy)/σ_n², log|Σ| = (N−d) log σ_n² + log|K|, and
@@ -59,10 +85,47 @@ use crate::error::{ConfigError, Error};
 use crate::rng::Rng;
 use crate::validate::{check, check_pos, check_prob};
 
+/// Adam steps of protocol `code`'s one warm-up fit: a literal of the authors' code
+/// (federated_main.py:289, `max_epoches=1000`), no flag of theirs.
+pub const CODE_WARMUP_STEPS: usize = 1000;
+
+/// Which FedCor the selector runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FedCorProtocol {
+    /// The CVPR text: prior mean 0 (footnote 1), Eq. 17's window, a fit every warm-up round.
+    Paper,
+    /// The authors' code as their README runs it: the discounted mean, the window of every
+    /// sample of the last `group_size` rounds, one warm-up fit (see the module docs).
+    Code,
+}
+
+impl FedCorProtocol {
+    /// Whether this is the default, which the resolved config leaves out so that configs
+    /// from before the key keep their hash.
+    fn is_paper(&self) -> bool {
+        *self == Self::Paper
+    }
+}
+
+/// `group_size`'s default, the README's `--group_size=100`.
+const GROUP_SIZE: usize = 100;
+
+fn is_default_group_size(g: &usize) -> bool {
+    *g == GROUP_SIZE
+}
+
 /// FedCor (seed 000) and its FedGP variant (seed 001).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FedCorConfig {
+    /// The paper's algorithm or the authors' code (see [`FedCorProtocol`]).
+    #[serde(skip_serializing_if = "FedCorProtocol::is_paper")]
+    pub protocol: FedCorProtocol,
+    /// Under protocol `code`, the rounds of history a fit keeps (`--group_size`, 100 in
+    /// the README); ignored under `paper`, whose window is `history_warmup` / `history`.
+    #[serde(skip_serializing_if = "is_default_group_size")]
+    pub group_size: usize,
     /// Embedding dimension d.
     pub dim: usize,
     /// Observation noise σ_n.
@@ -73,17 +136,21 @@ pub struct FedCorConfig {
     pub interval: usize,
     /// Annealing coefficient β.
     pub beta: f64,
-    /// Discount base θ; samples are weighted θ^(age in rounds), i.e. γ = θ^Δt per interval.
+    /// Discount base θ; samples are weighted θ^(age in rounds), i.e. γ = θ^Δt per interval
+    /// (protocol `code`: `--GPR_gamma`, 0.95 in the README).
     pub theta: f64,
-    /// Past samples kept during warm-up (M in Eq. 17, warm-up phase).
+    /// Past samples kept during warm-up (M in Eq. 17, warm-up phase); protocol `code`
+    /// keeps `group_size` rounds instead.
     pub history_warmup: usize,
-    /// Past GP-training samples kept after warm-up (M in Eq. 17).
+    /// Past GP-training samples kept after warm-up (M in Eq. 17); protocol `code` keeps
+    /// `group_size` rounds instead.
     pub history: usize,
     /// Probe selections per GP-training round (S in Eq. 17).
     pub probes: usize,
     /// Adam steps per GP fit after warm-up.
     pub steps: usize,
-    /// Adam steps per GP fit during warm-up.
+    /// Adam steps per GP fit during warm-up; protocol `code` fits once, at the end of
+    /// warm-up, for [`CODE_WARMUP_STEPS`].
     pub warmup_steps: usize,
     /// Adam learning rate of the embeddings.
     pub lr: f64,
@@ -92,6 +159,8 @@ pub struct FedCorConfig {
 impl Default for FedCorConfig {
     fn default() -> Self {
         Self {
+            protocol: FedCorProtocol::Paper,
+            group_size: GROUP_SIZE,
             dim: 15,
             noise: 0.01,
             warmup: 15,
@@ -612,7 +681,22 @@ impl FedCor {
     /// Eq. 17's samples for a fit anchored at round `t`, as (index, weight γ^m) newest
     /// first: the samples of rounds t − mΔt for m = 0..=M, weighted θ^{mΔt}. Warm-up fits
     /// use Δt = 1 and the warm-up M (§5.1, App. C).
+    /// Under protocol `code`, every sample of age at most `group_size`, weighted θ^age
+    /// (GPR.py:50-52, 155-163).
     fn window(&self, t: usize) -> Vec<(usize, f64)> {
+        if self.cfg.protocol == FedCorProtocol::Code {
+            let mut picked: Vec<(usize, f64)> = self
+                .samples
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    let age = t.checked_sub(s.round)?;
+                    (age <= self.cfg.group_size).then(|| (i, self.cfg.theta.powi(age as i32)))
+                })
+                .collect();
+            picked.sort_by_key(|&(i, _)| std::cmp::Reverse(self.samples[i].round));
+            return picked;
+        }
         let (dt, big_m) = if self.warm(t) {
             (1, self.cfg.history_warmup)
         } else {
@@ -632,17 +716,61 @@ impl FedCor {
         picked
     }
 
-    /// Trains X with Adam on Eq. 17's window for round `anchor`, then forgets the samples
-    /// no later window can use.
+    /// Protocol `code`'s prior mean over the weighted `window`: per client, the weighted
+    /// mean of its loss changes over the samples that observed it, and 0 for a client no
+    /// sample observed (`GPR.MLE_Mean`, GPR.py:117-135; its 1e-6 guard leaves 0/1e-6 = 0).
+    pub fn discounted_mean(&self, window: &[(usize, f64)]) -> Vec<f64> {
+        let n = self.p.len();
+        let mut sum = vec![0.0; n];
+        let mut total = vec![0.0; n];
+        for &(i, w) in window {
+            let s = &self.samples[i];
+            for (&k, &dl) in s.clients.iter().zip(&s.dl) {
+                sum[k] += w * dl;
+                total[k] += w;
+            }
+        }
+        sum.iter()
+            .zip(&total)
+            .map(|(&s, &w)| if w > 0.0 { s / w } else { 0.0 })
+            .collect()
+    }
+
+    /// Trains X with Adam on Eq. 17's window for round `anchor` (protocol `code`: on the
+    /// code's window, centred on [`FedCor::discounted_mean`]), then forgets the samples no
+    /// later window can use.
     pub fn fit(&mut self, anchor: usize, steps: usize) -> Result<(), Error> {
         let started = Instant::now();
         let window = self.window(anchor);
+        let code = self.cfg.protocol == FedCorProtocol::Code;
+        // Δl − μ over each sample's clients: the likelihood with prior mean μ (GPR.py:86).
+        let centred: Vec<Vec<f64>> = if code {
+            let mu = self.discounted_mean(&window);
+            window
+                .iter()
+                .map(|&(i, _)| {
+                    let s = &self.samples[i];
+                    s.clients
+                        .iter()
+                        .zip(&s.dl)
+                        .map(|(&k, &d)| d - mu[k])
+                        .collect()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let data: Vec<Observation<'_>> = window
             .iter()
-            .map(|&(i, weight)| Observation {
+            .enumerate()
+            .map(|(j, &(i, weight))| Observation {
                 weight,
                 clients: &self.samples[i].clients,
-                dl: &self.samples[i].dl,
+                dl: if code {
+                    &centred[j]
+                } else {
+                    &self.samples[i].dl
+                },
             })
             .collect();
         let (b1, b2, eps, lr): (f64, f64, f64, f64) = (0.9, 0.999, 1e-8, self.cfg.lr);
@@ -688,10 +816,13 @@ impl FedCor {
             sigma_cosine_prev,
             fit_ms: started.elapsed().as_secs_f64() * 1e3,
         });
-        let keep = self
-            .cfg
-            .history_warmup
-            .max(self.cfg.history * self.cfg.interval);
+        let keep = if code {
+            self.cfg.group_size
+        } else {
+            self.cfg
+                .history_warmup
+                .max(self.cfg.history * self.cfg.interval)
+        };
         self.samples
             .retain(|s| s.round.saturating_add(keep) >= anchor);
         Ok(())
@@ -761,7 +892,20 @@ impl Selector for FedCor {
             });
         }
         let warm = self.warm(t);
-        let gp_round = !warm && t.is_multiple_of(self.cfg.interval);
+        // The round a GP-training sample and fit belong to. Protocol `code` selects round
+        // r with the GP as it stands and trains the GP at the end of r when r is a multiple
+        // of Δt past warm-up (federated_main.py:180-182, then 291-299): here, at the start
+        // of round r + 1, from the same model w^{r+1}, anchored at r.
+        let (gp_round, anchor) = match self.cfg.protocol {
+            FedCorProtocol::Paper => (!warm && t.is_multiple_of(self.cfg.interval), t),
+            FedCorProtocol::Code => {
+                let r = t.saturating_sub(1);
+                (
+                    !warm && r > self.cfg.warmup && r.is_multiple_of(self.cfg.interval),
+                    r,
+                )
+            }
+        };
         // The current model's losses close the previous warm-up round's sample, and open
         // this round's sample in warm-up and on GP-training rounds.
         let closes = t > 0
@@ -772,7 +916,14 @@ impl Selector for FedCor {
             if closes {
                 let before = self.last_losses.take().expect("checked above");
                 self.record_change(t - 1, &before, ctx.available, &losses);
-                self.fit(t - 1, self.cfg.warmup_steps)?;
+                match self.cfg.protocol {
+                    FedCorProtocol::Paper => self.fit(t - 1, self.cfg.warmup_steps)?,
+                    // federated_main.py:284-289: one fit, on the last warm-up round.
+                    FedCorProtocol::Code if t - 1 == self.cfg.warmup => {
+                        self.fit(t - 1, CODE_WARMUP_STEPS)?
+                    }
+                    FedCorProtocol::Code => {}
+                }
                 if t == self.cfg.warmup + 1 {
                     self.x_warmup = Some(self.x.clone());
                 }
@@ -796,17 +947,17 @@ impl Selector for FedCor {
                     for _ in 0..self.cfg.probes {
                         let probe = Self::uniform(ctx, rng);
                         let after = query.probe(&probe, &before.clients)?;
-                        self.record_change(t, &before, &before.clients, &after);
+                        self.record_change(anchor, &before, &before.clients, &after);
                     }
                 }
                 Variant::FedGp => {
                     let k_r = Self::uniform(ctx, rng);
                     let after = query.advance(&k_r, &before.clients)?;
-                    self.record_change(t, &before, &before.clients, &after);
+                    self.record_change(anchor, &before, &before.clients, &after);
                 }
             }
             self.alpha.iter_mut().for_each(|a| *a = 1.0);
-            self.fit(t, self.cfg.steps)?;
+            self.fit(anchor, self.cfg.steps)?;
         }
         let started = Instant::now();
         let m = ctx.budget.min(ctx.available.len());
@@ -1474,7 +1625,18 @@ mod tests {
     /// Warm-up R_w = 3, Δt = 5, warm-up M = 2, M = 1, S = 2 probes, θ = 0.5, β = 0.5, six
     /// clients, two per round; client 5 is away in rounds 2, 7 and 10.
     fn drive(variant: Variant, rounds: usize) -> (FedCor, Recorder, Vec<Vec<usize>>) {
+        drive_with(FedCorConfig::default(), variant, rounds)
+    }
+
+    /// [`drive`] with `base`'s protocol and `group_size`.
+    fn drive_with(
+        base: FedCorConfig,
+        variant: Variant,
+        rounds: usize,
+    ) -> (FedCor, Recorder, Vec<Vec<usize>>) {
         let cfg = FedCorConfig {
+            protocol: base.protocol,
+            group_size: base.group_size,
             dim: 2,
             warmup: 3,
             interval: 5,
@@ -1599,6 +1761,147 @@ mod tests {
         for s in gp.samples.iter().filter(|s| s.round >= 5) {
             assert!(s.dl.iter().all(|d| (d + 0.05).abs() < 1e-12), "{s:?}");
         }
+    }
+
+    /// Protocol `code` on [`drive`]'s run with `group_size` = 6: the warm-up records a sample
+    /// every round but fits once, at its last round, for 1000 steps on all four warm-up
+    /// samples; rounds 5 and 10 select with the GP as it stands and rounds 6 and 11 open
+    /// with their probes and fit, anchored at 5 and 10; each of those fits keeps every
+    /// sample of age ≤ 6, warm-up ones included, weighted θ^age (GPR.py:50-52, 155-163;
+    /// federated_main.py:180-182, 282-299).
+    #[test]
+    fn code_protocol_fits_once_in_warm_up_and_keeps_every_sample_of_the_window() {
+        let code = FedCorConfig {
+            protocol: FedCorProtocol::Code,
+            group_size: 6,
+            ..FedCorConfig::default()
+        };
+        let (gp, q, _) = drive_with(code, Variant::FedCor, 12);
+        for t in 0..=4 {
+            assert_eq!(calls_in(&q, t), vec!["holdout"], "round {t}");
+        }
+        for t in [5, 7, 8, 9, 10] {
+            assert!(calls_in(&q, t).is_empty(), "round {t}");
+        }
+        for t in [6, 11] {
+            assert_eq!(calls_in(&q, t), vec!["holdout", "probe", "probe"]);
+        }
+        let fits: Vec<(usize, usize, Vec<usize>, Vec<f64>)> = gp
+            .fits
+            .iter()
+            .map(|f| {
+                (
+                    f.round,
+                    f.steps,
+                    f.sample_rounds.clone(),
+                    f.sample_weights.clone(),
+                )
+            })
+            .collect();
+        let h = |m: i32| 0.5f64.powi(m);
+        assert_eq!(
+            fits,
+            vec![
+                (
+                    3,
+                    CODE_WARMUP_STEPS,
+                    vec![3, 2, 1, 0],
+                    vec![1.0, h(1), h(2), h(3)]
+                ),
+                (
+                    5,
+                    3,
+                    vec![5, 5, 3, 2, 1, 0],
+                    vec![1.0, 1.0, h(2), h(3), h(4), h(5)]
+                ),
+                (10, 3, vec![10, 10, 5, 5], vec![1.0, 1.0, h(5), h(5)]),
+            ]
+        );
+        assert!(gp.x_warmup.is_some());
+        // Round 3 (age 7 at round 10) and older are forgotten.
+        assert!(gp.samples.iter().all(|s| s.round >= 5));
+    }
+
+    /// The discounted mean by hand (θ = 0.5, `group_size` = 2, anchored at round 3): round
+    /// 0 is too old; client 0 saw 1, 2, 4 in rounds 1, 2, 3, so μ_0 = (¼·1 + ½·2 + 1·4) /
+    /// (¼ + ½ + 1) = 3; client 1 saw 6 and 0 in rounds 1 and 3, so μ_1 = (¼·6) / (¼ + 1) =
+    /// 1.2; client 2 was never observed, μ_2 = 0 (GPR.py:117-135). The fit's likelihood is
+    /// that of the centred changes (GPR.py:86).
+    #[test]
+    fn code_protocol_centres_the_changes_on_their_discounted_mean() {
+        let cfg = FedCorConfig {
+            protocol: FedCorProtocol::Code,
+            group_size: 2,
+            theta: 0.5,
+            dim: 2,
+            ..FedCorConfig::default()
+        };
+        let mut gp = FedCor::new(cfg, Variant::FedCor);
+        gp.setup(&super::super::testing::setup(&[1.0 / 3.0; 3]));
+        gp.x = DMatrix::from_column_slice(2, 3, &[0.3, -0.1, 0.2, 0.4, -0.5, 0.1]);
+        let sample = |round: usize, clients: &[usize], dl: &[f64]| Sample {
+            round,
+            clients: clients.to_vec(),
+            dl: dl.to_vec(),
+        };
+        gp.samples = vec![
+            sample(0, &[0, 1], &[100.0, 100.0]),
+            sample(1, &[0, 1], &[1.0, 6.0]),
+            sample(2, &[0], &[2.0]),
+            sample(3, &[0, 1], &[4.0, 0.0]),
+        ];
+        let window = gp.window(3);
+        assert_eq!(window, vec![(3, 1.0), (2, 0.5), (1, 0.25)]);
+        let mu = gp.discounted_mean(&window);
+        assert_eq!(mu[0], 3.0);
+        assert!((mu[1] - 1.2).abs() < 1e-15, "{mu:?}");
+        assert_eq!(mu[2], 0.0);
+        let (y3, y2, y1) = ([1.0, 0.0 - mu[1]], [-1.0], [-2.0, 6.0 - mu[1]]);
+        let data = [
+            Observation {
+                weight: 1.0,
+                clients: &[0, 1],
+                dl: &y3,
+            },
+            Observation {
+                weight: 0.5,
+                clients: &[0],
+                dl: &y2,
+            },
+            Observation {
+                weight: 0.25,
+                clients: &[0, 1],
+                dl: &y1,
+            },
+        ];
+        let expected = nll_and_grad(&gp.x, gp.cfg.noise, &data).unwrap().0;
+        gp.fit(3, 1).unwrap();
+        assert_eq!(gp.fits[0].nll_before, expected);
+        assert_eq!(gp.fits[0].sample_rounds, vec![3, 2, 1]);
+        assert!(gp.samples.iter().all(|s| s.round >= 1));
+    }
+
+    /// Protocol `paper` pinned: the picks, the embeddings and every fit's likelihoods of
+    /// [`drive`]'s FedCor and FedGP runs, as fedsel computed them before protocol `code`
+    /// existed (FNV-1a over their bits).
+    #[test]
+    fn paper_protocol_runs_are_bit_identical_to_before_the_code_protocol() {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |v: u64| {
+            for b in v.to_le_bytes() {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        for (variant, rounds) in [(Variant::FedCor, 12), (Variant::FedGp, 11)] {
+            let (gp, _, picks) = drive(variant, rounds);
+            picks.iter().flatten().for_each(|&k| eat(k as u64));
+            gp.x.iter().for_each(|v| eat(v.to_bits()));
+            for f in &gp.fits {
+                eat(f.nll_before.to_bits());
+                eat(f.nll_after.to_bits());
+            }
+        }
+        assert_eq!(h, 0xb2df_01d4_b291_8104, "{h:#018x}");
     }
 
     #[test]
