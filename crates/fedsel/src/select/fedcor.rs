@@ -1695,21 +1695,32 @@ mod tests {
         q.calls.iter().filter(|c| c.0 == t).map(|c| c.1).collect()
     }
 
+    /// Rounds `asking` ask every available client's loss once, rounds `silent` ask
+    /// nothing, and GP-training rounds `probing` ask the losses and then S = 2 probes.
+    fn assert_round_calls(q: &Recorder, asking: &[usize], silent: &[usize], probing: &[usize]) {
+        for &t in asking {
+            assert_eq!(calls_in(q, t), vec!["holdout"], "round {t}");
+        }
+        for &t in silent {
+            assert!(calls_in(q, t).is_empty(), "round {t}");
+        }
+        for &t in probing {
+            assert_eq!(
+                calls_in(q, t),
+                vec!["holdout", "probe", "probe"],
+                "round {t}"
+            );
+        }
+    }
+
     #[test]
     fn fedcor_rounds_follow_warm_up_then_algorithm_2_with_eq_17_windows() {
         let (gp, q, _) = drive(Variant::FedCor, 12);
         // Warm-up rounds 0..=3 and the round that closes round 3's sample each ask every
-        // available client once; rounds 6..=9 and 11 ask nothing.
-        for t in 0..=4 {
-            assert_eq!(calls_in(&q, t), vec!["holdout"], "round {t}");
-        }
-        for t in [6, 7, 8, 9, 11] {
-            assert!(calls_in(&q, t).is_empty(), "round {t}");
-        }
-        // GP-training rounds 5 and 10: the round's losses, then S = 2 probes of two
-        // uniformly drawn available clients, each evaluated on the available clients.
+        // available client once; rounds 6..=9 and 11 ask nothing; GP-training rounds 5 and
+        // 10 probe two uniformly drawn available clients, each evaluated on the available.
+        assert_round_calls(&q, &[0, 1, 2, 3, 4], &[6, 7, 8, 9, 11], &[5, 10]);
         for t in [5, 10] {
-            assert_eq!(calls_in(&q, t), vec!["holdout", "probe", "probe"]);
             for c in q.calls.iter().filter(|c| c.0 == t && c.1 == "probe") {
                 assert_eq!(c.2.len(), 2);
                 assert_eq!(c.3, q.calls.iter().find(|d| d.0 == t).unwrap().2);
@@ -1777,15 +1788,7 @@ mod tests {
             ..FedCorConfig::default()
         };
         let (gp, q, _) = drive_with(code, Variant::FedCor, 12);
-        for t in 0..=4 {
-            assert_eq!(calls_in(&q, t), vec!["holdout"], "round {t}");
-        }
-        for t in [5, 7, 8, 9, 10] {
-            assert!(calls_in(&q, t).is_empty(), "round {t}");
-        }
-        for t in [6, 11] {
-            assert_eq!(calls_in(&q, t), vec!["holdout", "probe", "probe"]);
-        }
+        assert_round_calls(&q, &[0, 1, 2, 3, 4], &[5, 7, 8, 9, 10], &[6, 11]);
         let fits: Vec<(usize, usize, Vec<usize>, Vec<f64>)> = gp
             .fits
             .iter()
