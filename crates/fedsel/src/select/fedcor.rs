@@ -684,23 +684,16 @@ impl FedCor {
     /// Under protocol `code`, every sample of age at most `group_size`, weighted θ^age
     /// (GPR.py:50-52, 155-163).
     fn window(&self, t: usize) -> Vec<(usize, f64)> {
-        if self.cfg.protocol == FedCorProtocol::Code {
-            let mut picked: Vec<(usize, f64)> = self
-                .samples
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    let age = t.checked_sub(s.round)?;
-                    (age <= self.cfg.group_size).then(|| (i, self.cfg.theta.powi(age as i32)))
-                })
-                .collect();
-            picked.sort_by_key(|&(i, _)| std::cmp::Reverse(self.samples[i].round));
-            return picked;
-        }
-        let (dt, big_m) = if self.warm(t) {
+        // Every dt-th round back, up to max_age rounds old.
+        let (dt, max_age) = if self.cfg.protocol == FedCorProtocol::Code {
+            (1, self.cfg.group_size)
+        } else if self.warm(t) {
             (1, self.cfg.history_warmup)
         } else {
-            (self.cfg.interval, self.cfg.history)
+            (
+                self.cfg.interval,
+                self.cfg.history.saturating_mul(self.cfg.interval),
+            )
         };
         let mut picked: Vec<(usize, f64)> = self
             .samples
@@ -708,7 +701,7 @@ impl FedCor {
             .enumerate()
             .filter_map(|(i, s)| {
                 let age = t.checked_sub(s.round)?;
-                (age.is_multiple_of(dt) && age / dt <= big_m)
+                (age.is_multiple_of(dt) && age <= max_age)
                     .then(|| (i, self.cfg.theta.powi(age as i32)))
             })
             .collect();
