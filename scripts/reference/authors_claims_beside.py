@@ -25,14 +25,26 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[2]
 
 # claim id -> (settings rerun, fedsel's section and the test set its Claims section counts,
-# the authors' section); the sections hold the per-seed rows of each arm.
+# the authors' section, the arms); the sections hold the per-seed rows of each arm.
 CLAIMS = {
     "fedcor-faster-than-powd-fmnist": (["2SPC", "Dir"], "fedcor-table1-fmnist-fresh", "fresh seeds (11-15)", "fedcor-table1-fmnist-authors", "fedcor", "powd"),
     "fedcor-faster-than-rand-fmnist": (["2SPC", "Dir"], "fedcor-table1-fmnist-fresh", "fresh seeds (11-15)", "fedcor-table1-fmnist-authors", "fedcor", "uniform"),
+    # FedCor's Table 1 in the authors' code's regime, registered after the rows above had
+    # read "only the authors' code reproduces" (a fix and its rerun, not a second chance:
+    # the rows above keep their reading); the authors' side is the same test as above.
+    "fedcor-code-faster-than-powd-fmnist": (["2SPC", "Dir"], "fedcor-table1-fmnist-code", "as run (61-70)", "fedcor-table1-fmnist-authors", "fedcor", "powd"),
+    "fedcor-code-faster-than-rand-fmnist": (["2SPC", "Dir"], "fedcor-table1-fmnist-code", "as run (61-70)", "fedcor-table1-fmnist-authors", "fedcor", "uniform"),
     "hics-code-faster-than-random-fmnist": (["setting2"], "hics-table1-fmnist", "as run (1-10)", "hics-table1-fmnist-authors", "hics-code", "random-code"),
     "hics-code-faster-than-powd-fmnist": (["setting2"], "hics-table1-fmnist", "as run (1-10)", "hics-table1-fmnist-authors", "hics-code", "powd-code"),
     "hics-code-fastest-vs-random-every-setting-fmnist": (["setting2", "setting3"], "hics-fig2-fmnist", "as run (1-10)", "hics-fig2-fmnist-authors", "hics-code", "random-code"),
     "hics-code-fastest-vs-powd-every-setting-fmnist": (["setting2", "setting3"], "hics-fig2-fmnist", "as run (1-10)", "hics-fig2-fmnist-authors", "hics-code", "powd-code"),
+}
+
+# The authors' code has one regime, so a fedsel claim about that regime is tested there
+# under the id of the claim the rule named.
+AUTHORS_TEST = {
+    "fedcor-code-faster-than-powd-fmnist": "fedcor-faster-than-powd-fmnist",
+    "fedcor-code-faster-than-rand-fmnist": "fedcor-faster-than-rand-fmnist",
 }
 
 
@@ -106,7 +118,7 @@ def one_sample(x: list[float]) -> str:
 
 def reading(fedsel: str, authors: str) -> str:
     f, a = fedsel.startswith("reproduced"), authors.startswith("reproduced")
-    if authors in ("too few seeds", "—"):
+    if authors in ("too few seeds", "—") or fedsel in ("too few seeds", "—"):
         return "no reading: too few seeds run"
     if f and a:
         return "both reproduce"
@@ -125,8 +137,9 @@ def main() -> None:
     for claim, (settings, fsec, fset, asec, a, b) in CLAIMS.items():
         for setting in settings:
             fp, fe, fv = ours.get((claim, setting, fset), ("—", "—", "—"))
-            test = next((k[2] for k in theirs if k[:2] == (claim, setting) and k[2].startswith("as run")), "")
-            ap, ae, av = theirs.get((claim, setting, test), ("—", "—", "too few seeds"))
+            tested = AUTHORS_TEST.get(claim, claim)
+            test = next((k[2] for k in theirs if k[:2] == (tested, setting) and k[2].startswith("as run")), "")
+            ap, ae, av = theirs.get((tested, setting, test), ("—", "—", "too few seeds"))
             x, _ = log_ratios(ROOT / "results", fsec, setting, a, b)
             y, _ = log_ratios(ROOT / "results" / "authors-code", asec, setting, a, b)
             every, _ = log_ratios(ROOT / "results" / "authors-code", asec, setting, a, b, unplanned=True)
