@@ -104,3 +104,15 @@ def test_hics_round_0_is_their_k_by_size_draw_not_pow_d(hics):
     r0 = ref.hics_round0(hics, fed, K, 300)
     print(r0)
     assert r0["tv_fedsel"] > 1.5 * r0["tv_authors"], r0
+
+
+def test_of_tied_losses_fedsel_keeps_the_earliest_drawn_their_stable_argsort_the_latest(fedcor):
+    # `A[np.argsort(losses[A])[-m:]]` under a stable sort keeps the last drawn of equal
+    # losses (NumPy's default sort leaves the order to the build and the CPU); fedsel's
+    # stable descending sort keeps the first drawn. Only the tied differ.
+    fed = _federation(ties=True)
+    lock = [ref.fedcor_lockstep(fedcor, fed, K, ROUNDS, s, stable=True) for s in (1, 2)]
+    print(ref.lockstep_line(lock))
+    assert all(x["other"] == 0 for x in lock), [x["other_rounds"] for x in lock]
+    assert all(set(x["authors_tie_break"]) == {"latest"} for x in lock), lock
+    assert all(set(x["fedsel_tie_break"]) == {"earliest"} for x in lock), lock

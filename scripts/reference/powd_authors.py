@@ -49,13 +49,22 @@ Compared:
     same candidates in round t whatever its seed, so the spread across seeds needs a
     per-run seed: `np.random.seed(epoch)` is given `[seed, epoch]` (the driver prints what
     their code as it is does too);
+    HiCS-FL's is printed from round 1 on too, and from round 1 on with their round 0 given
+    fedsel's departure (its K ∝ n_k draw answered with fedsel's pow-d round 0 on a stream of
+    its own): round 0 moves the participation counts, so its effect outlasts it;
   - HiCS-FL's round 0 alone, over `--round0-seeds` seeds: TV of fedsel's pow-d round 0 and
     their K ∝ n_k draw, against their own.
+Of equal losses at the K-th place, fedsel keeps the earliest drawn (its stable descending
+sort); their `np.argsort(...)[-m:]` keeps whichever NumPy's default sort leaves last, which
+depends on the NumPy build and the CPU (NumPy 2.4 with AVX-512 sorts out of order);
+`--stable-argsort` gives their `np.argsort` NumPy's stable sort, which keeps the latest
+drawn. The lockstep line counts which of the tied each side kept. Exits 1 when a lockstep
+round differs other than by a tie, or a TV exceeds `--ratio` times the authors' own.
 
 Usage:
     git clone https://github.com/Yoruko-Tang/FedCor /tmp/FedCor && git -C /tmp/FedCor checkout d941083ce2840e877476182d898c1ffa878d599b
     git clone https://github.com/CityChan/HiCS-FL /tmp/HiCS-FL && git -C /tmp/HiCS-FL checkout 25f309d118d72c8ca176b6551704f648b304e100
-    python scripts/reference/powd_authors.py --fedcor /tmp/FedCor --hics /tmp/HiCS-FL [--clients 100] [--per-round 5] [--rounds 100] [--seeds 30] [--federation 1] [--equal-sizes] [--ties]
+    python scripts/reference/powd_authors.py --fedcor /tmp/FedCor --hics /tmp/HiCS-FL [--clients 100] [--per-round 5] [--rounds 100] [--seeds 30] [--federation 1] [--equal-sizes] [--ties] [--stable-argsort]
 """
 
 from __future__ import annotations
@@ -178,10 +187,15 @@ class RandomFor:
 
 
 class NumpyFor:
-    """Stands in for the authors' `np`: NumPy, with `random` a `RandomFor`."""
+    """Stands in for the authors' `np`: NumPy, with `random` a `RandomFor`; `stable` makes
+    `argsort` NumPy's stable sort (which of equal losses their `np.argsort` leaves last
+    depends on the NumPy build and the CPU)."""
 
-    def __init__(self, random: RandomFor):
-        self.random = random
+    def __init__(self, random: RandomFor, stable: bool = False):
+        self.random, self.stable = random, stable
+
+    def argsort(self, a, *args, **kwargs):
+        return numpy.argsort(a, kind="stable") if self.stable else numpy.argsort(a, *args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(numpy, name)
@@ -267,23 +281,23 @@ def fedcor_select(branch, np, fed: Federation, d: int, m: int, losses):
     return [int(c) for c in ns["idxs_users"]]
 
 
-def fedcor_run(branch, fed, k, rounds, seed):
+def fedcor_run(branch, fed, k, rounds, seed, stable=False):
     """FedCor free running: the generator seeded once (`setup_seed`), the branch every round."""
     numpy.random.seed(seed)
     play = Play.new(fed)
     for t in range(rounds):
-        play.trained(fedcor_select(branch, numpy, fed, 2 * k, k, play.losses(t)))
+        play.trained(fedcor_select(branch, NumpyFor(RandomFor(), stable), fed, 2 * k, k, play.losses(t)))
     return play
 
 
-def fedcor_lockstep(branch, fed, k, rounds, seed):
+def fedcor_lockstep(branch, fed, k, rounds, seed, stable=False):
     play = Play.new(fed)
     sel = new_selector(fed, k, rounds, seed)
     out = lockstep_record()
     for t in range(rounds):
         losses = play.losses(t)
         ours, cands = fedsel_round(sel, play, t, k)
-        np = NumpyFor(RandomFor(hook=handed(lambda size, _e: cands, fed.weights)))
+        np = NumpyFor(RandomFor(hook=handed(lambda size, _e: cands, fed.weights)), stable)
         theirs = fedcor_select(branch, np, fed, 2 * k, k, losses)
         record(out, t, theirs, ours, cands, losses, k)
         play.trained(theirs)
@@ -408,12 +422,22 @@ def hics_run(module, play: Play, k: int, rounds: int, np):
     return play
 
 
-def hics_free(module, fed, k, rounds, seed, as_is=False):
-    rnd = RandomFor(seed_of=None if as_is else (lambda e: [seed, e]))
-    return hics_run(module, Play.new(fed), k, rounds, NumpyFor(rnd))
+def hics_free(module, fed, k, rounds, seed, as_is=False, powd_round0=False, stable=False):
+    """Their `train` free running. `powd_round0` gives it fedsel's departure in round 0: its
+    K ∝ n_k draw is answered with the picks of fedsel's pow-d round 0 (seed 10 000 + the
+    run's, a stream of its own); later rounds draw as theirs do."""
+    play = Play.new(fed)
+
+    def hook(a, size, replace, p, epoch):
+        if epoch == 0:
+            return numpy.array(fedsel_round(new_selector(fed, k, 1, 10_000 + seed), play, 0, k)[0])
+        return numpy.random.choice(a, size, replace=replace, p=p)
+
+    rnd = RandomFor(seed_of=None if as_is else (lambda e: [seed, e]), hook=hook if powd_round0 else None)
+    return hics_run(module, play, k, rounds, NumpyFor(rnd, stable))
 
 
-def hics_lockstep(module, fed, k, rounds, seed):
+def hics_lockstep(module, fed, k, rounds, seed, stable=False):
     sel = new_selector(fed, k, rounds, seed)
     play = Play.new(fed)
     ours, cands, seen = {}, {}, {}
@@ -424,7 +448,7 @@ def hics_lockstep(module, fed, k, rounds, seed):
         # round 0 (their K ∝ n_k draw, no pow-d) is handed fedsel's picks, not compared
         return ours[epoch] if epoch == 0 else cands[epoch]
 
-    hics_run(module, play, k, rounds, NumpyFor(RandomFor(hook=handed(fixed, fed.weights))))
+    hics_run(module, play, k, rounds, NumpyFor(RandomFor(hook=handed(fixed, fed.weights)), stable))
     out = lockstep_record()
     for t in range(1, rounds):
         record(out, t, play.picks[t], ours[t], cands[t], seen[t], k)
@@ -515,24 +539,28 @@ def main():
     ap.add_argument("--federation", type=int, default=1)
     ap.add_argument("--equal-sizes", action="store_true")
     ap.add_argument("--ties", action="store_true", help="losses on a grid of 0.25 (ties common)")
+    ap.add_argument("--stable-argsort", action="store_true",
+                    help="their np.argsort as NumPy's stable sort: of equal losses, the latest drawn kept")
     ap.add_argument("--ratio", type=float, default=1.5, help="exit 1 when a TV exceeds this times the authors' own")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     if not (args.fedcor or args.hics):
         ap.error("give --fedcor, --hics or both")
 
-    n, k, R, S = args.clients, args.per_round, args.rounds, args.seeds
+    n, k, R, S, st = args.clients, args.per_round, args.rounds, args.seeds, args.stable_argsort
     fed = Federation.build(args.federation, n, R, args.equal_sizes, args.ties)
     figures = {"clients": n, "per_round": k, "d": 2 * k, "rounds": R, "seeds": S, "federation": args.federation,
-               "equal_sizes": args.equal_sizes, "ties": args.ties}
+               "equal_sizes": args.equal_sizes, "ties": args.ties, "stable_argsort": st}
     what = (f"N = {n}, K = {k}, d = {2 * k}, {R} rounds, federation {args.federation}, "
-            f"{'equal sizes' if args.equal_sizes else 'sizes 50-400'}, {'losses on a 0.25 grid' if args.ties else 'continuous losses'}")
+            f"{'equal sizes' if args.equal_sizes else 'sizes 50-400'}, "
+            f"{'losses on a 0.25 grid' if args.ties else 'continuous losses'}"
+            f"{', their argsort stable' if st else ''}")
     print(what)
     failed = False
     if args.fedcor:
         branch = fedcor_branch(args.fedcor)
-        lock = [fedcor_lockstep(branch, fed, k, R, s) for s in range(1, 4)]
-        f = frequencies(lambda s: fedcor_run(branch, fed, k, R, s), fed, k, R, S)
+        lock = [fedcor_lockstep(branch, fed, k, R, s, st) for s in range(1, 4)]
+        f = frequencies(lambda s: fedcor_run(branch, fed, k, R, s, st), fed, k, R, S)
         figures["fedcor"] = {"lockstep": lock, "frequencies": f}
         print(f"FedCor federated_main.py: lockstep (fedsel's candidates handed to theirs, seeds 1-3 × {R} rounds): "
               + lockstep_line(lock))
@@ -543,17 +571,20 @@ def main():
         failed |= ratio(f) > args.ratio or any(x["other"] for x in lock)
     if args.hics:
         module = load_server_poc(args.hics)
-        lock = [hics_lockstep(module, fed, k, R, s) for s in range(1, 4)]
-        f = frequencies(lambda s: hics_free(module, fed, k, R, s), fed, k, R, S)
-        f1 = frequencies(lambda s: hics_free(module, fed, k, R, s), fed, k, R, S, first=1)
+        lock = [hics_lockstep(module, fed, k, R, s, st) for s in range(1, 4)]
+        f = frequencies(lambda s: hics_free(module, fed, k, R, s, stable=st), fed, k, R, S)
+        f1 = frequencies(lambda s: hics_free(module, fed, k, R, s, stable=st), fed, k, R, S, first=1)
+        fp = frequencies(lambda s: hics_free(module, fed, k, R, s, powd_round0=True, stable=st), fed, k, R, S, first=1)
         r0 = hics_round0(module, fed, k, args.round0_seeds)
         as_is = [hics_free(module, fed, k, R, s, as_is=True).picks for s in (1, 2)]
         same_as_is = sum(a == b for a, b in zip(*as_is))
-        figures["hics"] = {"lockstep": lock, "frequencies": f, "frequencies_from_round_1": f1, "round0": r0,
+        figures["hics"] = {"lockstep": lock, "frequencies": f, "frequencies_from_round_1": f1,
+                           "frequencies_from_round_1_given_powd_round0": fp, "round0": r0,
                            "as_is_seed_1_2_same_rounds": same_as_is}
         print(f"HiCS-FL server_poc.py: lockstep (rounds 1-{R - 1}, seeds 1-3): " + lockstep_line(lock))
         print(f"  frequencies over {S} seeds (their np.random.seed(epoch) given [seed, epoch]): " + frequency_line(f))
         print(f"  the same, rounds 1-{R - 1} only: " + frequency_line(f1))
+        print(f"  rounds 1-{R - 1}, their round 0 given fedsel's pow-d round 0: " + frequency_line(fp))
         print(f"  round 0 alone over {args.round0_seeds} seeds (fedsel pow-d, theirs K ∝ n_k): "
               f"{r0['tv_fedsel']:.4f} / {r0['tv_authors']:.4f} ({ratio(r0):.2f}×)")
         print(f"  as it is (np.random.seed(epoch)): runs 1 and 2 choose the same set in {same_as_is} of {R} rounds")
