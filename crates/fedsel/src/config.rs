@@ -371,6 +371,11 @@ pub enum PartitionScheme {
     ClassDirichlet {
         /// One α per client group; clients are split evenly over the groups.
         alphas: Vec<f64>,
+        /// Where a class slice goes when the draw gives mass only to clients already full.
+        /// Written out only when not the default, so that configs from before the key keep
+        /// their hash.
+        #[serde(default, skip_serializing_if = "AllFull::is_default")]
+        all_full: AllFull,
     },
     /// Each client holds k labels, chosen to balance label use (FedGS FMNIST).
     Labels {
@@ -415,6 +420,32 @@ impl Default for ModelConfig {
             zero_bias: false,
             init: ModelInit::Default,
         }
+    }
+}
+
+/// Where `class_dirichlet` puts a class slice when every client its Dir(α) draw gives
+/// mass to already holds its fair share (`partition.scheme.all_full`). With α = 0.001 the
+/// draw is one-hot to double precision, so this happens whenever the class's one client
+/// is already full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllFull {
+    /// Split evenly over all the group's clients (fedsel's own choice): the draw is kept,
+    /// and every client of the group gets a tenth of the slice's class.
+    #[default]
+    Spread,
+    /// All to the group's last client, as in the HiCS-FL code: its masked proportions sum
+    /// to 0, NumPy's 0/0 gives NaN split points, cast to the smallest integer, so
+    /// `np.split` leaves every piece but the last empty (`sampling.py`,
+    /// `partition_data_various_alpha`, at 25f309d). Another client is then usually left
+    /// below the minimum size and the group is drawn again.
+    LastClient,
+}
+
+impl AllFull {
+    /// Whether this is the default, so that configs without the key keep their hash.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
     }
 }
 
@@ -934,7 +965,7 @@ impl Config {
                 "must be at least 1",
             )?,
             PartitionScheme::DirichletQp { alpha } => check_pos(*alpha, "partition.scheme.alpha")?,
-            PartitionScheme::ClassDirichlet { alphas } => {
+            PartitionScheme::ClassDirichlet { alphas, .. } => {
                 check(
                     !alphas.is_empty(),
                     "partition.scheme.alphas",
@@ -1030,7 +1061,7 @@ impl Config {
         sel.hics.validate(
             &sel.strategy,
             match &self.partition.scheme {
-                PartitionScheme::ClassDirichlet { alphas } => Some(alphas),
+                PartitionScheme::ClassDirichlet { alphas, .. } => Some(alphas),
                 _ => None,
             },
             crate::select::hics::LocalRegime {

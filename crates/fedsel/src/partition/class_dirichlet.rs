@@ -6,11 +6,13 @@
 //! over the group's clients by a Dir(α_g) draw; clients already holding their
 //! fair share (slice size / clients in group) get no more, as in the HiCS
 //! code. The group draw repeats until every client holds at least 20% of its
-//! fair share; a single α gives the classic Hsu partition.
+//! fair share; a single α gives the classic Hsu partition. When the draw gives
+//! mass only to full clients, `all_full` says where the slice goes ([`AllFull`]).
 
 use rand::seq::SliceRandom;
 
 use super::{by_class, dirichlet};
+use crate::config::AllFull;
 use crate::error::PartitionError;
 use crate::rng::Rng;
 
@@ -22,6 +24,7 @@ pub fn partition(
     classes: usize,
     clients: usize,
     alphas: &[f64],
+    all_full: AllFull,
     rng: &mut Rng,
 ) -> Result<Vec<Vec<usize>>, PartitionError> {
     let groups = alphas.len();
@@ -59,18 +62,13 @@ pub fn partition(
             for slice in &slices {
                 let mut idx = slice.to_vec();
                 idx.shuffle(rng);
-                let mut p = dirichlet(&vec![alpha; per_group], rng);
-                for (k, pk) in p.iter_mut().enumerate() {
-                    if mine[k].len() as f64 >= fair {
-                        *pk = 0.0;
-                    }
-                }
-                let s: f64 = p.iter().sum();
-                if s <= 0.0 {
-                    p = vec![1.0 / per_group as f64; per_group];
-                } else {
-                    p.iter_mut().for_each(|x| *x /= s);
-                }
+                let held: Vec<usize> = mine.iter().map(Vec::len).collect();
+                let p = shares(
+                    dirichlet(&vec![alpha; per_group], rng),
+                    &held,
+                    fair,
+                    all_full,
+                );
                 let mut at = 0;
                 let mut cum = 0.0;
                 for k in 0..per_group {
@@ -91,6 +89,26 @@ pub fn partition(
         parts.extend(group);
     }
     Ok(parts)
+}
+
+/// The shares of one class slice: the draw `p` with full clients (holding `fair` or more)
+/// masked out, renormalised; when nothing is left, as `all_full` says.
+fn shares(mut p: Vec<f64>, held: &[usize], fair: f64, all_full: AllFull) -> Vec<f64> {
+    for (pk, &n) in p.iter_mut().zip(held) {
+        if n as f64 >= fair {
+            *pk = 0.0;
+        }
+    }
+    let s: f64 = p.iter().sum();
+    if s > 0.0 {
+        p.iter_mut().for_each(|x| *x /= s);
+        return p;
+    }
+    let n = p.len();
+    match all_full {
+        AllFull::Spread => vec![1.0 / n as f64; n],
+        AllFull::LastClient => (0..n).map(|k| if k + 1 == n { 1.0 } else { 0.0 }).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -118,6 +136,7 @@ mod tests {
             10,
             50,
             &alphas,
+            AllFull::Spread,
             &mut stream(5, Purpose::Partition, 0, 0),
         )
         .unwrap();
@@ -134,5 +153,30 @@ mod tests {
         assert!(mean_h(0) < 0.3, "{}", mean_h(0));
         assert!(mean_h(4) > 1.0, "{}", mean_h(4));
         assert!(parts.iter().all(|p| p.len() >= 200 / 10 * 2));
+    }
+
+    /// A slice whose draw gives mass only to full clients: fedsel's `spread` splits it
+    /// evenly over the group, the HiCS code's `last_client` hands it all to the last
+    /// client (NumPy's 0/0 split); a draw with mass left on an open client is renormalised
+    /// over the open clients under both.
+    #[test]
+    fn a_slice_for_full_clients_goes_where_all_full_says() {
+        let fair = 100.0;
+        let held = [100, 40, 120, 0];
+        let onto_full = vec![0.7, 0.0, 0.3, 0.0];
+        assert_eq!(
+            shares(onto_full.clone(), &held, fair, AllFull::Spread),
+            vec![0.25; 4]
+        );
+        assert_eq!(
+            shares(onto_full, &held, fair, AllFull::LastClient),
+            vec![0.0, 0.0, 0.0, 1.0]
+        );
+        for all_full in [AllFull::Spread, AllFull::LastClient] {
+            assert_eq!(
+                shares(vec![0.5, 0.125, 0.25, 0.125], &held, fair, all_full),
+                vec![0.0, 0.5, 0.0, 0.5]
+            );
+        }
     }
 }

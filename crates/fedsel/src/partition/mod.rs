@@ -65,8 +65,8 @@ pub fn build(
         PartitionScheme::DirichletQp { alpha } => {
             dirichlet_qp::partition(labels, classes, n, *alpha, &mut rng)?
         }
-        PartitionScheme::ClassDirichlet { alphas } => {
-            class_dirichlet::partition(labels, classes, n, alphas, &mut rng)?
+        PartitionScheme::ClassDirichlet { alphas, all_full } => {
+            class_dirichlet::partition(labels, classes, n, alphas, *all_full, &mut rng)?
         }
         PartitionScheme::Labels { labels_per_client } => {
             labels::partition(labels, classes, n, *labels_per_client, &mut rng)?
