@@ -308,6 +308,7 @@ mod tests {
                     ..Ledger::default()
                 },
                 version: crate::VERSION.into(),
+                cpu: "avx2+fma".into(),
                 clock: Some(crate::summary::ClockSummary {
                     clock_s: 0.1 + 0.2,
                     time_to_target_s: vec![(0.5, Some(1.0 / 3.0)), (0.95, None)],

@@ -1349,6 +1349,7 @@ impl<'a> Run<'a> {
             wall_s: 0.0,
             cost: Ledger::default(),
             version: crate::VERSION.into(),
+            cpu: crate::cpu::isa().name().into(),
             clock: exp.clock.as_ref().map(|_| ClockSummary {
                 clock_s: 0.0,
                 time_to_target_s: cfg.targets.iter().map(|&t| (t, None)).collect(),
@@ -1400,6 +1401,7 @@ impl<'a> Run<'a> {
         self.server = Server::with_moments(&self.exp.config.server, cp.server_m, cp.server_v);
         self.states = cp.client_states;
         self.summary = cp.summary;
+        self.summary.resumed_on(crate::cpu::isa().name());
         Ok(cp.next_round)
     }
 

@@ -5,6 +5,18 @@
 
 use crate::ledger::Ledger;
 
+impl RunSummary {
+    /// Records that the rest of the run goes on with this CPU's kernels: a resume on
+    /// another kind of CPU appends its name, so no summary hides a change of kernels.
+    pub(crate) fn resumed_on(&mut self, isa: &str) {
+        if self.cpu.is_empty() {
+            self.cpu = isa.into();
+        } else if !self.cpu.split(", ").any(|seen| seen == isa) {
+            self.cpu = format!("{}, {isa}", self.cpu);
+        }
+    }
+}
+
 /// Outcome of a whole run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunSummary {
@@ -37,6 +49,13 @@ pub struct RunSummary {
     pub cost: Ledger,
     /// fedsel version.
     pub version: String,
+    /// The instruction sets whose kernels ran the run ([`crate::cpu::Isa::name`]; two,
+    /// comma-separated, when a run resumed on another kind of CPU). `gemm` picks its
+    /// kernels by instruction set and they round differently, so the same config and seed
+    /// give the same bits only on CPUs of the same kind: this says which kind a row came
+    /// from. Empty in summaries written before it was recorded.
+    #[serde(default)]
+    pub cpu: String,
     /// The virtual clock's totals, when `[system]` runs one; absent otherwise, so that
     /// runs without a clock write the summary they always did.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
@@ -59,4 +78,52 @@ pub struct ClockSummary {
     /// written before it was counted, which read as 0.
     #[serde(default)]
     pub rounds_without_updates: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(cpu: &str) -> RunSummary {
+        RunSummary {
+            strategy: "uniform".into(),
+            seed: 1,
+            rounds: 3,
+            final_acc: None,
+            final_loss: None,
+            best_acc: None,
+            best_acc_round: 0,
+            best_loss: None,
+            rounds_to_target: vec![],
+            diverged_at: None,
+            wall_s: 0.0,
+            cost: Ledger::default(),
+            version: crate::VERSION.into(),
+            cpu: cpu.into(),
+            clock: None,
+        }
+    }
+
+    #[test]
+    fn a_resume_names_each_kind_of_cpu_once_in_order() {
+        let mut s = summary("avx2+fma");
+        s.resumed_on("avx2+fma");
+        assert_eq!(s.cpu, "avx2+fma");
+        s.resumed_on("avx512f");
+        assert_eq!(s.cpu, "avx2+fma, avx512f");
+        s.resumed_on("avx2+fma");
+        assert_eq!(s.cpu, "avx2+fma, avx512f");
+        // A checkpoint written before the field existed learns only the resuming CPU.
+        let mut old = summary("");
+        old.resumed_on("avx512f");
+        assert_eq!(old.cpu, "avx512f");
+    }
+
+    #[test]
+    fn summaries_written_before_the_cpu_was_recorded_still_read() {
+        let mut json = serde_json::to_value(summary("avx512f")).unwrap();
+        json.as_object_mut().unwrap().remove("cpu");
+        let back: RunSummary = serde_json::from_value(json).unwrap();
+        assert_eq!(back.cpu, "");
+    }
 }
