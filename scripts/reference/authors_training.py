@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The contested FedCor and HiCS-FL claims, run with the authors' own training code.
+"""The contested FedCor, HiCS-FL and F3AST claims, run with the authors' own training code.
 
 Issue 41, part 2: the rule, fixed before these runs, is `results/authors-code/README.md`.
 This driver runs the authors' own scripts (their partitions, selection and training loops)
@@ -10,9 +10,15 @@ from checkouts the user fetched, never copied into this repository:
 - HiCS-FL: github.com/CityChan/HiCS-FL at 25f309d118d72c8ca176b6551704f648b304e100,
   `trainer._train` (what `main.py` calls) with their FMNIST HiCS config
   (`configs/FMNIST/ablation/FMNIST_hics_{2,3}_lambda10_gamma4_M5.json`), and the same
-  config with `"method"` set to `random` or `poc` for the baselines.
+  config with `"method"` set to `random` or `poc` for the baselines;
+- F3AST: github.com/mriberodiaz/f3ast at 27b4e33adffea94a3fe53a5600fe5498f4cd3d5d,
+  `optimization/main/federated_trainer.py --task=synthetic` (TensorFlow Federated 0.18), F3AST
+  (`--schedule importance`) and FedAvg (`--schedule none`) on Synthetic(α, α) under
+  SmartPhones, Table 9's claim; the children run in a Python 3.8 environment with their
+  requirements (`--f3ast-python`),
 
-and writes one row per (setting, method, seed): rounds to the target test accuracy, in the
+and writes one row per (setting, method, seed): rounds to the target test accuracy (F3AST: the final
+test accuracy), in the
 format of `results/README.md`, to `results/authors-code/`.
 
 What differs from running their scripts as they stand, each applied at run time in this
@@ -57,6 +63,37 @@ HiCS-FL (sizes from fedsel's CPU grid `configs/hics/claims_fmnist_cpu.toml`):
    resnet18, PIL, imageio, progress, ipdb, the LMDB ImageNet loader) and the same
    FMNIST and tqdm stand-ins as for FedCor; CPU, one torch thread.
 
+F3AST (sizes of fedsel's grid `configs/f3ast/table9_synthetic.toml`, the paper's: 100
+clients, K = 10, 500 rounds, their logistic regression, client SGD lr 0.01, batch 20, one
+epoch, server SGD lr 1; flags in `F3AST_FLAGS`, `--beta=0.001` as App. D, their flag default
+being 0.01):
+1. SmartPhones' q_k: their `federated_synthetic.run_federated` loads q from
+   `/home/monica/AVAIL_VECTORS/q_client_0.25_synthetic.npy`, which is not in the repository
+   (without it their code falls back silently to q_k ∝ 1/p_k). That load returns
+   q_k = t_k / max t, t_k ~ LogNormal(0, 0.25) (App. D.4, their commented-out recipe in
+   `utils/training_utils.py`), from `np.random.RandomState(S)`, apart from the data draw.
+2. Seeds: `np.random.seed(S)` (their data generator draws from NumPy's global generator,
+   never seeded), `random.seed(S)`, `tf.random.set_seed(S)`, `--client_datasets_random_seed=S`.
+   The model's initialisation and the clients' `tf.data` shuffles are built in TFF's own
+   graphs, which no global seed reaches: unseeded, as in their code.
+3. Speed only: `generate_synthetic`'s per-client lists are handed on as float32 arrays
+   (`from_tensor_slices` makes the same tensors: checked bit for bit on seed 1, α = 0 and 1).
+4. Their `_write_metrics` is wrapped to record `eval/sparse_categorical_accuracy` (the
+   pooled test set); the value after round 500 is the row's.
+5. A stand-in `jax` module (TFF 0.18 imports its experimental XLA backend, which needs
+   jaxlib ~= 0.1.55, no longer on PyPI); any call to it raises, and none is made.
+
+    ~/.pyenv/versions/3.8.18/bin/python -m venv /work/tff-venv
+    /work/tff-venv/bin/pip install --no-deps tensorflow_federated==0.18.0
+    /work/tff-venv/bin/pip install tensorflow==2.4.1 absl_py==0.12.0 pandas==1.1.4 \
+        tensorflow-model-optimization==0.5.0 tensorflow-datasets==4.2.0 'attrs~=19.3.0' \
+        'cachetools~=3.1.1' 'dm-tree~=0.1.1' 'grpcio~=1.32.0' 'h5py~=2.10.0' 'numpy~=1.19.2' \
+        'portpicker~=1.3.1' 'retrying~=1.3.3' 'semantic-version~=2.8.5' \
+        'tensorflow-addons~=0.12.0' 'tensorflow-privacy~=0.5.0' tqdm
+    git clone https://github.com/mriberodiaz/f3ast /tmp/f3ast-src && git -C /tmp/f3ast-src checkout 27b4e33adffea94a3fe53a5600fe5498f4cd3d5d
+    nice python scripts/reference/authors_training.py --f3ast /tmp/f3ast-src \
+        --f3ast-python /work/tff-venv/bin/python --jobs 2
+
     git clone https://github.com/Yoruko-Tang/FedCor /tmp/fedcor-src && git -C /tmp/fedcor-src checkout d941083ce2840e877476182d898c1ffa878d599b
     git clone https://github.com/CityChan/HiCS-FL /tmp/hics-src && git -C /tmp/hics-src checkout 25f309d118d72c8ca176b6551704f648b304e100
     pip install --target /tmp/cvxopt-pkg cvxopt
@@ -89,6 +126,7 @@ import numpy as np
 
 FEDCOR_COMMIT = "d941083ce2840e877476182d898c1ffa878d599b"
 HICS_COMMIT = "25f309d118d72c8ca176b6551704f648b304e100"
+F3AST_COMMIT = "27b4e33adffea94a3fe53a5600fe5498f4cd3d5d"
 SEEDS = [1, 2, 3, 4, 5]
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "results" / "authors-code"
@@ -126,6 +164,21 @@ HICS_SETTINGS = {
 }
 HICS_SECTIONS = {0.70: ("hics-fig2-fmnist-authors", "Fig. 2"), 0.75: ("hics-table1-fmnist-authors", "Table 1")}
 HICS_ROUNDS = 200
+
+# F3AST: Table 9's flags (the paper's App. D sizes), the arms' schedules, α per setting in the
+# rule's run order (α = 0, then 1, then 0.5).
+F3AST_FLAGS = [
+    "--task=synthetic", "--num_users=100", "--clients_per_round=10", "--total_rounds=500",
+    "--client_optimizer=sgd", "--client_learning_rate=0.01", "--client_batch_size=20",
+    "--client_epochs_per_round=1", "--server_optimizer=sgd", "--server_learning_rate=1.0",
+    "--iid=0", "--sine_wave=True", "--var_q_clients=0.25", "--beta=0.001", "--initialize_p=True",
+    "--rounds_per_eval=10", "--rounds_per_checkpoint=500", "--experiment_name=run",
+]
+F3AST_METHODS = {"fedavg": "none", "f3ast": "importance"}
+F3AST_SETTINGS = {"alpha0": 0.0, "alpha1": 1.0, "alpha0.5": 0.5}
+F3AST_SECTION = ("f3ast-table9-synthetic-authors", "Table 9")
+F3AST_ROUNDS = 500
+F3AST_Q_PATH = "/home/monica/AVAIL_VECTORS/q_client_0.25_synthetic.npy"
 
 
 # ---------------------------------------------------------------- stand-ins (child process)
@@ -350,6 +403,88 @@ class _NumPy1:
         return np.array(*a, **k).view(_OneElement)
 
 
+def _jax_standin() -> None:
+    """`jax` with the names TFF 0.18's experimental XLA backend touches on import; any call
+    raises (the authors' code runs TensorFlow computations only)."""
+
+    def refuse(*a, **k):
+        raise RuntimeError("jax: a stand-in; TFF's XLA backend is not installed")
+
+    class ShapeDtypeStruct:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = shape, dtype
+
+    jax = types.ModuleType("jax")
+    jax.ShapeDtypeStruct, jax.xla_computation = ShapeDtypeStruct, refuse
+    tree_util = types.ModuleType("jax.tree_util")
+    tree_util.tree_flatten = refuse
+    lib = types.ModuleType("jax.lib")
+    xla_bridge = types.ModuleType("jax.lib.xla_bridge")
+    xla_bridge.xla_client = types.SimpleNamespace(
+        **{n: type(n, (), {"__init__": refuse}) for n in ("XlaComputation", "Client", "Shape")})
+    jax.tree_util, jax.lib, lib.xla_bridge = tree_util, lib, xla_bridge
+    for name, mod in (("jax", jax), ("jax.tree_util", tree_util), ("jax.lib", lib),
+                      ("jax.lib.xla_bridge", xla_bridge)):
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        sys.modules[name] = mod
+
+
+def child_f3ast(checkout: Path, setting: str, method: str, seed: int, out: Path) -> None:
+    import random
+
+    _jax_standin()
+    sys.path.insert(0, str(checkout))
+    random.seed(seed)
+    np.random.seed(seed)
+    import tensorflow as tf
+
+    tf.random.set_seed(seed)
+    from absl import app
+    from optimization.main import federated_trainer
+    from optimization.synthetic import federated_synthetic
+    from utils import training_loop, training_loop_importance
+    from utils.datasets import synthetic_dataset
+
+    generate = synthetic_dataset.generate_synthetic
+
+    def as_arrays(*a, **k):
+        return tuple([np.asarray(c, dtype=np.float32) for c in part] for part in generate(*a, **k))
+
+    synthetic_dataset.generate_synthetic = as_arrays
+    t = np.random.RandomState(seed).lognormal(0.0, 0.25, 100)
+    q = t / t.max()
+
+    class NumPyWithQ:
+        """NumPy, but the load of their SmartPhones q file returns App. D.4's q."""
+
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def load(path, *a, **k):
+            return q if path == F3AST_Q_PATH else np.load(path, *a, **k)
+
+    federated_synthetic.np = NumPyWithQ()
+    accs: list = []
+    for loop in (training_loop, training_loop_importance):
+        def write_metrics(mngr, writer, metrics, round_num, _original=loop._write_metrics):
+            if "eval" in metrics:
+                accs.append([round_num, float(metrics["eval"]["sparse_categorical_accuracy"])])
+            return _original(mngr, writer, metrics, round_num)
+
+        loop._write_metrics = write_metrics
+    alpha = F3AST_SETTINGS[setting]
+    argv = F3AST_FLAGS + [
+        f"--schedule={F3AST_METHODS[method]}", f"--alpha={alpha}", f"--beta_data={alpha}",
+        f"--client_datasets_random_seed={seed}", f"--root_output_dir={Path.cwd() / 'out'}"]
+    try:
+        app.run(federated_trainer.main, argv=["federated_trainer"] + argv)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+    out.write_text(json.dumps({"acc": accs, "argv": argv}))
+
+
 # ---------------------------------------------------------------- the grid (parent process)
 
 
@@ -375,12 +510,30 @@ def plan(only: str | None, settings: list[str] | None, seeds: list[int] | None =
                 for method in HICS_METHODS:
                     if not methods or method in methods:
                         cells.append(("hics", setting, method, seed))
+    if only in (None, "f3ast"):
+        for setting in F3AST_SETTINGS:
+            if settings and setting not in settings:
+                continue
+            for seed in seeds:
+                for method in F3AST_METHODS:
+                    if not methods or method in methods:
+                        cells.append(("f3ast", setting, method, seed))
     return cells
 
 
 def rows_for(repo: str, setting: str, method: str, seed: int, acc: list[float], command: str,
              commit: str, detail: str) -> list[dict]:
     config_hash = hashlib.sha256(detail.encode()).hexdigest()
+    if repo == "f3ast":
+        last_round, final_acc = acc[-1]
+        if last_round != F3AST_ROUNDS:
+            raise RuntimeError(f"f3ast {setting} {method} {seed}: last evaluation at round {last_round}")
+        return [{
+            "section": F3AST_SECTION[0], "table": F3AST_SECTION[1], "setting": setting,
+            "method": method, "metric": "final_acc", "seed": seed, "value": repr(final_acc),
+            "censored": "false", "planned": "true" if seed in SEEDS else "false",
+            "command": command, "commit": commit, "config_hash": config_hash,
+        }]
     if repo == "fedcor":
         targets = [(FEDCOR_SETTINGS[setting][1], "fedcor-table1-fmnist-authors", "Table 1", FEDCOR_ROUNDS)]
     else:
@@ -424,6 +577,8 @@ def append(rows: list[dict]) -> None:
 
 
 def sections_of(repo: str, setting: str) -> list[str]:
+    if repo == "f3ast":
+        return [F3AST_SECTION[0]]
     if repo == "fedcor":
         return ["fedcor-table1-fmnist-authors"]
     return [HICS_SECTIONS[t][0] for t in HICS_SETTINGS[setting][1]]
@@ -450,7 +605,7 @@ def claim(repo: str, setting: str, method: str, seed: int) -> Path | None:
 def record(repo: str, setting: str, method: str, seed: int, res: Path, commit: str,
            command: str, seconds: float) -> None:
     """Appends the rows of one finished run (its child's result file)."""
-    authors = {"fedcor": FEDCOR_COMMIT, "hics": HICS_COMMIT}[repo]
+    authors = {"fedcor": FEDCOR_COMMIT, "hics": HICS_COMMIT, "f3ast": F3AST_COMMIT}[repo]
     r = json.loads(res.read_text())
     detail = json.dumps({"repo": repo, "authors_commit": authors, "setting": setting,
                          "method": method, "seed": seed,
@@ -466,7 +621,7 @@ def record(repo: str, setting: str, method: str, seed: int, res: Path, commit: s
 def grid(a) -> None:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
-    checkouts = {"fedcor": a.fedcor, "hics": a.hics}
+    checkouts = {"fedcor": a.fedcor, "hics": a.hics, "f3ast": a.f3ast}
     command = ("PYTHONPATH=/tmp/cvxopt-pkg FEDSEL_DATA=../shared/data nice python scripts/reference/authors_training.py "
                + " ".join(sys.argv[1:]))
     todo = [c for c in plan(a.only, a.settings, a.seeds, a.methods) if not is_done(*c)]
@@ -486,8 +641,9 @@ def grid(a) -> None:
             work.mkdir()
             res = work / "result.json"
             log = open(work / "log.txt", "w")
+            python = a.f3ast_python if repo == "f3ast" else sys.executable
             p = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--child", repo,
+                [str(python), str(Path(__file__).resolve()), "--child", repo,
                  "--checkout", str(checkouts[repo]), "--setting", setting, "--method", method,
                  "--seed", str(seed), "--result", str(res)],
                 cwd=work, stdout=log, stderr=subprocess.STDOUT)
@@ -517,16 +673,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fedcor", type=Path, help="a checkout of Yoruko-Tang/FedCor at " + FEDCOR_COMMIT)
     ap.add_argument("--hics", type=Path, help="a checkout of CityChan/HiCS-FL at " + HICS_COMMIT)
+    ap.add_argument("--f3ast", type=Path, help="a checkout of mriberodiaz/f3ast at " + F3AST_COMMIT)
+    ap.add_argument("--f3ast-python", type=Path, default=Path(sys.executable),
+                    help="the Python of an environment with the F3AST authors' requirements (TFF 0.18)")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", choices=["fedcor", "hics"])
-    ap.add_argument("--settings", nargs="*", help="only these settings (2SPC, Dir, setting2, setting3)")
+    ap.add_argument("--only", choices=["fedcor", "hics", "f3ast"])
+    ap.add_argument("--settings", nargs="*", help="only these settings (2SPC, Dir, setting2, setting3, alpha0, alpha1, alpha0.5)")
     ap.add_argument("--seeds", type=int, nargs="*",
                     help="other seeds than the rule's 1-5: their rows are unplanned arms")
     ap.add_argument("--methods", nargs="*", help="only these methods (e.g. powd, random-code)")
     ap.add_argument("--collect", type=Path, help="append the rows of a finished run's work directory")
     ap.add_argument("--commit", help="with --collect: the commit its grid ran at")
     ap.add_argument("--command", help="with --collect: the command of its grid")
-    ap.add_argument("--child", choices=["fedcor", "hics"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["fedcor", "hics", "f3ast"], help=argparse.SUPPRESS)
     ap.add_argument("--checkout", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     ap.add_argument("--method", help=argparse.SUPPRESS)
@@ -537,10 +696,13 @@ def main() -> None:
         child_fedcor(a.checkout.resolve(), a.setting, a.method, a.seed, a.result)
     elif a.child == "hics":
         child_hics(a.checkout.resolve(), a.setting, a.method, a.seed, a.result)
+    elif a.child == "f3ast":
+        child_f3ast(a.checkout.resolve(), a.setting, a.method, a.seed, a.result)
     elif a.collect is not None:
         collect(a.collect, a.commit, a.command)
     else:
-        for name, path, tell in (("fedcor", a.fedcor, "src/federated_main.py"), ("hics", a.hics, "trainer.py")):
+        for name, path, tell in (("fedcor", a.fedcor, "src/federated_main.py"), ("hics", a.hics, "trainer.py"),
+                                 ("f3ast", a.f3ast, "optimization/main/federated_trainer.py")):
             if path is not None and not (path / tell).is_file():
                 sys.exit(f"--{name} {path}: no {tell}; pass a checkout at the commit in the docstring")
         grid(a)
