@@ -51,7 +51,6 @@ stand-in, ties to the lexicographically first subset) where gurobipy cannot be h
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import subprocess
 import sys
@@ -61,6 +60,8 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from stand_ins import import_over
 
 COMMIT = "5b721c61b8f6713b536be3a791ba98262db292aa"
 GUROBI = "gurobipy"
@@ -260,18 +261,7 @@ def load_authors(checkout: Path, solver) -> types.ModuleType:
     stubs["algorithm"].__path__ = []
     stubs["algorithm.fedbase"].BasicServer = BasicServer
     stubs["algorithm.fedbase"].BasicClient = object
-    saved = {k: sys.modules.get(k) for k in stubs}
-    sys.modules.update(stubs)
-    try:
-        spec = importlib.util.spec_from_file_location("algorithm.oracle_fedgs", src)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
+    module = import_over("algorithm.oracle_fedgs", src, stubs)
     module.grb = solver
     module.solver_name = solver.name
     return module

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import sys
 import tempfile
@@ -81,6 +80,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy
+
+from stand_ins import import_over
 
 FEDCOR_COMMIT = "d941083ce2840e877476182d898c1ffa878d599b"
 HICS_COMMIT = "25f309d118d72c8ca176b6551704f648b304e100"
@@ -343,19 +344,7 @@ def load_server_poc(checkout):
     path = Path(checkout) / "server" / "server_poc.py"
     if not path.is_file():
         raise BranchNotFound(f"{path}: no such file (is {checkout} a checkout of CityChan/HiCS-FL?)")
-    stand = _stand_ins()
-    saved = {name: sys.modules.get(name) for name in stand}
-    sys.modules.update(stand)
-    try:
-        spec = importlib.util.spec_from_file_location("hics_server_poc", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for name, m in saved.items():
-            if m is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = m
+    module = import_over("hics_server_poc", path, _stand_ins())
     if not hasattr(module, "Server_PowOfChoice") or not hasattr(module.Server_PowOfChoice, "train"):
         raise BranchNotFound(f"{path}: no `Server_PowOfChoice.train` (HiCS-FL's pow-d, commit {HICS_COMMIT})")
     module.print = lambda *a, **k: None
