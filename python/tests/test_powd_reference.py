@@ -59,10 +59,18 @@ def test_a_checkout_without_the_branch_is_an_error_naming_the_file(tmp_path):
         ref.load_server_poc(tmp_path)
 
 
+# Each code's Pow-d run by the driver: the lockstep (fedsel's candidates handed to theirs)
+# and the free-running selection.
+LOCKSTEP = {"fedcor": ref.fedcor_lockstep, "hics": ref.hics_lockstep}
+FREE = {"fedcor": ref.fedcor_run, "hics": ref.hics_free}
+
+
 @pytest.mark.parametrize("ties", [False, True])
-def test_fedcor_given_fedsel_s_candidates_chooses_fedsel_s_set_up_to_ties(fedcor, ties):
+@pytest.mark.parametrize("code", ["fedcor", "hics"])
+def test_given_fedsel_s_candidates_the_authors_choose_fedsel_s_set_up_to_ties(code, ties, request):
+    authors = request.getfixturevalue(code)
     fed = _federation(ties=ties)
-    lock = [ref.fedcor_lockstep(fedcor, fed, K, ROUNDS, s) for s in (1, 2)]
+    lock = [LOCKSTEP[code](authors, fed, K, ROUNDS, s) for s in (1, 2)]
     print(ref.lockstep_line(lock))
     assert all(x["other"] == 0 for x in lock), [x["other_rounds"] for x in lock]
     tie_rounds = sum(x["tie"] for x in lock)
@@ -71,28 +79,12 @@ def test_fedcor_given_fedsel_s_candidates_chooses_fedsel_s_set_up_to_ties(fedcor
     assert all(set(x["fedsel_tie_break"]) <= {"earliest"} for x in lock)
 
 
-@pytest.mark.parametrize("ties", [False, True])
-def test_hics_given_fedsel_s_candidates_chooses_fedsel_s_set_up_to_ties(hics, ties):
-    fed = _federation(ties=ties)
-    lock = [ref.hics_lockstep(hics, fed, K, ROUNDS, s) for s in (1, 2)]
-    print(ref.lockstep_line(lock))
-    assert all(x["other"] == 0 for x in lock), [x["other_rounds"] for x in lock]
-    tie_rounds = sum(x["tie"] for x in lock)
-    assert (tie_rounds > 0) if ties else (tie_rounds == 0), lock
-
-
 @pytest.mark.parametrize("equal_sizes", [False, True])
-def test_fedcor_selection_frequencies_are_within_the_authors_seed_spread(fedcor, equal_sizes):
+@pytest.mark.parametrize("code", ["fedcor", "hics"])
+def test_selection_frequencies_are_within_the_authors_seed_spread(code, equal_sizes, request):
+    authors = request.getfixturevalue(code)
     fed = _federation(equal_sizes=equal_sizes)
-    f = ref.frequencies(lambda s: ref.fedcor_run(fedcor, fed, K, ROUNDS, s), fed, K, ROUNDS, SEEDS)
-    print(ref.frequency_line(f))
-    assert f["tv_fedsel"] <= 1.5 * f["tv_authors"], f
-
-
-@pytest.mark.parametrize("equal_sizes", [False, True])
-def test_hics_selection_frequencies_are_within_the_authors_seed_spread(hics, equal_sizes):
-    fed = _federation(equal_sizes=equal_sizes)
-    f = ref.frequencies(lambda s: ref.hics_free(hics, fed, K, ROUNDS, s), fed, K, ROUNDS, SEEDS)
+    f = ref.frequencies(lambda s: FREE[code](authors, fed, K, ROUNDS, s), fed, K, ROUNDS, SEEDS)
     print(ref.frequency_line(f))
     assert f["tv_fedsel"] <= 1.5 * f["tv_authors"], f
 
