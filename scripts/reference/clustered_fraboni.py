@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from frequency import tv
+
 COMMIT = "6707484c4a4e6369be71b7b3a7eb559d39364ef1"
 
 
@@ -151,10 +153,6 @@ def frequencies(picks: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarray]
             for j in u[x + 1 :]:
                 pairs[i, j] += 1
     return single, pairs[np.triu_indices(n, 1)]
-
-
-def tv(a: np.ndarray, b: np.ndarray) -> float:
-    return 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
 
 
 def compare(cs, alg: int, n: int, m: int, seeds: int, rounds: int, fed_seed: int = 1) -> dict:

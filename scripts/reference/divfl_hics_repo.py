@@ -46,6 +46,8 @@ import types
 
 import numpy as np
 
+from frequency import tv
+
 
 def stub_imports():
     """Empty stand-ins for the modules `server_divfl.py` imports for training and data only."""
@@ -114,10 +116,6 @@ def plain_greedy(d: np.ndarray, k: int):
         steps.append((cost[order[0]], cost[order[1]]))
         nearest = np.minimum(nearest, d[:, order[0]])
     return picks, steps
-
-
-def tv(a, b):
-    return 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
 
 
 def main():

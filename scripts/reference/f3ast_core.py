@@ -68,6 +68,8 @@ import types
 
 import numpy as np
 
+from frequency import tv
+
 
 # --------------------------------------------------------------------------- stand-ins
 
@@ -386,10 +388,6 @@ def free_run_fedsel(fedsel, sizes, k, beta, rounds, seed, drawn, pad=False):
         sel.observe(ours)
         counts[ours] += 1
     return counts, np.array(sel.state()["selector"]["r"])
-
-
-def tv(a, b):
-    return 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
 
 
 def main():

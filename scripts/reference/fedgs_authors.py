@@ -61,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
+from frequency import tv
 from stand_ins import import_over
 
 COMMIT = "5b721c61b8f6713b536be3a791ba98262db292aa"
@@ -401,10 +402,6 @@ def run_seed(authors, fed: dict, seed: int, rounds: int, k: int, alpha: float) -
     out["counts_ref"] = np.array(ref.sample_frequency, dtype=float)
     out["counts_ours"] = np.array(ours.state()["selector"]["counts"], dtype=float)
     return out
-
-
-def tv(a: np.ndarray, b: np.ndarray) -> float:
-    return 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
 
 
 def compare(

@@ -60,6 +60,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from frequency import tv
+
 WHEEL = "fedscale==1.0"
 
 
@@ -248,10 +250,6 @@ def run_fedsel(fed: Federation, seed: int, rounds: int, k: int, overcommit: floa
             **({"dropped": dropped, "dropped_durations": [cut] * len(dropped)} if dropped else {}),
         )
     return counts
-
-
-def tv(a: np.ndarray, b: np.ndarray) -> float:
-    return 0.5 * float(np.abs(a / a.sum() - b / b.sum()).sum())
 
 
 def slow_share(fed: Federation, counts: np.ndarray) -> float:

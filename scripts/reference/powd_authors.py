@@ -81,6 +81,7 @@ from types import SimpleNamespace
 
 import numpy
 
+from frequency import tv
 from stand_ins import import_over
 
 FEDCOR_COMMIT = "d941083ce2840e877476182d898c1ffa878d599b"
@@ -461,10 +462,6 @@ def counts(plays, n, first=0):
         for picks in p.picks[first:]:
             c[picks] += 1
     return c
-
-
-def tv(a, b):
-    return 0.5 * float(numpy.abs(a / a.sum() - b / b.sum()).sum())
 
 
 def frequencies(authors_run, fed, k, rounds, seeds, first=0):
