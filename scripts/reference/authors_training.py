@@ -71,7 +71,10 @@ being 0.01):
    `/home/monica/AVAIL_VECTORS/q_client_0.25_synthetic.npy`, which is not in the repository
    (without it their code falls back silently to q_k ∝ 1/p_k). That load returns
    q_k = t_k / max t, t_k ~ LogNormal(0, 0.25) (App. D.4, their commented-out recipe in
-   `utils/training_utils.py`), from `np.random.RandomState(S)`, apart from the data draw.
+   `utils/training_utils.py`), from `np.random.RandomState([S, 4])`, a stream apart from the
+   data's (`smartphones_q`). Until 2026-11-27 it came from `np.random.RandomState(S)`, the
+   data generator's own stream (`np.random.seed(S)`), so q rose with the clients' sizes:
+   those rows are kept under the methods `fedavg-sizeq` and `f3ast-sizeq`, unplanned.
 2. Seeds: `np.random.seed(S)` (their data generator draws from NumPy's global generator,
    never seeded), `random.seed(S)`, `tf.random.set_seed(S)`, `--client_datasets_random_seed=S`.
    The model's initialisation and the clients' `tf.data` shuffles are built in TFF's own
@@ -179,6 +182,9 @@ F3AST_SETTINGS = {"alpha0": 0.0, "alpha1": 1.0, "alpha0.5": 0.5}
 F3AST_SECTION = ("f3ast-table9-synthetic-authors", "Table 9")
 F3AST_ROUNDS = 500
 F3AST_Q_PATH = "/home/monica/AVAIL_VECTORS/q_client_0.25_synthetic.npy"
+# The second word of the seed of the q stream (`smartphones_q`), any constant but none of the
+# seeds: it keeps q apart from the data.
+F3AST_Q_STREAM = 4
 
 
 # ---------------------------------------------------------------- stand-ins (child process)
@@ -429,6 +435,20 @@ def _jax_standin() -> None:
         sys.modules[name] = mod
 
 
+def smartphones_q(seed: int, coupled: bool = False) -> np.ndarray:
+    """App. D.4's SmartPhones q for a run of seed S: q_k = t_k / max t, t_k ~ LogNormal(0, 0.25),
+    drawn from `RandomState([S, F3AST_Q_STREAM])`, a stream apart from the data's.
+
+    `coupled` draws it from `RandomState(S)` instead, as this driver did before 2026-11-27:
+    that is the stream `np.random.seed(S)` gives their data generator, whose first draw is the
+    sizes n_k = ⌊exp(4 + 2 z_k)⌋ + 50, so t_k = exp(0.25 z_k) came from the same z_k and the
+    largest clients were the most available (q rose with n_k). Kept to explain the rows it
+    made (`f3ast_federation.py --coupled-q`)."""
+    rs = np.random.RandomState(seed if coupled else [seed, F3AST_Q_STREAM])
+    t = rs.lognormal(0.0, 0.25, 100)
+    return t / t.max()
+
+
 def child_f3ast(checkout: Path, setting: str, method: str, seed: int, out: Path) -> None:
     import random
 
@@ -451,8 +471,7 @@ def child_f3ast(checkout: Path, setting: str, method: str, seed: int, out: Path)
         return tuple([np.asarray(c, dtype=np.float32) for c in part] for part in generate(*a, **k))
 
     synthetic_dataset.generate_synthetic = as_arrays
-    t = np.random.RandomState(seed).lognormal(0.0, 0.25, 100)
-    q = t / t.max()
+    q = smartphones_q(seed)
 
     class NumPyWithQ:
         """NumPy, but the load of their SmartPhones q file returns App. D.4's q."""
