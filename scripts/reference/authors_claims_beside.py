@@ -38,7 +38,12 @@ CLAIMS = {
     "hics-code-faster-than-powd-fmnist": (["setting2"], "hics-table1-fmnist", "as run (1-10)", "hics-table1-fmnist-authors", "hics-code", "powd-code"),
     "hics-code-fastest-vs-random-every-setting-fmnist": (["setting2", "setting3"], "hics-fig2-fmnist", "as run (1-10)", "hics-fig2-fmnist-authors", "hics-code", "random-code"),
     "hics-code-fastest-vs-powd-every-setting-fmnist": (["setting2", "setting3"], "hics-fig2-fmnist", "as run (1-10)", "hics-fig2-fmnist-authors", "hics-code", "powd-code"),
+    "f3ast-code-more-accurate-than-fedavg-synthetic": (["alpha0", "alpha0.5", "alpha1"], "f3ast-table9-synthetic-fresh", "fresh seeds (11-20)", "f3ast-table9-synthetic-authors", "f3ast", "fedavg"),
 }
+
+# Claims whose effect is the difference a − b (final accuracy), not the ratio b/a: their
+# per-seed values are compared as differences, and the Welch column is theirs − fedsel's.
+DIFFERENCE = {"f3ast-code-more-accurate-than-fedavg-synthetic"}
 
 # The authors' code has one regime, so a fedsel claim about that regime is tested there
 # under the id of the claim the rule named.
@@ -65,10 +70,10 @@ def rendered_tests(page: Path) -> dict:
 
 
 def log_ratios(rows_dir: Path, section: str, setting: str, a: str, b: str,
-               unplanned: bool = False) -> tuple[list[float], int]:
-    """The paired log(b/a) over the planned seeds (and the unplanned ones too when
-    `unplanned`: seeds run after the mismatch, an explanation only), and how many pairs had
-    a censored value."""
+               unplanned: bool = False, difference: bool = False) -> tuple[list[float], int]:
+    """The paired log(b/a) (or a − b, for a `difference` claim) over the planned seeds (and
+    the unplanned ones too when `unplanned`: seeds run after the mismatch, an explanation
+    only), and how many pairs had a censored value."""
     vals: dict = {}
     for path in rows_dir.glob("*.csv"):
         if path.name == "paper.csv":
@@ -86,12 +91,13 @@ def log_ratios(rows_dir: Path, section: str, setting: str, a: str, b: str,
         if ca and cb:
             continue
         censored += ca or cb
-        out.append(math.log(vb / va))
+        out.append(va - vb if difference else math.log(vb / va))
     return out, censored
 
 
-def welch(x: list[float], y: list[float]) -> str:
-    """exp(mean(y) − mean(x)) with its 95 % Welch interval."""
+def welch(x: list[float], y: list[float], difference: bool = False) -> str:
+    """exp(mean(y) − mean(x)) (mean(y) − mean(x) for a `difference` claim) with its 95 %
+    Welch interval."""
     if len(x) < 2 or len(y) < 2:
         return "—"
     mx, my = sum(x) / len(x), sum(y) / len(y)
@@ -103,16 +109,21 @@ def welch(x: list[float], y: list[float]) -> str:
     d = my - mx
     lo, hi = d - t * se, d + t * se
     differ = " (differ)" if lo > 0 or hi < 0 else ""
+    if difference:
+        return f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]{differ}"
     return f"{math.exp(d):.2f} [{math.exp(lo):.2f}, {math.exp(hi):.2f}]{differ}"
 
 
-def one_sample(x: list[float]) -> str:
-    """exp(mean(x)) with its 95 % t-interval, and the pairs."""
+def one_sample(x: list[float], difference: bool = False) -> str:
+    """exp(mean(x)) (mean(x) for a `difference` claim) with its 95 % t-interval, and the
+    pairs."""
     if len(x) < 2:
         return "—"
     m = sum(x) / len(x)
     se = math.sqrt(sum((v - m) ** 2 for v in x) / (len(x) - 1) / len(x))
     t = stats.t.ppf(0.975, len(x) - 1)
+    if difference:
+        return f"{m:+.4f} [{m - t * se:+.4f}, {m + t * se:+.4f}] ({len(x)} pairs)"
     return f"{math.exp(m):.2f} [{math.exp(m - t * se):.2f}, {math.exp(m + t * se):.2f}] ({len(x)} pairs)"
 
 
@@ -132,7 +143,7 @@ def reading(fedsel: str, authors: str) -> str:
 def main() -> None:
     ours = rendered_tests(ROOT / "docs" / "results.md")
     theirs = rendered_tests(ROOT / "docs" / "authors-code.md")
-    print("| claim | setting | fedsel: b/a [95 % t-interval] (test) | verdict | authors' code: b/a [95 % t-interval] (seeds) | verdict | reading | authors' ÷ fedsel b/a [95 % Welch] | authors' code with the seeds run after (unplanned: explanation only) |")
+    print("| claim | setting | fedsel: effect [95 % t-interval] (test) | verdict | authors' code: effect [95 % t-interval] (seeds) | verdict | reading | authors' against fedsel (b/a: ÷; a − b: −) [95 % Welch] | authors' code with the seeds run after (unplanned: explanation only) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for claim, (settings, fsec, fset, asec, a, b) in CLAIMS.items():
         for setting in settings:
@@ -140,12 +151,14 @@ def main() -> None:
             tested = AUTHORS_TEST.get(claim, claim)
             test = next((k[2] for k in theirs if k[:2] == (tested, setting) and k[2].startswith("as run")), "")
             ap, ae, av = theirs.get((tested, setting, test), ("—", "—", "too few seeds"))
-            x, _ = log_ratios(ROOT / "results", fsec, setting, a, b)
-            y, _ = log_ratios(ROOT / "results" / "authors-code", asec, setting, a, b)
-            every, _ = log_ratios(ROOT / "results" / "authors-code", asec, setting, a, b, unplanned=True)
-            extra = one_sample(every) if len(every) > len(y) else "—"
+            diff = claim in DIFFERENCE
+            x, _ = log_ratios(ROOT / "results", fsec, setting, a, b, difference=diff)
+            y, _ = log_ratios(ROOT / "results" / "authors-code", asec, setting, a, b, difference=diff)
+            every, _ = log_ratios(ROOT / "results" / "authors-code", asec, setting, a, b, unplanned=True,
+                                  difference=diff)
+            extra = one_sample(every, diff) if len(every) > len(y) else "—"
             print(f"| `{claim}` | {setting} | {fe} ({fset}; {fp} pairs) | {fv} | {ae} ({test.removeprefix('as run ')}; {ap} pairs) | {av} "
-                  f"| {reading(fv, av)} | {welch(x, y)} | {extra} |")
+                  f"| {reading(fv, av)} | {welch(x, y, diff)} | {extra} |")
 
 
 if __name__ == "__main__":
