@@ -126,6 +126,12 @@ pub struct SectionInfo {
     /// Why changes to those paths since the rows' commits leave the results valid.
     #[serde(default)]
     pub notes: Option<String>,
+    /// The last commit whose changes to `paths` the `notes` account for. A note vouches for
+    /// what its writer saw, not for what comes after: a later change is a problem again
+    /// until the notes say why it leaves the results standing and this moves. Notes without
+    /// it leave the section unchecked, which [`check`] reports.
+    #[serde(default)]
+    pub notes_through: Option<String>,
 }
 
 /// A cell: (section, table, setting, method, metric).
@@ -1064,7 +1070,9 @@ pub struct Checked {
 
 /// `fedsel results check`: no problem when the page `doc` matches what [`render`] makes of
 /// `dir`, every section with rows has a block and names its code paths in `sections.toml`,
-/// and no code path changed after a row's commit without a note. Code-path changes and the
+/// and no code path changed after a row's commit without notes that account for it
+/// ([`SectionInfo::notes_through`]; notes without it leave their section unchecked, and a
+/// note says so). Code-path changes and the
 /// claims' provenance are asked of git in the repository that holds `dir`; the notes name
 /// each post-hoc claim ([`claims::post_hoc_notes`]). Without a history that can date the
 /// claims the claims block is not compared, and a note says why (never a problem: a shallow
@@ -1125,7 +1133,24 @@ pub fn check(dir: &Path, doc: &Path) -> Result<Checked> {
             ));
             continue;
         };
-        if info.paths.is_empty() || info.notes.as_deref().is_some_and(|n| !n.trim().is_empty()) {
+        let noted = info.notes.as_deref().is_some_and(|n| !n.trim().is_empty());
+        let through = info.notes_through.as_deref();
+        match (noted, through) {
+            (false, Some(t)) => {
+                problems.push(format!(
+                    "section `{section}`: `notes_through = \"{t}\"` in {SECTIONS_FILE} without `notes` to vouch"
+                ));
+                continue;
+            }
+            (true, None) => {
+                notes.push(format!(
+                    "section `{section}`: its `notes` name no `notes_through` commit, so changes to its code paths are not checked"
+                ));
+                continue;
+            }
+            _ => {}
+        }
+        if info.paths.is_empty() {
             continue;
         }
         let root = match &top {
@@ -1137,22 +1162,35 @@ pub fn check(dir: &Path, doc: &Path) -> Result<Checked> {
                 t
             }
         };
+        if let Some(t) = through {
+            if let Err(e) = git(&root, &["rev-parse", "--verify", "--quiet", &format!("{t}^{{commit}}")]) {
+                problems.push(format!(
+                    "section `{section}`: `notes_through = \"{t}\"` in {SECTIONS_FILE} is no commit of this history: {e}"
+                ));
+                continue;
+            }
+        }
         for commit in commits {
-            let mut args = vec![
-                "log".to_string(),
-                "--format=%h".into(),
-                format!("{commit}..HEAD"),
-                "--".into(),
-            ];
+            // The changes after the rows' commit that the notes do not cover.
+            let mut args = vec!["log".to_string(), "--format=%h".into(), "HEAD".into()];
+            args.push(format!("^{commit}"));
+            args.extend(through.map(|t| format!("^{t}")));
+            args.push("--".into());
             args.extend(info.paths.iter().cloned());
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             match git(&root, &args) {
                 Ok(out) if out.trim().is_empty() => {}
-                Ok(out) => problems.push(format!(
-                    "section `{section}`: its code paths changed after commit {commit} (in {}) and `notes` in {} does not say why the results stand",
-                    out.split_whitespace().collect::<Vec<_>>().join(", "),
-                    SECTIONS_FILE
-                )),
+                Ok(out) => {
+                    let changed = out.split_whitespace().collect::<Vec<_>>().join(", ");
+                    problems.push(match through {
+                        None => format!(
+                            "section `{section}`: its code paths changed after commit {commit} (in {changed}) and `notes` in {SECTIONS_FILE} does not say why the results stand"
+                        ),
+                        Some(t) => format!(
+                            "section `{section}`: its code paths changed after commit {commit} and after {t}, the last its `notes` account for (in {changed}): say in `notes` why the results stand, then move `notes_through`"
+                        ),
+                    });
+                }
                 Err(e) => problems.push(format!("section `{section}`: commit {commit}: {e}")),
             }
         }
