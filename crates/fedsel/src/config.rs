@@ -1303,6 +1303,12 @@ const ELIDED_AT_DEFAULT: [&str; 14] = [
     "selection.fedcor.group_size",
 ];
 
+/// Keys elided at their default (as [`ELIDED_AT_DEFAULT`]) that only one kind of their table
+/// has: given at their default they are accepted under that kind alone, so that the same key
+/// beside a kind that takes no settings (`kind = "iid"`), which serde drops, is still refused.
+const ELIDED_AT_DEFAULT_FOR_KIND: [(&str, &str); 1] =
+    [("partition.scheme.all_full", "class_dirichlet")];
+
 /// Every key given must have been read: serde ignores extra keys beside a kind that takes
 /// none (`kind = "always"`, `"iid"`, `"fmnist"`), so the keys of what was read back are
 /// compared with the keys given, and one that was dropped is an error that names it.
@@ -1319,6 +1325,10 @@ fn reject_ignored_keys(
         };
         match (value, read.get(key)) {
             (_, None) if ELIDED_AT_DEFAULT.contains(&path.as_str()) => {}
+            (_, None)
+                if ELIDED_AT_DEFAULT_FOR_KIND.iter().any(|&(p, k)| {
+                    p == path && read.get("kind").and_then(toml::Value::as_str) == Some(k)
+                }) => {}
             (_, None) => {
                 let kind = read.get("kind").and_then(toml::Value::as_str);
                 return Err(ConfigError::invalid(
@@ -1406,6 +1416,41 @@ mod tests {
         assert!(e.to_string().contains("pacer_stp"), "{e}");
         let e = Config::load(None, &["eval.per_clent=true".into()]).unwrap_err();
         assert!(e.to_string().contains("per_clent"), "{e}");
+    }
+
+    /// `partition.scheme.all_full` may be given at its default (`spread`, which the resolved
+    /// config leaves out; it was refused as "not a key of kind `class_dirichlet`") with the
+    /// hash of the config without it; `last_client` is written out; beside another kind the
+    /// key is still refused by name.
+    #[test]
+    fn class_dirichlet_all_full_may_be_given_at_its_default() {
+        let scheme = "partition.scheme={ kind = \"class_dirichlet\", alphas = [0.01, 0.5] }";
+        let load = |all_full: Option<&str>| {
+            let mut set = vec![scheme.to_string()];
+            set.extend(all_full.map(|a| format!("partition.scheme.all_full=\"{a}\"")));
+            Config::load(None, &set)
+        };
+        let without = load(None).unwrap();
+        let spread = load(Some("spread")).unwrap();
+        assert_eq!(spread.hash(), without.hash());
+        assert!(!spread.to_resolved_toml().contains("all_full"));
+        let last = load(Some("last_client")).unwrap();
+        assert_ne!(last.hash(), without.hash());
+        assert!(
+            last.to_resolved_toml()
+                .contains("all_full = \"last_client\"")
+        );
+        let e = load(Some("last")).unwrap_err().to_string();
+        assert!(e.contains("`last`"), "{e}");
+        let iid = [
+            "partition.scheme={ kind = \"iid\" }".to_string(),
+            "partition.scheme.all_full=\"spread\"".to_string(),
+        ];
+        let e = Config::load(None, &iid).unwrap_err().to_string();
+        assert!(
+            e.contains("partition.scheme.all_full") && e.contains("iid"),
+            "{e}"
+        );
     }
 
     /// `selection.fedcor.protocol` and `group_size` are elided at their defaults (every
