@@ -1162,13 +1162,21 @@ pub fn check(dir: &Path, doc: &Path) -> Result<Checked> {
                 t
             }
         };
-        if let Some(t) = through {
-            if let Err(e) = git(&root, &["rev-parse", "--verify", "--quiet", &format!("{t}^{{commit}}")]) {
-                problems.push(format!(
-                    "section `{section}`: `notes_through = \"{t}\"` in {SECTIONS_FILE} is no commit of this history: {e}"
-                ));
-                continue;
-            }
+        if let Some(t) = through
+            && let Err(e) = git(
+                &root,
+                &[
+                    "rev-parse",
+                    "--verify",
+                    "--quiet",
+                    &format!("{t}^{{commit}}"),
+                ],
+            )
+        {
+            problems.push(format!(
+                "section `{section}`: `notes_through = \"{t}\"` in {SECTIONS_FILE} is no commit of this history: {e}"
+            ));
+            continue;
         }
         for commit in commits {
             // The changes after the rows' commit that the notes do not cover.

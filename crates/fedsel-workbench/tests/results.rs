@@ -212,12 +212,16 @@ fn collect_render_and_check_round_trip_and_catch_drift() {
     let c = results::check(&res, &doc).unwrap();
     assert_eq!(c.problems, Vec::<String>::new());
     assert!(
-        c.notes.iter().any(|n| n.contains("`demo`") && n.contains("no `notes_through`")),
+        c.notes
+            .iter()
+            .any(|n| n.contains("`demo`") && n.contains("no `notes_through`")),
         "{:?}",
         c.notes
     );
     // Notes through "two" cover it ...
-    let two = git(root, &["rev-parse", "--short", "HEAD"]).trim().to_string();
+    let two = git(root, &["rev-parse", "--short", "HEAD"])
+        .trim()
+        .to_string();
     let vouched = format!(
         "[demo]\npaths = [\"src/select.rs\"]\nnotes = \"two only renames a variable\"\nnotes_through = \"{two}\"\n"
     );
@@ -228,17 +232,24 @@ fn collect_render_and_check_round_trip_and_catch_drift() {
     // ... but not a later change, which stales the section again.
     std::fs::write(root.join("src/select.rs"), "v3\n").unwrap();
     git(root, &["commit", "-qam", "three"]);
-    let three = git(root, &["rev-parse", "--short", "HEAD"]).trim().to_string();
+    let three = git(root, &["rev-parse", "--short", "HEAD"])
+        .trim()
+        .to_string();
     let p = results::check(&res, &doc).unwrap().problems;
     assert!(
         p.len() == 1
-            && p[0].contains(&format!("after {two}, the last its `notes` account for (in {three})")),
+            && p[0].contains(&format!(
+                "after {two}, the last its `notes` account for (in {three})"
+            )),
         "{p:?}"
     );
     // A notes_through that is no commit, and one without notes, are refused by name.
     std::fs::write(res.join("sections.toml"), vouched.replace(&two, "f00dfeed")).unwrap();
     let p = results::check(&res, &doc).unwrap().problems;
-    assert!(p.len() == 1 && p[0].contains("`notes_through = \"f00dfeed\"`"), "{p:?}");
+    assert!(
+        p.len() == 1 && p[0].contains("`notes_through = \"f00dfeed\"`"),
+        "{p:?}"
+    );
     std::fs::write(
         res.join("sections.toml"),
         format!("[demo]\npaths = [\"src/select.rs\"]\nnotes_through = \"{three}\"\n"),
