@@ -22,14 +22,13 @@ theirs seed by seed:
     lacks (App. D.4: T_k ~ LogNormal(0, 0.25) from `RandomState(seed)`, q = T / max T), for
     rounds 0..R−1, as a fedsel `trace` CSV (`round,client`).
 
-Then, per seed and arm, the fedsel run on that federation is
-
-    fedsel run configs/f3ast/table9_synthetic.toml-like settings --set dataset.kind=leaf ...
-
-which `--run FEDSEL` does (the two arms of the Table 9 grid, `fedavg` and `f3ast` with the
-`code` protocol), printing the final accuracies beside the authors' rows of
-`results/authors-code/f3ast-table9-synthetic-authors.csv` and the paired F3AST − FedAvg
-differences with their mean and 95 % t-interval.
+With `--run FEDSEL` it then trains fedsel on each federation (`fedsel run` of a config it
+writes beside the data, `fedsel.toml`: `configs/f3ast/synthetic_base.toml`'s training with
+the `leaf` dataset and the `trace` availability), the two arms of the Table 9 grid, `fedavg`
+and `f3ast` with the `code` protocol, and prints the final accuracies beside the authors'
+rows of `results/authors-code/f3ast-table9-synthetic-authors.csv` and the paired
+F3AST − FedAvg differences with their mean and 95 % t-interval. `--coupled-q` draws q as the
+driver did before 2026-11-27 (from the data's own stream) and compares with those rows.
 
 Not reproduced on fedsel's side, by design: the model's initial weights (Keras's
 Glorot-uniform kernel and zero bias against fedsel's), the local shuffles (their buffer of
@@ -39,7 +38,7 @@ unavailable ones (fedsel trains only available clients).
 
 Usage (the TensorFlow environment of `authors_training.py`'s F3AST runs):
     /work/tff-venv/bin/python scripts/reference/f3ast_federation.py --checkout /tmp/f3ast \\
-        --out /tmp/f3ast-fed [--alpha 0] [--seeds 1 2 3 4 5] [--run target/release/fedsel]
+        --out /tmp/f3ast-fed [--alpha 0] [--seeds 1 2 3 4 5] [--run target/release/fedsel] [--coupled-q]
 """
 
 from __future__ import annotations
