@@ -105,6 +105,7 @@ def export(checkout: Path, out: Path, alpha: float, seed: int, rounds: int, coup
                "user_data": {u: {"x": x, "y": [int(v) for v in y]} for u, x, y in zip(users, xs, ys)}}
         (d / part / "data.json").write_text(json.dumps(doc))
     avail = availability(seed, rounds, coupled)
+    (d / "fedsel.toml").write_text(BASE.format(k=K, rounds=rounds))
     if not avail[-1]:
         raise SystemExit(f"seed {seed}: no client available in the last round; a trace would cycle early")
     with open(d / "trace.csv", "w", newline="") as fh:
@@ -122,7 +123,7 @@ def export(checkout: Path, out: Path, alpha: float, seed: int, rounds: int, coup
 # configs/f3ast/synthetic_base.toml with the federation read from the export (no α: the data
 # are the authors'), the SmartPhones model replaced by their draw, and Table 9's server step.
 BASE = """name = "f3ast-table9-authors-federation"
-rounds = 500
+rounds = {rounds}
 targets = [0.6]
 
 [dataset]
@@ -157,10 +158,8 @@ every = 50
 
 
 def fedsel_final(fedsel: Path, fed: Path, arm: str, seed: int, runs: Path) -> float:
-    config = fed / "fedsel.toml"
-    config.write_text(BASE.format(k=K))
     out = runs / f"{fed.name}-{arm}"
-    cmd = [str(fedsel), "run", str(config), "--out", str(out), "--overwrite", "--seed", str(seed),
+    cmd = [str(fedsel), "run", str(fed / "fedsel.toml"), "--out", str(out), "--overwrite", "--seed", str(seed),
            "--set", f"dataset.path=\"{fed}\""]
     for s in ARMS[arm]:
         cmd += ["--set", s]
