@@ -34,15 +34,21 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
                   work = { steps = N } | { epochs = N }, batch_size, prox_mu, persistent_state,
                   schedule = { kind = constant | step (milestones, gamma) | exponential (gamma) }
   [server]        aggregation = auto|mean|data_size|selector, optimizer = replace|sgd|adam, lr, beta1, beta2, tau
-  [selection]     strategy = uniform|md|powd|cpowd|rpowd|afl|fedcor|fedgp|fedgs|f3ast|hics|cs1|cs2|divfl|oort|fedcs,
+  [selection]     strategy = uniform|md|powd|cpowd|rpowd|afl|fedcor|fedgp|fedgs|f3ast|hics|cs1|cs2|divfl|oort|fedcs
+                             |tifl|refl|fedbalancer|pyramidfl,
                   clients_per_round (0 = use fraction), fraction, client_size = train|local;
                   per-strategy tables
-                  [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl|oort|fedcs] (see docs/configuration.md)
+                  [selection.powd|afl|fedcor|fedgs|f3ast|hics|divfl|oort|fedcs|tifl|refl|fedbalancer|pyramidfl]
+                  (see docs/configuration.md)
   [availability]  kind = always | idl | mdf | ldf | ymf | yc | ln | sln | scarce | home_device | uneven | smartphones | trace
   [budget]        kind = constant | periodic (values, hold) | random (min, max)
   [eval]          every, batch_size, max_test_samples, per_client
-  [system]        kind = none | lognormal (mean_ms_per_sample, tail_skew, bandwidth_kbps, bandwidth_skew) | csv (path) | fedscale (path), behave_trace, augmentation
+  [system]        kind = none | lognormal (mean_ms_per_sample, tail_skew, bandwidth_kbps, bandwidth_skew) | csv (path) | fedscale (path), behave_trace, augmentation,
+                  idle_s (a round that trains nobody, without deadline or trace; default the median round trip)
   [system.round]  policy = wait_all | overcommit (overcommit) | deadline (deadline_s)
+                  | fedbuff (concurrency, buffer_size: both required)
+  [system.stale]  stale_update (rounds a late update may wait; -1 no limit), stale_factor, stale_beta, scale_coff
+  [output]        tensorboard (a directory of event files; not part of the config's hash)
 Override any key with --set key=value, e.g. --set train.lr=0.05 --set partition.scheme.kind=iid";
 
 #[derive(Parser)]
@@ -347,6 +353,9 @@ fn run(args: RunArgs) -> Result<()> {
         config.rounds,
         out.display()
     );
+    if let Some(cp) = &checkpoint {
+        engine::check_resume(&exp, cp).with_context(|| format!("resuming {}", out.display()))?;
+    }
     let writer = match &checkpoint {
         Some(cp) => {
             println!(
@@ -1283,9 +1292,22 @@ fn dispatch(cli: Cli) -> Result<()> {
     }
 }
 
-/// Virtual seconds as hours, minutes and seconds (`2h 05m 07s`, `3m 20s`, `12.5s`).
+/// Virtual seconds as hours, minutes and seconds (`2h 05m 07s`, `3m 20s`, `12.5s`); below
+/// 0.1 s and above a year in seconds with six significant digits (`4.20000e-7s`,
+/// `3.15600e8s (10.0 years)`), where hours would print 0.0 or a count no one reads.
 fn clock_time(s: f64) -> String {
-    if !s.is_finite() || s < 60.0 {
+    const YEAR_S: f64 = 365.25 * 86_400.0;
+    if !s.is_finite() || s < 0.1 {
+        return format!("{}s", fedsel::system::clock::show_s(s));
+    }
+    if s >= YEAR_S {
+        return format!(
+            "{}s ({} years)",
+            fedsel::system::clock::show_s(s),
+            fedsel::system::clock::show_s(s / YEAR_S)
+        );
+    }
+    if s < 60.0 {
         return format!("{s:.1}s");
     }
     let whole = s.round() as u64;

@@ -806,3 +806,147 @@ fn report_compares_plain_runs_in_markdown_and_latex() {
     assert!(text(&o).contains("--out"), "{}", text(&o));
     assert!(!a.join("report.md").exists());
 }
+
+/// `fedsel run --help` names every strategy and every table of the schema.
+#[test]
+fn run_help_prints_the_whole_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = fedsel(&["run", "--help"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let help = text(&o);
+    for word in [
+        "uniform",
+        "md",
+        "powd",
+        "cpowd",
+        "rpowd",
+        "afl",
+        "fedcor",
+        "fedgp",
+        "fedgs",
+        "f3ast",
+        "hics",
+        "cs1",
+        "cs2",
+        "divfl",
+        "oort",
+        "fedcs",
+        "tifl",
+        "refl",
+        "fedbalancer",
+        "pyramidfl",
+        "fedbuff",
+        "[system.stale]",
+        "[output]",
+        "idle_s",
+    ] {
+        assert!(help.contains(word), "`{word}` missing from:\n{help}");
+    }
+}
+
+/// A FedBuff run killed after its last checkpoint resumes from it: the rows after the
+/// checkpoint are written again, equal to the uninterrupted run's, and the summary says
+/// "finished" (it used to be refused, after its rows had been cut).
+#[test]
+fn a_killed_fedbuff_run_resumes_to_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r");
+    let out_s = out.to_str().unwrap();
+    let o = fedsel(
+        &[
+            "run",
+            "--set",
+            "rounds=7",
+            "--set",
+            "checkpoint_every=3",
+            "--set",
+            "system.kind=\"lognormal\"",
+            "--set",
+            "system.round={policy=\"fedbuff\", concurrency=10, buffer_size=6}",
+            "--out",
+            out_s,
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let without_time = |text: &str| -> Vec<String> {
+        let col = text
+            .lines()
+            .next()
+            .unwrap()
+            .split(',')
+            .position(|c| c == "elapsed_s")
+            .unwrap();
+        text.lines()
+            .map(|l| {
+                let mut f: Vec<&str> = l.split(',').collect();
+                f.remove(col);
+                f.join(",")
+            })
+            .collect()
+    };
+    let metrics = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+    let selections = std::fs::read_to_string(out.join("selections.csv")).unwrap();
+    // As if killed after round 6: no summary; the checkpoint resumes at round 6.
+    std::fs::remove_file(out.join("summary.json")).unwrap();
+    let o = fedsel(&["run", "--resume", out_s], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let again = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
+    assert_eq!(without_time(&again), without_time(&metrics));
+    assert_eq!(
+        std::fs::read_to_string(out.join("selections.csv")).unwrap(),
+        selections
+    );
+    let summary = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    assert!(summary.contains("\"finished\""), "{summary}");
+}
+
+/// A sweep whose stale-update cell was killed after its last checkpoint resumes the cell on
+/// the next sweep, to the rows of the uninterrupted cell.
+#[test]
+fn a_killed_stale_update_sweep_cell_resumes_to_the_same_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let sweep = dir.path().join("s.toml");
+    std::fs::write(
+        &sweep,
+        "name = \"t\"\n[config]\nrounds = 7\ncheckpoint_every = 3\n\
+         system = { kind = \"lognormal\", round = { policy = \"deadline\", deadline_s = 1.5 }, stale = { stale_update = -1 } }\n\
+         [axes]\nseed = [1]\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = sweep_into(&sweep, &out, &[], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let cell = std::fs::read_dir(out.join("cells"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .expect("a cell directory");
+    let rows = |name: &str| {
+        let text = std::fs::read_to_string(cell.join(name)).unwrap();
+        let col = text
+            .lines()
+            .next()
+            .unwrap()
+            .split(',')
+            .position(|c| c == "elapsed_s");
+        text.lines()
+            .map(|l| {
+                let mut f: Vec<&str> = l.split(',').collect();
+                if let Some(c) = col {
+                    f.remove(c);
+                }
+                f.join(",")
+            })
+            .collect::<Vec<_>>()
+    };
+    let (metrics, selections) = (rows("metrics.csv"), rows("selections.csv"));
+    assert!(fedsel::checkpoint::load(&cell).is_ok());
+    std::fs::remove_file(cell.join("summary.json")).unwrap();
+    let o = sweep_into(&sweep, &out, &[], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(rows("metrics.csv"), metrics);
+    assert_eq!(rows("selections.csv"), selections);
+    let summary = std::fs::read_to_string(cell.join("summary.json")).unwrap();
+    assert!(summary.contains("\"finished\""), "{summary}");
+}

@@ -265,9 +265,9 @@ fn run(
             .map(ToString::to_string)
             .collect();
         let writer = match &start {
-            Start::Checkpoint(cp) => {
-                RunWriter::resume(&out, cp.next_round).and_then(|w| w.with_trackers(&exp.config))
-            }
+            Start::Checkpoint(cp) => engine::check_resume(&exp, cp)
+                .and_then(|()| RunWriter::resume(&out, cp.next_round))
+                .and_then(|w| w.with_trackers(&exp.config)),
             _ => RunWriter::create(&out, &exp.config),
         }
         .map_err(|e| match e {

@@ -800,6 +800,8 @@ pub fn run_cell(cell: &Cell, out: &Path, data_dir: &Path) -> Result<CellRun> {
     }
     let (writer, result) = match checkpoint {
         Some(cp) => {
+            // Refused before the rows after the checkpoint are dropped, so they stay.
+            engine::check_resume(&exp, &cp)?;
             let mut w = RunWriter::resume(&dir, cp.next_round)?.with_trackers(&config)?;
             let r = engine::resume(&exp, &mut w, cp);
             (w, r)
@@ -819,7 +821,9 @@ pub fn run_cell(cell: &Cell, out: &Path, data_dir: &Path) -> Result<CellRun> {
     match result {
         Ok(summary) => writer.finish(&summary).map(|()| CellRun::Ran),
         Err(e) => {
-            writer.fail(&e, 0)?;
+            let done = std::fs::read_to_string(dir.join("metrics.csv"))
+                .map_or(0, |m| m.lines().count().saturating_sub(1));
+            writer.fail(&e, done)?;
             Err(e)
         }
     }

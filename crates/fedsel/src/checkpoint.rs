@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::digest::sha256_hex;
 use crate::error::{CheckpointError, Error, Result};
 use crate::summary::RunSummary;
+use crate::system::inflight::InFlight;
 use crate::train::OptimizerState;
 
 const STATE: &str = "state.json";
@@ -53,6 +54,9 @@ pub struct Checkpoint {
     pub selector: serde_json::Value,
     /// Summary and ledger so far; `wall_s` is the time already spent.
     pub summary: RunSummary,
+    /// The updates in flight: late ones waiting to be folded, FedBuff's clients training
+    /// (empty for a synchronous run).
+    pub in_flight: InFlight,
 }
 
 /// The contents of `state.json`.
@@ -78,6 +82,10 @@ struct Meta {
     client_steps: Vec<Option<u64>>,
     selector: serde_json::Value,
     summary: RunSummary,
+    /// The book's times and ids; its models follow the client states in `tensors.bin`.
+    /// Left out when empty, so that a synchronous run's checkpoint reads as before.
+    #[serde(default, skip_serializing_if = "InFlight::is_empty")]
+    in_flight: InFlight,
 }
 
 impl Meta {
@@ -117,6 +125,7 @@ pub fn save(run_dir: &Path, cp: &Checkpoint) -> Result<()> {
         arrays.push(&s.m);
         arrays.push(&s.v);
     }
+    arrays.extend(cp.in_flight.arrays());
     let mut bytes = Vec::with_capacity(arrays.iter().map(|a| a.len() * 4).sum());
     for a in &arrays {
         bytes.extend(a.iter().flat_map(|x| x.to_le_bytes()));
@@ -133,6 +142,7 @@ pub fn save(run_dir: &Path, cp: &Checkpoint) -> Result<()> {
             .collect(),
         selector: cp.selector.clone(),
         summary: cp.summary.clone(),
+        in_flight: cp.in_flight.times(),
     };
     let state = State {
         tensors_sha256: sha256_hex(&bytes),
@@ -190,12 +200,12 @@ pub fn from_bytes(dir: &Path, state: &[u8], tensors: &[u8]) -> Result<Checkpoint
         meta_sha256,
         meta,
     } = serde_json::from_slice(state).map_err(|e| corrupt(json.clone(), e.to_string()))?;
-    let arrays = 3 + 2 * meta.client_steps.iter().flatten().count();
+    let arrays = 3 + 2 * meta.client_steps.iter().flatten().count() + meta.in_flight.array_count();
     if meta.lengths.len() != arrays {
         return Err(corrupt(
             json,
             format!(
-                "lists {} arrays, the client states need {arrays}",
+                "lists {} arrays, the client states and updates in flight need {arrays}",
                 meta.lengths.len()
             ),
         ));
@@ -249,6 +259,8 @@ pub fn from_bytes(dir: &Path, state: &[u8], tensors: &[u8]) -> Result<Checkpoint
             })
         })
         .collect();
+    let mut in_flight = meta.in_flight;
+    in_flight.refill(&mut array);
     Ok(Checkpoint {
         next_round: meta.next_round,
         config_hash: meta.config_hash,
@@ -258,6 +270,7 @@ pub fn from_bytes(dir: &Path, state: &[u8], tensors: &[u8]) -> Result<Checkpoint
         client_states,
         selector: meta.selector,
         summary: meta.summary,
+        in_flight,
     })
 }
 
@@ -316,7 +329,40 @@ mod tests {
                     rounds_without_updates: 2,
                 }),
             },
+            in_flight: InFlight::default(),
         }
+    }
+
+    /// [`sample`] with a late update and a FedBuff flight in its book.
+    fn sample_in_flight() -> Checkpoint {
+        use crate::system::clock::Flight;
+        use crate::system::inflight::{Flying, LateUpdate};
+        let mut cp = sample();
+        cp.in_flight.late.push(LateUpdate {
+            client: 2,
+            origin: 13,
+            arrival_s: 0.1 + 0.7,
+            params: (0..600).map(|i| (i as f32 * 0.11).cos()).collect(),
+            weight: Some(1.0 / 3.0),
+        });
+        cp.in_flight.flights.push(Flight {
+            id: 9,
+            version: 14,
+            start_s: 1.0 / 7.0,
+            arrival_s: 2.0 / 3.0,
+        });
+        cp.in_flight.flying.insert(
+            9,
+            Flying {
+                client: 0,
+                delta: (0..600).map(|i| (i as f32 * 0.23).sin() * 1e-3).collect(),
+                loss: 0.1 + 0.2,
+                weight: None,
+                report: Some(vec![0.5, 1.0 / 9.0]),
+            },
+        );
+        cp.in_flight.next_flight = 10;
+        cp
     }
 
     fn corrupt_file(err: Error) -> (PathBuf, String) {
@@ -339,6 +385,21 @@ mod tests {
             serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
         std::fs::write(&json, serde_json::to_vec(&state).unwrap()).unwrap();
         assert_eq!(load(run.path()).unwrap(), cp);
+    }
+
+    #[test]
+    fn the_updates_in_flight_round_trip_and_an_empty_book_is_left_out() {
+        let run = tempfile::tempdir().unwrap();
+        let cp = sample_in_flight();
+        save(run.path(), &cp).unwrap();
+        assert_eq!(load(run.path()).unwrap(), cp);
+        let bin = std::fs::read(dir(run.path()).join(TENSORS)).unwrap();
+        // The model and server moments (1,800 floats), the client states (1,800), then the
+        // late model and the flying delta (600 each).
+        assert_eq!(bin.len(), 4 * (1_800 + 1_800 + 1_200));
+        save(run.path(), &sample()).unwrap();
+        let json = std::fs::read_to_string(dir(run.path()).join(STATE)).unwrap();
+        assert!(!json.contains("in_flight"), "{json}");
     }
 
     #[test]

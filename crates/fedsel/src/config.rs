@@ -774,7 +774,8 @@ impl Config {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        let mut config = Self::read_keys(table, source_name)?;
+        let mut config =
+            Self::read_keys(table, source_name).map_err(|e| blame_override(e, overrides))?;
         config.validate()?;
         config.resolve();
         Ok(config)
@@ -1181,6 +1182,34 @@ impl Config {
                 });
             }
         }
+        if let Some(RoundPolicy::Fedbuff {
+            concurrency,
+            buffer_size,
+        }) = self.system.as_ref().map(|s| s.round)
+        {
+            let key = if buffer_size >= clients {
+                Some("system.round.buffer_size")
+            } else if concurrency > clients {
+                Some("system.round.concurrency")
+            } else {
+                None
+            };
+            if let Some(key) = key {
+                out.push(ConfigWarning {
+                    key: key.into(),
+                    message: format!(
+                        "concurrency {concurrency} and buffer_size {buffer_size} over the \
+                         {clients} clients there are: at most {clients} train at once (a client \
+                         trains one update at a time), so {}",
+                        if buffer_size >= clients {
+                            "every round waits for every client's update: the run is synchronous, wait-all over the whole federation"
+                        } else {
+                            "fewer clients fly than asked"
+                        }
+                    ),
+                });
+            }
+        }
         out
     }
 
@@ -1213,6 +1242,42 @@ impl Config {
         c.fedsel_version = Some(crate::VERSION.to_string());
         c.data_seed = Some(self.data_seed());
         toml::to_string_pretty(&c).expect("a Config always serializes")
+    }
+}
+
+/// A key or type error in a key that a `--set` override wrote, blamed on that override
+/// rather than on the file it was applied over (`e` names the file, and its message starts
+/// with the key's path).
+fn blame_override(e: ConfigError, overrides: &[String]) -> ConfigError {
+    let ConfigError::Parse {
+        source_name,
+        message,
+    } = e
+    else {
+        return e;
+    };
+    let path = message
+        .strip_prefix("key `")
+        .and_then(|m| m.split('`').next())
+        .unwrap_or("");
+    let within = |k: &str| {
+        path == k
+            || path.starts_with(&format!("{k}."))
+            || path.starts_with(&format!("{k}["))
+            || k.starts_with(&format!("{path}."))
+    };
+    match overrides.iter().rev().find(|o| {
+        o.split_once('=')
+            .is_some_and(|(k, _)| !path.is_empty() && within(k.trim()))
+    }) {
+        Some(o) => ConfigError::Parse {
+            source_name: format!("--set {o} (applied over {source_name})"),
+            message,
+        },
+        None => ConfigError::Parse {
+            source_name,
+            message,
+        },
     }
 }
 
@@ -1788,5 +1853,25 @@ mod tests {
         assert_eq!(s.rate(0.005, 300), 0.00125);
         let e = LrSchedule::Exponential { gamma: 0.9 };
         assert!((e.rate(1.0, 2) - 0.81).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_set_mistake_is_blamed_on_the_set_and_a_file_mistake_on_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exp.toml");
+        std::fs::write(&path, "rounds = 5\n").unwrap();
+        let e = Config::load(Some(&path), &["rounds=\"ten\"".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--set rounds=\"ten\""), "{e}");
+        let e = Config::load(Some(&path), &["train.no_such_key=1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--set train.no_such_key=1"), "{e}");
+        std::fs::write(&path, "rounds = \"five\"\n").unwrap();
+        let e = Config::load(Some(&path), &["seed=3".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(&path.display().to_string()), "{e}");
     }
 }

@@ -46,6 +46,7 @@ use crate::select::{
 };
 use crate::summary::{ClockSummary, RunSummary};
 use crate::system::clock::{self, Clock, Flight, QueryWork, RoundClock, RoundTiming};
+use crate::system::inflight::{Flying, InFlight, LateUpdate};
 use crate::system::{RoundPolicy, StaleConfig};
 use crate::train::{self, Evaluation, OptimizerState, Trainer};
 
@@ -792,6 +793,16 @@ pub fn check_resumable(config: &Config, cp: &Checkpoint) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a resume from `cp` that could not continue (a checkpoint of another config, a
+/// selector state that does not load) without touching any file: callers run it before
+/// they reopen the run's files, which drops the rows written after the checkpoint, so a
+/// refused resume leaves the run's rows and summary as they were.
+pub fn check_resume(exp: &Experiment, cp: &Checkpoint) -> Result<()> {
+    check_resumable(&exp.config, cp)?;
+    let mut run = Run::new(exp, select::build(&exp.config.selection)?)?;
+    run.restore(cp.clone()).map(|_| ())
+}
+
 /// Runs the rounds of `exp` with a given selector, from the start or from a checkpoint.
 pub fn run_with(
     exp: &Experiment,
@@ -830,7 +841,9 @@ pub fn run_with(
             round: t,
             available: &active,
             budget: match fedbuff {
-                Some((c, k)) => clock::fedbuff_budget(c, k, run.flights.len()).min(active.len()),
+                Some((c, k)) => {
+                    clock::fedbuff_budget(c, k, run.book.flights.len()).min(active.len())
+                }
                 None => run.selection_budget(budget, active.len()),
             },
         };
@@ -861,7 +874,7 @@ pub fn run_with(
             }
             None => {
                 let timing = run.time(&selection.clients, &mut trained, budget);
-                let stale = run.fold_stale(t, timing.as_ref(), &mut cost);
+                let stale = run.fold_stale(t, &selection.clients, timing.as_ref(), &mut cost);
                 run.aggregate(t, &selection, &trained, timing.as_ref(), &stale)?;
                 run.keep_late(t, &selection, &trained);
                 let (reported, trained, mut clock) =
@@ -874,6 +887,10 @@ pub fn run_with(
                 (reported, trained, clock)
             }
         };
+        if t + 1 == cfg.rounds {
+            // Updates still late or in flight when the run ends were never used.
+            cost.wasted_trainings += run.book.unused() as u64;
+        }
         run.feedback(t, &reported, trained);
         let mut record = RoundRecord {
             round: t,
@@ -930,6 +947,14 @@ fn assess(exp: &Experiment, global: &[f32], t: usize) -> Assessment {
     }
 }
 
+/// Whether `n` is 1, 10, 100, …: the counts at which a repeated condition is said again.
+fn is_power_of_ten(mut n: usize) -> bool {
+    while n >= 10 && n.is_multiple_of(10) {
+        n /= 10;
+    }
+    n == 1
+}
+
 /// The count of `taus` and their mean (0 for none), as `metrics.csv`'s `stale_updates` and
 /// `mean_staleness` record them.
 fn staleness(taus: impl Iterator<Item = usize>) -> (usize, f64) {
@@ -983,33 +1008,6 @@ fn sample_pass(
         device,
     };
     rule.choose(k, &losses, &plan, &mut rng)
-}
-
-/// An update that missed its round's cut and waits, under `[system.stale]`, to be folded
-/// into a later round when it arrives.
-struct LateUpdate {
-    client: usize,
-    /// The round it was trained in.
-    origin: usize,
-    /// The virtual second it arrives.
-    arrival_s: f64,
-    /// The local model.
-    params: Vec<f32>,
-    /// The selector's weight for its entry, if it gave any.
-    weight: Option<f64>,
-}
-
-/// A FedBuff update in flight: trained when its client was selected, from the model of
-/// that round, and aggregated when it arrives.
-struct Flying {
-    client: usize,
-    /// The local model minus the model it trained from.
-    delta: Vec<f32>,
-    loss: f64,
-    /// The selector's weight for its entry, if it gave any.
-    weight: Option<f64>,
-    /// Its client's sample-selection report, when the selector asked for a pass.
-    report: Option<Vec<f64>>,
 }
 
 /// Gives weight 0 in `w` to each model of `models`, as (index in `w`, client, model),
@@ -1198,15 +1196,15 @@ struct Run<'a> {
     /// The virtual second the current round started ([`Run::available`]): the clock's
     /// time, or later when a behave trace had none of the available clients online.
     start_s: f64,
-    /// Late updates waiting to be folded (`[system.stale]`), oldest first.
-    late: Vec<LateUpdate>,
+    /// The updates in flight: late ones waiting to be folded, FedBuff's clients training.
+    book: InFlight,
     /// The current round's entries that miss its cut but arrive later, with their arrival
     /// second (`[system.stale]`, set by [`Run::time`]).
     fresh_late: Vec<(usize, f64)>,
-    /// FedBuff's clients in flight, and their updates by [`Flight::id`].
-    flights: Vec<Flight>,
-    flying: std::collections::BTreeMap<usize, Flying>,
-    next_flight: usize,
+    /// The virtual second of the current round's training broadcast (set by [`Run::time`]).
+    broadcast_s: f64,
+    /// Rounds so far that trained nobody, for the console.
+    idle_rounds: usize,
 }
 
 /// The round's local trainings: one per distinct selected client, shared by duplicates.
@@ -1378,29 +1376,22 @@ impl<'a> Run<'a> {
             query_s: 0.0,
             summary,
             start_s: 0.0,
-            late: Vec::new(),
+            book: InFlight::default(),
             fresh_late: Vec::new(),
-            flights: Vec::new(),
-            flying: std::collections::BTreeMap::new(),
-            next_flight: 0,
+            broadcast_s: 0.0,
+            idle_rounds: 0,
         })
     }
 
     /// Replaces the initial state with a checkpoint's; returns the round to continue from.
     fn restore(&mut self, cp: Checkpoint) -> Result<usize> {
         check_resumable(&self.exp.config, &cp)?;
-        if self.stale().is_some() || self.fedbuff().is_some() {
-            return Err(ConfigError::invalid(
-                "checkpoint",
-                "cannot resume a run with [system.stale] or policy = \"fedbuff\": the updates in flight are not checkpointed; rerun it from the start",
-            )
-            .into());
-        }
         self.selector.load(&cp.selector)?;
         self.global = cp.global;
         self.server = Server::with_moments(&self.exp.config.server, cp.server_m, cp.server_v);
         self.states = cp.client_states;
         self.summary = cp.summary;
+        self.book = cp.in_flight;
         self.summary.resumed_on(crate::cpu::isa().name());
         Ok(cp.next_round)
     }
@@ -1692,7 +1683,9 @@ impl<'a> Run<'a> {
                 trained.pass_s(clock, c).map_or(f, |p| p + f)
             })
             .collect();
-        let timing = match (clock.policy(), self.selector.round_deadline_s()) {
+        self.broadcast_s = self.start_s + query_s;
+        let own_deadline = self.selector.round_deadline_s();
+        let mut timing = match (clock.policy(), own_deadline) {
             (RoundPolicy::Deadline { .. }, Some(deadline_s)) => {
                 let arrives = clock.arrives(self.start_s, query_s, selected, &finish);
                 let mut r = clock::deadline(&finish, &arrives, deadline_s);
@@ -1701,6 +1694,14 @@ impl<'a> Run<'a> {
             }
             _ => clock.round(self.start_s, query_s, selected, &finish, k),
         };
+        if selected.is_empty() {
+            // Nobody trains: the round lasts until the server's next decision point.
+            let deadline = match clock.policy() {
+                RoundPolicy::Deadline { deadline_s } => Some(own_deadline.unwrap_or(deadline_s)),
+                _ => own_deadline,
+            };
+            timing.round_s += clock.idle_s(self.broadcast_s, deadline);
+        }
         self.fresh_late.clear();
         if self.stale().is_some() {
             let arrives = clock.arrives(self.start_s, query_s, selected, &finish);
@@ -1927,6 +1928,7 @@ impl<'a> Run<'a> {
     fn fold_stale(
         &mut self,
         t: usize,
+        selected: &[usize],
         timing: Option<&RoundTiming>,
         cost: &mut Ledger,
     ) -> Vec<(LateUpdate, usize)> {
@@ -1935,25 +1937,31 @@ impl<'a> Run<'a> {
         };
         let close_s = self.start_s + timing.round_s;
         let fresh = timing.kept.iter().any(|&k| k);
-        let pending: Vec<(usize, f64)> =
-            self.late.iter().map(|u| (u.origin, u.arrival_s)).collect();
+        // A client sent this round's model drops the task it was still on (inflight's doc).
+        cost.wasted_trainings += self.book.supersede(selected, self.broadcast_s) as u64;
+        let pending: Vec<(usize, f64)> = self
+            .book
+            .late
+            .iter()
+            .map(|u| (u.origin, u.arrival_s))
+            .collect();
         let (folded, expired) = clock::stale_due(&pending, t, close_s, fresh, cfg.stale_update);
         cost.wasted_trainings += expired.len() as u64;
         cost.stale_trainings += folded.len() as u64;
-        let mut tau_of: Vec<Option<usize>> = vec![None; self.late.len()];
+        let mut tau_of: Vec<Option<usize>> = vec![None; self.book.late.len()];
         for &(i, tau) in &folded {
             tau_of[i] = Some(tau);
         }
         let mut out = Vec::new();
         let mut keep = Vec::new();
-        for (i, u) in std::mem::take(&mut self.late).into_iter().enumerate() {
+        for (i, u) in std::mem::take(&mut self.book.late).into_iter().enumerate() {
             match tau_of[i] {
                 Some(tau) => out.push((u, tau)),
                 None if expired.contains(&i) => {}
                 None => keep.push(u),
             }
         }
-        self.late = keep;
+        self.book.late = keep;
         out
     }
 
@@ -1962,7 +1970,7 @@ impl<'a> Run<'a> {
         // `fresh_late` stays for `on_time`, which does not book these as wasted.
         for &(i, arrival_s) in &self.fresh_late {
             let client = selection.clients[i];
-            self.late.push(LateUpdate {
+            self.book.late.push(LateUpdate {
                 client,
                 origin: t,
                 arrival_s,
@@ -1986,11 +1994,7 @@ impl<'a> Run<'a> {
     /// Removes the clients training under FedBuff from `active`: a client trains one
     /// update at a time.
     fn not_in_flight(&self, active: &mut Vec<usize>) {
-        let busy: std::collections::BTreeSet<usize> = self
-            .flights
-            .iter()
-            .map(|f| self.flying[&f.id].client)
-            .collect();
+        let busy = self.book.busy();
         active.retain(|k| !busy.contains(k));
     }
 
@@ -2017,19 +2021,19 @@ impl<'a> Run<'a> {
         let batch = exp.config.train.batch_size as u64;
         let free = self
             .fedbuff()
-            .map_or(0, |(c, _)| c.saturating_sub(self.flights.len()));
+            .map_or(0, |(c, _)| c.saturating_sub(self.book.flights.len()));
         let mut queue = Vec::with_capacity(selection.clients.len());
         for (i, &k) in selection.clients.iter().enumerate() {
             let u = trained.of(k);
-            let id = self.next_flight;
-            self.next_flight += 1;
+            let id = self.book.next_flight;
+            self.book.next_flight += 1;
             let delta: Vec<f32> = u
                 .params
                 .iter()
                 .zip(&self.global)
                 .map(|(a, b)| a - b)
                 .collect();
-            self.flying.insert(
+            self.book.flying.insert(
                 id,
                 Flying {
                     client: k,
@@ -2045,9 +2049,12 @@ impl<'a> Run<'a> {
         for (k, u) in trained.distinct.iter().zip(trained.updates) {
             self.states[*k] = u.state;
         }
-        let flying = &self.flying;
+        let InFlight {
+            flights, flying, ..
+        } = &mut self.book;
+        let flying = &*flying;
         let r = clock::fedbuff_round(
-            &mut self.flights,
+            flights,
             &queue,
             free,
             self.start_s + query_s,
@@ -2055,16 +2062,24 @@ impl<'a> Run<'a> {
             buffer_size,
             |id, at| clock.online_at(flying[&id].client, at),
         );
+        let mut r = r;
+        if r.buffer.is_empty() && r.lost.is_empty() {
+            // Nobody trains or arrives: the round lasts until the server's next decision.
+            r.close_s += clock.idle_s(r.close_s, None);
+        }
         cost.wasted_trainings += r.lost.len() as u64;
         for f in &r.lost {
-            self.flying.remove(&f.id);
+            self.book.flying.remove(&f.id);
         }
         let items: Vec<(Flying, Flight, usize)> = r
             .buffer
             .iter()
             .map(|&(f, s)| {
                 (
-                    self.flying.remove(&f.id).expect("a buffered update flew"),
+                    self.book
+                        .flying
+                        .remove(&f.id)
+                        .expect("a buffered update flew"),
                     f,
                     s,
                 )
@@ -2213,14 +2228,30 @@ impl<'a> Run<'a> {
             total.clock_s = c.clock_s;
             total.wasted_trainings = summary.cost.wasted_trainings;
             if c.aggregated == 0 && record.n_selected > 0 {
-                if total.rounds_without_updates == 0 {
+                if total.rounds_without_updates == self.idle_rounds {
                     tracing::warn!(
-                        "round {}: no update arrived in time (lost offline or late); the model stays as it was and the round lasted {:.3} virtual seconds. Later rounds like it are counted in the summary's rounds_without_updates, not logged",
+                        "round {}: no update arrived in time (lost offline or late); the model stays as it was and the round lasted {} virtual seconds. Later rounds like it are counted in the summary's rounds_without_updates, not logged",
                         record.round,
-                        c.round_s
+                        clock::show_s(c.round_s)
                     );
                 }
                 total.rounds_without_updates += 1;
+            } else if c.aggregated == 0 {
+                // Nobody trained: the round still took time (Run::time) and is counted. Said
+                // at the first such round and at every tenfold after it, so that a run whose
+                // selector picks nobody for many rounds says so without a line a round.
+                self.idle_rounds += 1;
+                total.rounds_without_updates += 1;
+                if is_power_of_ten(self.idle_rounds) {
+                    tracing::warn!(
+                        "round {}: nobody trained ({} available, {} selected); the round lasted {} virtual seconds, waiting for the server's next decision point (the deadline, the next availability change or system.idle_s). {} round(s) so far without training, counted in rounds_without_updates",
+                        record.round,
+                        record.n_available,
+                        record.n_selected,
+                        clock::show_s(c.round_s),
+                        self.idle_rounds
+                    );
+                }
             }
         }
     }
@@ -2284,12 +2315,13 @@ impl<'a> Run<'a> {
     }
 
     /// Hands the observer a checkpoint every `checkpoint_every` rounds, except after the last.
-    fn checkpoint(&self, t: usize, observer: &mut dyn Observer) -> Result<()> {
+    /// The updates in flight are lent to it, not copied: they may hold a model per client.
+    fn checkpoint(&mut self, t: usize, observer: &mut dyn Observer) -> Result<()> {
         if !self.checkpoint_due(t) {
             return Ok(());
         }
         let (m, v) = self.server.moments();
-        observer.on_checkpoint(&Checkpoint {
+        let cp = Checkpoint {
             next_round: t + 1,
             config_hash: self.config_hash.clone(),
             global: self.global.clone(),
@@ -2298,6 +2330,10 @@ impl<'a> Run<'a> {
             client_states: self.states.clone(),
             selector: self.selector.save(),
             summary: self.summary.clone(),
-        })
+            in_flight: std::mem::take(&mut self.book),
+        };
+        let written = observer.on_checkpoint(&cp);
+        self.book = cp.in_flight;
+        written
     }
 }

@@ -260,9 +260,28 @@ pub fn metric_values(r: &RoundRecord) -> Vec<(&'static str, Option<f64>)> {
             Some(c.round_s),
             Some(c.clock_s),
         ]);
+        if let Some((n, mean)) = c.stale {
+            columns.extend(STALE_COLUMNS);
+            v.extend([
+                Some(n as f64),
+                (n > 0).then_some(mean),
+                Some(r.cost.stale_trainings as f64),
+            ]);
+        }
     }
     debug_assert_eq!(columns.len(), v.len());
     columns.into_iter().zip(v).collect()
+}
+
+/// A time as it is, to the last bit: the shortest decimal that reads back to the same
+/// f64, in exponent form outside [10⁻⁴, 10¹⁵) so that no magnitude prints as a row of
+/// zeros or hundreds of digits (six decimals printed a fast device's round as 0.000000).
+fn exact(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e15).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
 }
 
 fn opt(x: Option<f64>) -> String {
@@ -300,8 +319,8 @@ impl Observer for RunWriter {
         if let Some(c) = &r.clock {
             row.extend([
                 r.cost.wasted_trainings.to_string(),
-                format!("{:.6}", c.round_s),
-                format!("{:.6}", c.clock_s),
+                exact(c.round_s),
+                exact(c.clock_s),
             ]);
             if let Some((n, mean)) = c.stale {
                 row.extend([

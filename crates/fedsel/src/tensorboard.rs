@@ -11,7 +11,9 @@
 //!   the column's name), a round's empty cells (no evaluation) left out;
 //! - where `[system]` runs a virtual clock, every column again by virtual time, tag
 //!   `time/<column>`, step = the clock at the round's end in whole virtual milliseconds
-//!   (TensorBoard's steps are integers; seconds would merge sub-second rounds);
+//!   (TensorBoard's steps are integers; seconds would merge sub-second rounds), and at
+//!   least one step after the previous round's, so that neither sub-millisecond rounds
+//!   nor a clock past i64's milliseconds merge rounds into one step;
 //! - the round's selection (duplicates counted) as the histogram `selection`, one bucket per
 //!   selected client id;
 //! - the resolved config as the text `config` (a Markdown code block, as TensorBoard's text
@@ -235,6 +237,25 @@ pub struct EventWriter {
     path: PathBuf,
     /// `None` once a write failed.
     file: Option<BufWriter<File>>,
+    /// The last virtual-time step written ([`time_step`]).
+    last_time_step: Option<i64>,
+}
+
+/// The virtual-time step of a round that ends at `clock_s`: the clock in whole virtual
+/// milliseconds, but at least one more than the previous round's (`last`), so that rounds
+/// shorter than a millisecond do not merge into one step and a clock past i64's
+/// milliseconds (2.9 · 10⁸ years) does not pin every later round at i64::MAX.
+fn time_step(clock_s: f64, last: Option<i64>) -> i64 {
+    let ms = (clock_s * 1000.0).round();
+    let ms = if ms.is_finite() && ms < i64::MAX as f64 {
+        ms as i64
+    } else {
+        i64::MIN
+    };
+    match last {
+        Some(l) => ms.max(l.saturating_add(1)),
+        None => ms.max(0),
+    }
 }
 
 impl EventWriter {
@@ -256,6 +277,7 @@ impl EventWriter {
         let path = dir.join(name);
         let file = File::create(&path).map_err(io(&path))?;
         let mut w = Self {
+            last_time_step: None,
             path,
             file: Some(BufWriter::new(file)),
         };
@@ -335,9 +357,11 @@ impl EventWriter {
                 .iter()
                 .filter_map(|&(name, v)| v.map(|v| scalar(format!("time/{name}"), v)))
                 .collect();
+            let step = time_step(c.clock_s, self.last_time_step);
+            self.last_time_step = Some(step);
             events.push(Event {
                 wall_time: wall,
-                step: (c.clock_s * 1000.0).round() as i64,
+                step,
                 what: Some(What::Summary(Summary { value: by_time })),
             });
         }
@@ -354,6 +378,16 @@ impl EventWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_steps_never_merge_rounds_nor_saturate() {
+        assert_eq!(time_step(1.2344, None), 1234);
+        assert_eq!(time_step(0.000_001, None), 0);
+        assert_eq!(time_step(0.000_002, Some(0)), 1);
+        assert_eq!(time_step(5.0, Some(1)), 5000);
+        assert_eq!(time_step(1e300, Some(7)), 8);
+        assert_eq!(time_step(1e300, None), 0);
+    }
 
     /// CRC32C's check value, and the masked CRCs TFRecord writes, computed by hand from it
     /// (rotate right 15, add 0xa282ead8).

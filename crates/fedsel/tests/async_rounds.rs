@@ -4,7 +4,7 @@
 #[allow(dead_code)]
 mod common;
 
-use common::{run, synthetic};
+use common::{Resumed, run, synthetic};
 use fedsel::config::Config;
 use fedsel::engine::{self, RoundRecord};
 use fedsel::output::RunWriter;
@@ -142,4 +142,204 @@ fn stale_and_fedbuff_config_errors_name_their_keys() {
         "system.round={policy=\"fedbuff\", concurrency=2, buffer_size=3}",
     ]);
     assert!(e.contains("system.round.concurrency"), "{e}");
+    // FedBuff's sizes have no default: the error names the key and says what to give.
+    let e = err(&[
+        "system.kind=\"lognormal\"",
+        "system.round={policy=\"fedbuff\", buffer_size=3}",
+    ]);
+    assert!(
+        e.contains("system.round.concurrency") && e.contains("concurrency = 20"),
+        "{e}"
+    );
+    // A buffer that covers the federation (30 clients) is said to make the run synchronous.
+    let config = Config::load(
+        None,
+        &[
+            "system.kind=\"lognormal\"".into(),
+            "system.round={policy=\"fedbuff\", concurrency=40, buffer_size=30}".into(),
+        ],
+    )
+    .unwrap();
+    let warnings: Vec<String> = config.warnings(30).iter().map(|w| w.to_string()).collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("system.round.buffer_size") && w.contains("synchronous")),
+        "{warnings:?}"
+    );
+    let config = Config::load(
+        None,
+        &[
+            "system.kind=\"lognormal\"".into(),
+            "system.round={policy=\"fedbuff\", concurrency=8, buffer_size=4}".into(),
+        ],
+    )
+    .unwrap();
+    assert!(config.warnings(30).is_empty());
+}
+
+/// Every asynchronous policy resumes exactly: FedBuff, REFL's stale updates with no limit
+/// under a deadline and with a finite bound under over-commitment, and the selectors that
+/// give orders or a sample pass (PyramidFL, FedBalancer), each killed just before a
+/// checkpoint (after round 9, resumed from round 5) and mid-interval (after round 13,
+/// resumed from round 10): `metrics.csv` but for wall time, `selections.csv` and the
+/// summary equal an uninterrupted run's, and the checkpoint carries what was in flight.
+#[test]
+fn asynchronous_runs_killed_anywhere_resume_exactly() {
+    let lognormal = "system.kind=\"lognormal\"";
+    let cases: [(&str, Vec<&str>, bool); 5] = [
+        ("fedbuff", vec![FEDBUFF], true),
+        (
+            "refl stale -1, deadline",
+            vec![
+                "selection.strategy=\"refl\"",
+                "system.round={policy=\"deadline\", deadline_s=1.5}",
+                "system.stale={stale_update=-1}",
+            ],
+            true,
+        ),
+        (
+            "stale 2, overcommit",
+            vec![
+                "system.round={policy=\"overcommit\", overcommit=0.5}",
+                "system.stale={stale_update=2, stale_factor=-4}",
+            ],
+            true,
+        ),
+        (
+            "pyramidfl",
+            vec![
+                "selection.strategy=\"pyramidfl\"",
+                "system.round.policy=\"overcommit\"",
+            ],
+            false,
+        ),
+        (
+            "fedbalancer",
+            vec![
+                "selection.strategy=\"fedbalancer\"",
+                "system.round={policy=\"deadline\", deadline_s=3.0}",
+            ],
+            false,
+        ),
+    ];
+    for (what, set, in_flight) in cases {
+        let exp = synthetic(&[&["rounds=20", "checkpoint_every=5", lognormal][..], &set].concat());
+        for (crash, next) in [(9, 5), (13, 10)] {
+            let r = Resumed::run(&exp, crash, next);
+            r.assert_same(&format!("{what}, killed after round {crash}"));
+            assert_eq!(r.resumed.cost, r.full.cost, "{what}");
+            assert_eq!(r.resumed.clock, r.full.clock, "{what}");
+            assert_eq!(r.resumed.final_loss, r.full.final_loss, "{what}");
+            assert_eq!(
+                !r.checkpoint.in_flight.is_empty(),
+                in_flight,
+                "{what}: the checkpoint's book"
+            );
+        }
+    }
+}
+
+/// A round that trains nobody still takes time: FedCS under a deadline no client meets
+/// picks nobody, and each such round lasts the deadline; under wait-all it lasts
+/// `system.idle_s`; and FedBuff with nobody in flight waits the same. Every such round is
+/// counted in `rounds_without_updates`.
+#[test]
+fn rounds_that_train_nobody_move_the_clock_and_are_counted() {
+    let cases = [
+        (
+            vec!["system.round={policy=\"deadline\", deadline_s=0.001}"],
+            0.001,
+        ),
+        (
+            vec![
+                "system.round.policy=\"wait_all\"",
+                "selection.fedcs.deadline_s=0.001",
+                "system.idle_s=2.5",
+            ],
+            2.5,
+        ),
+    ];
+    for (set, wait) in cases {
+        let exp = synthetic(
+            &[
+                &[
+                    "rounds=14",
+                    "selection.strategy=\"fedcs\"",
+                    "system.kind=\"lognormal\"",
+                ][..],
+                &set,
+            ]
+            .concat(),
+        );
+        let mut c = common::Collect::default();
+        let summary = engine::run(&exp, &mut c).unwrap();
+        let mut last = 0.0;
+        let (mut empty, mut without) = (0, 0);
+        for r in &c.0 {
+            let clock = r.clock.unwrap();
+            if r.n_selected == 0 {
+                empty += 1;
+                assert!((clock.round_s - wait).abs() < 1e-12, "{set:?}: {clock:?}");
+            }
+            without += usize::from(clock.aggregated == 0);
+            assert!(clock.clock_s > last, "{set:?}: the clock stalled");
+            last = clock.clock_s;
+        }
+        assert!(empty >= 6, "{set:?}: {empty} rounds picked nobody");
+        assert_eq!(summary.clock.unwrap().rounds_without_updates, without);
+    }
+}
+
+/// Under `stale_update = -1` with a deadline no update meets, no update is ever folded: a
+/// client's new task replaces its late one (wasted then), the updates still late at the
+/// end are wasted then, so every training is wasted, as without stale updates; and the
+/// book never holds more than one late update per client.
+#[test]
+fn unlimited_staleness_wastes_every_unused_training_and_holds_one_update_per_client() {
+    let base = [
+        "rounds=40",
+        "checkpoint_every=7",
+        "system.kind=\"lognormal\"",
+        "system.round={policy=\"deadline\", deadline_s=0.001}",
+    ];
+    let stale = synthetic(&[&base[..], &["system.stale={stale_update=-1}"]].concat());
+    let plain = synthetic(&base);
+    let (mut s, mut p) = (common::Collect::default(), common::Collect::default());
+    let ss = engine::run(&stale, &mut s).unwrap();
+    let ps = engine::run(&plain, &mut p).unwrap();
+    let trained = ps.cost.trainings;
+    assert_eq!(ps.cost.wasted_trainings, trained);
+    assert_eq!(ss.cost.wasted_trainings, trained, "every training wasted");
+    assert_eq!(ss.cost.stale_trainings, 0);
+    assert_eq!(ss.clock.unwrap().wasted_trainings, trained);
+    // The checkpoints' books: at most one late update per client.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(dir.path(), &stale.config).unwrap();
+    engine::run(&stale, &mut w).unwrap();
+    let cp = fedsel::checkpoint::load(dir.path()).unwrap();
+    let mut clients: Vec<usize> = cp.in_flight.late.iter().map(|u| u.client).collect();
+    let n = clients.len();
+    clients.sort_unstable();
+    clients.dedup();
+    assert!(n > 0 && clients.len() == n, "{n} late updates");
+}
+
+/// The trackers see every `metrics.csv` column, the staleness ones included, in the file's
+/// order.
+#[test]
+fn trackers_get_every_metrics_column_of_an_asynchronous_run() {
+    let exp = synthetic(&["rounds=3", "system.kind=\"lognormal\"", FEDBUFF]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = RunWriter::create(dir.path(), &exp.config).unwrap();
+    engine::run(&exp, &mut w).unwrap();
+    let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    for r in run(&exp) {
+        let names: Vec<&str> = fedsel::output::metric_values(&r)
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        assert_eq!(names, header, "round {}", r.round);
+    }
 }

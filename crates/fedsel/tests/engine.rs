@@ -6,7 +6,7 @@ mod common;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::Collect;
+use common::{Collect, Resumed};
 use fedsel::config::Config;
 use fedsel::data::{self, locate};
 use fedsel::engine::{self, ClientAccuracy, Experiment, RoundRecord};
@@ -757,99 +757,6 @@ fn shakespeare_builds_leaf_roles_from_the_gutenberg_text() {
     );
 }
 
-/// Writes like a run, then "crashes" (returns an error) after a given round.
-struct CrashAfter {
-    writer: RunWriter,
-    round: usize,
-}
-
-impl engine::Observer for CrashAfter {
-    fn on_round(&mut self, r: &RoundRecord) -> fedsel::error::Result<()> {
-        self.writer.on_round(r)?;
-        if r.round == self.round {
-            return Err(Error::Selection {
-                selector: "test".into(),
-                round: r.round,
-                reason: "simulated crash".into(),
-            });
-        }
-        Ok(())
-    }
-    fn on_checkpoint(&mut self, cp: &fedsel::checkpoint::Checkpoint) -> fedsel::error::Result<()> {
-        self.writer.on_checkpoint(cp)
-    }
-}
-
-/// A run of `exp` whole, and the same run crashed after round `crash`, then resumed from its
-/// last checkpoint, which must resume at `next_round`.
-struct Resumed {
-    whole: tempfile::TempDir,
-    broken: tempfile::TempDir,
-    full: fedsel::summary::RunSummary,
-    resumed: fedsel::summary::RunSummary,
-    /// The checkpoint the resume started from.
-    checkpoint: fedsel::checkpoint::Checkpoint,
-}
-
-impl Resumed {
-    fn run(exp: &Experiment, crash: usize, next_round: usize) -> Self {
-        let whole = tempfile::tempdir().unwrap();
-        let mut w = RunWriter::create(whole.path(), &exp.config).unwrap();
-        let full = engine::run(exp, &mut w).unwrap();
-        let broken = tempfile::tempdir().unwrap();
-        let mut crashing = CrashAfter {
-            writer: RunWriter::create(broken.path(), &exp.config).unwrap(),
-            round: crash,
-        };
-        assert!(engine::run(exp, &mut crashing).is_err());
-        let checkpoint = fedsel::checkpoint::load(broken.path()).unwrap();
-        assert_eq!(
-            checkpoint.next_round, next_round,
-            "the last checkpoint before the crash"
-        );
-        let mut w = RunWriter::resume(broken.path(), next_round).unwrap();
-        let resumed = engine::resume(exp, &mut w, checkpoint.clone()).unwrap();
-        Self {
-            whole,
-            broken,
-            full,
-            resumed,
-            checkpoint,
-        }
-    }
-
-    /// The resumed run's metrics (but for wall time) and selections are the whole run's.
-    fn assert_same(&self, what: &str) {
-        assert_eq!(
-            metrics_without_time(self.whole.path()),
-            metrics_without_time(self.broken.path()),
-            "{what}"
-        );
-        let selections = |d: &tempfile::TempDir| {
-            std::fs::read_to_string(d.path().join("selections.csv")).unwrap()
-        };
-        assert_eq!(selections(&self.whole), selections(&self.broken), "{what}");
-    }
-}
-
-fn metrics_without_time(dir: &std::path::Path) -> Vec<String> {
-    let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
-    let time = text
-        .lines()
-        .next()
-        .unwrap()
-        .split(',')
-        .position(|c| c == "elapsed_s")
-        .unwrap();
-    text.lines()
-        .map(|l| {
-            let mut fields: Vec<&str> = l.split(',').collect();
-            fields.remove(time);
-            fields.join(",")
-        })
-        .collect()
-}
-
 #[test]
 fn a_resumed_run_equals_an_uninterrupted_one() {
     // Every kind of carried state: client momentum kept between rounds, FedAdam moments,
@@ -1376,6 +1283,44 @@ fn a_round_that_loses_every_update_still_moves_the_clock() {
             empty > 0 && empty < 60,
             "{policy}: {empty} rounds without updates"
         );
+    }
+}
+
+/// Each client online 2 s in every 1,000 s, at its own offset (client k from 33k s): TiFL
+/// picks from its tier, whose clients are seldom the ones online, and from some round on
+/// picks nobody; those rounds still move the clock (to the next client's change) and are
+/// counted, as are the ones whose updates miss the 2 s window.
+#[test]
+fn tifl_under_rare_availability_moves_the_clock_every_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("client_behave_trace");
+    let script = format!(
+        "import pickle\npickle.dump({{k: {{'active': [33 * (k % 30)], 'inactive': [33 * (k % 30) + 2], 'finish_time': 1000}} for k in range(31)}}, open({:?}, 'wb'))",
+        path.display().to_string()
+    );
+    match std::process::Command::new("python3")
+        .args(["-c", &script])
+        .status()
+    {
+        Ok(s) if s.success() => {}
+        Ok(s) => panic!("python3 could not write the trace: {s}"),
+        Err(e) => {
+            eprintln!("skipped: no python3 to write a behave trace ({e})");
+            return;
+        }
+    }
+    let trace = path.display().to_string();
+    for policy in ["wait_all", "overcommit"] {
+        let empty = assert_the_clock_moves(
+            &trace,
+            policy,
+            40,
+            &[
+                "selection.strategy=\"tifl\"",
+                "selection.clients_per_round=3",
+            ],
+        );
+        assert!(empty > 0, "{policy}: no round without updates");
     }
 }
 

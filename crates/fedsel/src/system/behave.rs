@@ -72,6 +72,17 @@ impl Activity {
         i < self.active.len() && self.active[i] <= x
     }
 
+    /// The next virtual second after `t` at which the client changes state: the end of
+    /// its interval if it is online at `t` (`t` itself at the interval's last instant),
+    /// else the start of its next interval.
+    pub fn next_change(&self, t: f64) -> f64 {
+        let (x, i) = self.locate(t);
+        match self.active.get(i) {
+            Some(&start) if start <= x => t + (self.inactive[i] - x),
+            _ => self.next_active(t),
+        }
+    }
+
     /// The first virtual second ≥ `t` at which the client is online: `t` itself if it is,
     /// else the start of its next interval, in this cycle or the next.
     pub fn next_active(&self, t: f64) -> f64 {
@@ -113,6 +124,16 @@ mod tests {
         ] {
             assert_eq!(a.is_active(t), online, "t = {t}");
         }
+    }
+
+    #[test]
+    fn the_next_change_is_the_interval_end_online_and_the_next_start_offline() {
+        let a = two_intervals();
+        assert_eq!(a.next_change(20.0), 50.0);
+        assert_eq!(a.next_change(60.0), 100.0);
+        assert_eq!(a.next_change(120.0), 150.0);
+        assert_eq!(a.next_change(170.0), 200.0);
+        assert_eq!(a.next_change(420.0), 450.0);
     }
 
     #[test]

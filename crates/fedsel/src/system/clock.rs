@@ -40,6 +40,22 @@ use crate::system::behave::Activity;
 use crate::system::profile::Profile;
 use crate::system::{RoundPolicy, StaleConfig, SystemConfig};
 
+/// Virtual seconds for people to read, at any magnitude: six significant digits, in
+/// exponent form below a millisecond or at a million seconds and above (`0.00125`,
+/// `53.1235`, `4.2e-7`, `5.12410e15`), so that neither a fast device's microseconds nor
+/// an extreme one's centuries collapse into `0.000` or a saturated count.
+pub fn show_s(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let magnitude = x.abs().log10().floor();
+    if (-3.0..6.0).contains(&magnitude) {
+        format!("{x:.*}", (5.0 - magnitude) as usize)
+    } else {
+        format!("{x:.5e}")
+    }
+}
+
 /// A round on the clock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoundTiming {
@@ -178,6 +194,9 @@ pub struct Clock {
     policy: RoundPolicy,
     /// Per client, when it is online (`[system] behave_trace` only).
     behave: Option<Vec<Activity>>,
+    /// Seconds a round that trains nobody waits when nothing else sets its end
+    /// ([`Clock::idle_s`]).
+    idle_s: f64,
 }
 
 impl Clock {
@@ -189,7 +208,36 @@ impl Clock {
             model_kbit: num_params as f64 * 32.0 / 1024.0,
             policy: cfg.round,
             behave: None,
+            idle_s: cfg.idle_s.unwrap_or(1.0),
         }
+    }
+
+    /// Sets the wait of a round that trains nobody when nothing else sets it
+    /// (`system.idle_s`, or the median registered round trip: [`SystemConfig::clock`]).
+    pub fn set_idle_s(&mut self, idle_s: f64) {
+        self.idle_s = idle_s;
+    }
+
+    /// How long a round that trains nobody lasts from `now_s`, when the server next has
+    /// something to decide on: its `deadline_s` if the round has one; else, with a behave
+    /// trace, the next time a client comes online or goes offline; else `system.idle_s`.
+    /// Always > 0, so such rounds move the clock (a round of 0 s would be asked again at
+    /// the same instant, with the same clients, and the clock would never move).
+    pub fn idle_s(&self, now_s: f64, deadline_s: Option<f64>) -> f64 {
+        if let Some(d) = deadline_s {
+            return d;
+        }
+        self.behave
+            .as_ref()
+            .map(|b| {
+                b.iter()
+                    .map(|a| a.next_change(now_s))
+                    .filter(|&t| t > now_s)
+                    .fold(f64::INFINITY, f64::min)
+                    - now_s
+            })
+            .filter(|w| w.is_finite() && *w > 0.0)
+            .unwrap_or(self.idle_s)
     }
 
     /// The clock with per-client online times (one per client), or without any.
@@ -452,7 +500,7 @@ pub fn fedbuff_budget(concurrency: usize, buffer_size: usize, in_flight: usize) 
 }
 
 /// A client training under FedBuff.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Flight {
     /// The engine's handle on the update.
     pub id: usize,
@@ -547,6 +595,16 @@ pub fn fedbuff_round(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_keep_six_significant_digits_at_every_magnitude() {
+        assert_eq!(show_s(0.0), "0");
+        assert_eq!(show_s(0.00125), "0.00125000");
+        assert_eq!(show_s(53.123456), "53.1235");
+        assert_eq!(show_s(999_999.0), "999999");
+        assert_eq!(show_s(4.2e-7), "4.20000e-7");
+        assert_eq!(show_s(5_124_095_576_030_431.0 * 3600.0), "1.84467e19");
+    }
 
     /// Three clients with a model of 1024 parameters (32 kbit each way) and augmentation 3:
     ///

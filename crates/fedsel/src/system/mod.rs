@@ -8,6 +8,7 @@
 pub mod behave;
 pub mod clock;
 pub mod fedscale;
+pub mod inflight;
 mod pickle;
 pub mod profile;
 
@@ -61,9 +62,12 @@ pub enum RoundPolicy {
     /// staleness being the server model versions since the client pulled. A round is one
     /// aggregation ([`clock::fedbuff_round`]).
     Fedbuff {
-        /// C: clients training at once (FedBuff's concurrency).
+        /// C: clients training at once (FedBuff's concurrency). Required: left out (0), the
+        /// config is refused with an error that says what to give.
+        #[serde(default)]
         concurrency: usize,
-        /// K: arrivals per aggregation (FedBuff's buffer size).
+        /// K: arrivals per aggregation (FedBuff's buffer size). Required, as `concurrency`.
+        #[serde(default)]
         buffer_size: usize,
     },
 }
@@ -146,6 +150,14 @@ pub struct SystemConfig {
     /// `overcommit` only; absent, a late update is dropped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stale: Option<StaleConfig>,
+    /// Virtual seconds a round lasts when it trains nobody (the selector picked no one, or
+    /// nobody was available) and nothing else tells the server when to decide again: no
+    /// deadline and no behave trace whose next change it can wait for
+    /// ([`Clock::idle_s`](clock::Clock::idle_s)). Absent, the median client's registered
+    /// round trip (download, its local work, upload): a server polls again after about one
+    /// ordinary round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_s: Option<f64>,
 }
 
 impl Default for SystemConfig {
@@ -161,6 +173,7 @@ impl Default for SystemConfig {
             augmentation: 3.0,
             round: RoundPolicy::WaitAll,
             stale: None,
+            idle_s: None,
         }
     }
 }
@@ -198,8 +211,16 @@ impl SystemConfig {
             Some(path) => Some(fedscale::load_behave(path, clients)?),
             None => None,
         };
-        let clock = Clock::new(self, profiles, num_params).with_behave(behave);
+        let mut clock = Clock::new(self, profiles, num_params).with_behave(behave);
         self.check_durations(&clock, samples, rounds)?;
+        let idle_s = self.idle_s.unwrap_or_else(|| {
+            let mut trips: Vec<f64> = (0..clients)
+                .map(|k| clock.finish_s(k, samples[k]))
+                .collect();
+            trips.sort_by(f64::total_cmp);
+            trips.get(clients / 2).copied().unwrap_or(1.0)
+        });
+        clock.set_idle_s(idle_s);
         Ok(Some(clock))
     }
 
@@ -388,6 +409,14 @@ impl SystemConfig {
             format!("{} must be finite and ≥ 0", self.bandwidth_skew),
         )?;
         check_pos(self.augmentation, "system.augmentation")?;
+        if let Some(idle) = self.idle_s {
+            check(
+                self.is_on(),
+                "system.idle_s",
+                "needs a clock, and system.kind is `none`",
+            )?;
+            check_pos(idle, "system.idle_s")?;
+        }
         if let Some(st) = &self.stale {
             check(
                 matches!(
@@ -433,7 +462,13 @@ impl SystemConfig {
                 concurrency,
                 buffer_size,
             } => {
-                check(buffer_size >= 1, "system.round.buffer_size", "must be ≥ 1")?;
+                for (key, v) in [("concurrency", concurrency), ("buffer_size", buffer_size)] {
+                    check(
+                        v >= 1,
+                        &format!("system.round.{key}"),
+                        "policy = \"fedbuff\" needs both of its sizes, which have no default: concurrency (C, the clients training at once) and buffer_size (K, the arrivals aggregated at once), with C ≥ K ≥ 1; FedBuff (Nguyen et al., AISTATS'22) runs K well below C, e.g. system.round = { policy = \"fedbuff\", concurrency = 20, buffer_size = 10 }",
+                    )?;
+                }
                 check(
                     concurrency >= buffer_size,
                     "system.round.concurrency",

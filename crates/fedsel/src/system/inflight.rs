@@ -1,0 +1,222 @@
+//! The updates between rounds: late updates waiting to be folded (`[system.stale]`) and
+//! FedBuff's clients still training. This book is part of a run's state as much as the
+//! global model is, so it goes into every checkpoint ([`InFlight::arrays`],
+//! [`InFlight::refill`]) and a resumed asynchronous run continues exactly.
+//!
+//! It holds updates and their times; it never trains, aggregates or reads a model's
+//! meaning: the engine does that, and the clock arithmetic stays in [`super::clock`].
+//!
+//! **Memory is bounded.** A late update holds a whole model, and under
+//! `stale_update = -1` nothing made it expire: with a deadline no update meets, every
+//! training waited forever and a run held one model per training (4,000 models over 400
+//! rounds of 10). A device trains one task at a time, so the book keeps at most one late
+//! update per client: a client selected again while its update is still on its way is sent
+//! the new model and drops the old task, whose training is then wasted
+//! ([`InFlight::supersede`]). REFL's code also keeps one stale update per client (its
+//! `staleWeights` is a dict keyed by client id, ahmedcs/REFL @ aa7e642,
+//! `core/aggregator.py` line 89), but never re-selects such a client (lines 682-722);
+//! fedsel leaves selection to the selector. So the late updates held are at most the
+//! number of clients N, and FedBuff's flights at most its concurrency C: the book's memory
+//! is at most (N + C) models, whatever the number of rounds. At the end of a run the
+//! updates still in the book were never used, and [`InFlight::unused`] counts them as
+//! wasted trainings.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::system::clock::Flight;
+
+/// An update that missed its round's cut and waits, under `[system.stale]`, to be folded
+/// into a later round when it arrives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LateUpdate {
+    /// Its client.
+    pub client: usize,
+    /// The round it was trained in.
+    pub origin: usize,
+    /// The virtual second it arrives.
+    pub arrival_s: f64,
+    /// The local model (in the checkpoint's tensors, not its metadata).
+    #[serde(skip)]
+    pub params: Vec<f32>,
+    /// The selector's weight for its entry, if it gave any.
+    pub weight: Option<f64>,
+}
+
+/// A FedBuff update in flight: trained when its client was selected, from the model of
+/// that round, and aggregated when it arrives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Flying {
+    /// Its client.
+    pub client: usize,
+    /// The local model minus the model it trained from (in the checkpoint's tensors).
+    #[serde(skip)]
+    pub delta: Vec<f32>,
+    /// Its mean training loss.
+    pub loss: f64,
+    /// The selector's weight for its entry, if it gave any.
+    pub weight: Option<f64>,
+    /// Its client's sample-selection report, when the selector asked for a pass.
+    pub report: Option<Vec<f64>>,
+}
+
+/// Everything in flight between two rounds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// Late updates waiting to be folded (`[system.stale]`), oldest first.
+    pub late: Vec<LateUpdate>,
+    /// FedBuff's clients in flight, in the order they started.
+    pub flights: Vec<Flight>,
+    /// Their updates, by [`Flight::id`].
+    pub flying: BTreeMap<usize, Flying>,
+    /// The id the next FedBuff flight gets.
+    pub next_flight: usize,
+}
+
+impl InFlight {
+    /// Whether nothing is in flight and no flight was ever started: a synchronous run's
+    /// book, left out of its checkpoint so that such checkpoints read as before.
+    pub fn is_empty(&self) -> bool {
+        self.late.is_empty() && self.flights.is_empty() && self.next_flight == 0
+    }
+
+    /// The models the book holds, in the order [`InFlight::refill`] takes them back: the
+    /// late updates' then the flying deltas, by id.
+    pub fn arrays(&self) -> impl Iterator<Item = &[f32]> {
+        self.late
+            .iter()
+            .map(|u| u.params.as_slice())
+            .chain(self.flying.values().map(|f| f.delta.as_slice()))
+    }
+
+    /// The book without its models: what a checkpoint's metadata records (the models go
+    /// to its tensors), made without copying them.
+    pub fn times(&self) -> Self {
+        Self {
+            late: self
+                .late
+                .iter()
+                .map(|u| LateUpdate {
+                    params: Vec::new(),
+                    ..*u
+                })
+                .collect(),
+            flights: self.flights.clone(),
+            flying: self
+                .flying
+                .iter()
+                .map(|(&id, f)| {
+                    (
+                        id,
+                        Flying {
+                            delta: Vec::new(),
+                            report: f.report.clone(),
+                            ..*f
+                        },
+                    )
+                })
+                .collect(),
+            next_flight: self.next_flight,
+        }
+    }
+
+    /// How many models [`InFlight::arrays`] yields.
+    pub fn array_count(&self) -> usize {
+        self.late.len() + self.flying.len()
+    }
+
+    /// Puts back the models of a book read from a checkpoint's metadata, in
+    /// [`InFlight::arrays`] order.
+    pub fn refill(&mut self, mut next: impl FnMut() -> Vec<f32>) {
+        for u in &mut self.late {
+            u.params = next();
+        }
+        for f in self.flying.values_mut() {
+            f.delta = next();
+        }
+    }
+
+    /// Drops the late updates of `clients` that have not arrived by `broadcast_s`, when
+    /// those clients are sent a new model then (module doc); returns how many it dropped,
+    /// each a wasted training. An update already at the server waits for its fold.
+    pub fn supersede(&mut self, clients: &[usize], broadcast_s: f64) -> usize {
+        let before = self.late.len();
+        self.late
+            .retain(|u| !(u.arrival_s > broadcast_s && clients.contains(&u.client)));
+        before - self.late.len()
+    }
+
+    /// The trainings whose updates are still in the book: at the end of a run, never used.
+    pub fn unused(&self) -> usize {
+        self.late.len() + self.flying.len()
+    }
+
+    /// The clients training under FedBuff (a client trains one update at a time).
+    pub fn busy(&self) -> std::collections::BTreeSet<usize> {
+        self.flights
+            .iter()
+            .map(|f| self.flying[&f.id].client)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn late(client: usize, origin: usize, arrival_s: f64) -> LateUpdate {
+        LateUpdate {
+            client,
+            origin,
+            arrival_s,
+            params: vec![client as f32; 3],
+            weight: None,
+        }
+    }
+
+    #[test]
+    fn a_new_task_supersedes_only_an_update_still_on_its_way() {
+        let mut book = InFlight {
+            late: vec![late(1, 0, 5.0), late(2, 0, 3.0), late(3, 1, 9.0)],
+            ..InFlight::default()
+        };
+        // Client 1's update arrives at 5 s, after the broadcast at 4 s: dropped. Client 2's
+        // arrived at 3 s and waits for its fold. Client 3 is not selected.
+        assert_eq!(book.supersede(&[1, 2], 4.0), 1);
+        let left: Vec<usize> = book.late.iter().map(|u| u.client).collect();
+        assert_eq!(left, [2, 3]);
+        assert_eq!(book.unused(), 2);
+    }
+
+    #[test]
+    fn the_models_round_trip_through_arrays_and_refill_in_order() {
+        let mut flying = BTreeMap::new();
+        for (id, client) in [(4, 7), (2, 8)] {
+            flying.insert(
+                id,
+                Flying {
+                    client,
+                    delta: vec![id as f32; 2],
+                    loss: 0.5,
+                    weight: Some(0.25),
+                    report: None,
+                },
+            );
+        }
+        let book = InFlight {
+            late: vec![late(1, 0, 5.0), late(2, 1, 3.0)],
+            flights: Vec::new(),
+            flying,
+            next_flight: 5,
+        };
+        let arrays: Vec<Vec<f32>> = book.arrays().map(<[f32]>::to_vec).collect();
+        assert_eq!(arrays.len(), book.array_count());
+        let meta: InFlight = serde_json::from_value(serde_json::to_value(&book).unwrap()).unwrap();
+        assert!(meta.late.iter().all(|u| u.params.is_empty()));
+        let mut restored = meta;
+        let mut it = arrays.into_iter();
+        restored.refill(|| it.next().unwrap());
+        assert_eq!(restored, book);
+    }
+}
