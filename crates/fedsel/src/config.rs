@@ -1182,6 +1182,14 @@ impl Config {
                 });
             }
         }
+        if self.selection.strategy == "pyramidfl" && !self.selection.oort.is_default() {
+            out.push(ConfigWarning {
+                key: "selection.oort".into(),
+                message: "is not read by pyramidfl, whose Oort has its own options: set them in \
+                          [selection.pyramidfl.oort]"
+                    .into(),
+            });
+        }
         if let Some(RoundPolicy::Fedbuff {
             concurrency,
             buffer_size,
@@ -1873,5 +1881,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with(&path.display().to_string()), "{e}");
+    }
+
+    #[test]
+    fn oort_options_under_pyramidfl_are_said_to_be_unread() {
+        let load = |set: &[&str]| {
+            let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+            Config::load(None, &set).unwrap()
+        };
+        let c = load(&[
+            "selection.strategy=\"pyramidfl\"",
+            "system.kind=\"lognormal\"",
+            "selection.oort.pacer_step=7",
+        ]);
+        let w: Vec<String> = c.warnings(30).iter().map(|w| w.to_string()).collect();
+        assert!(
+            w.iter()
+                .any(|w| w.contains("`selection.oort`") && w.contains("[selection.pyramidfl.oort]")),
+            "{w:?}"
+        );
+        let c = load(&["selection.strategy=\"oort\"", "selection.oort.pacer_step=7"]);
+        assert!(c.warnings(30).is_empty());
     }
 }

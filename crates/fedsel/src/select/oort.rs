@@ -161,6 +161,37 @@ pub struct OortConfig {
     /// `code` exploration samples among this many times its share of never-tried
     /// clients (5.0).
     pub sample_window: f64,
+    /// How a round's K slots split between exploration and exploitation (module doc,
+    /// "Exploration's share"): `explore_floor` (default) explores ⌊K·ε⌋; `exploit_floor`
+    /// exploits ⌊K·(1 − ε)⌋ and explores the rest, as FedScale's `getTopK` does.
+    #[serde(skip_serializing_if = "ExplorationSplit::is_default")]
+    pub exploration_split: ExplorationSplit,
+}
+
+/// How Oort splits a round's K slots (`selection.oort.exploration_split`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExplorationSplit {
+    /// ⌊K·ε⌋ slots explore, the rest exploit.
+    #[default]
+    ExploreFloor,
+    /// ⌊K·(1 − ε)⌋ slots exploit, the rest explore (FedScale's `getTopK`,
+    /// `exploitLen = int(numOfSamples * (1.0 - self.exploration))`).
+    ExploitFloor,
+}
+
+impl ExplorationSplit {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The slots exploration gets of `budget` at share `epsilon`.
+    pub fn explore_slots(self, budget: usize, epsilon: f64) -> usize {
+        match self {
+            Self::ExploreFloor => ((budget as f64 * epsilon) as usize).min(budget),
+            Self::ExploitFloor => budget - ((budget as f64 * (1.0 - epsilon)) as usize).min(budget),
+        }
+    }
 }
 
 impl Default for OortConfig {
@@ -179,6 +210,7 @@ impl Default for OortConfig {
             pacer_delta: 5.0,
             pacer_step: 20,
             sample_window: 5.0,
+            exploration_split: ExplorationSplit::ExploreFloor,
         }
     }
 }
@@ -585,8 +617,11 @@ impl Selector for Oort {
         let s = &mut self.state;
         s.exploration = (s.exploration * self.cfg.exploration_decay).max(self.cfg.exploration_min);
         let budget = ctx.budget;
-        let share = (budget as f64 * s.exploration) as usize;
-        let exploit_len = (budget - share.min(budget))
+        let share = self
+            .cfg
+            .exploration_split
+            .explore_slots(budget, s.exploration);
+        let exploit_len = (budget - share)
             .max(budget.saturating_sub(fresh.len()))
             .min(scored.len());
         let exploited = self.exploit(&scored, exploit_len, rng);
@@ -879,6 +914,27 @@ mod tests {
             assert_eq!(s.state.threshold, want, "round {r}");
         }
         assert!((s.state.exploit_history[0] - 10.0 / 1.0001).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_two_splits_differ_where_k_epsilon_is_not_whole() {
+        let (share, code) = (
+            ExplorationSplit::ExploreFloor,
+            ExplorationSplit::ExploitFloor,
+        );
+        // K = 1: ⌊0.9⌋ = 0 slots explore, so Oort never explores; FedScale exploits
+        // ⌊0.1⌋ = 0 and explores the one slot.
+        assert_eq!(share.explore_slots(1, 0.9), 0);
+        assert_eq!(code.explore_slots(1, 0.9), 1);
+        // K = 6, ε = 0.45: ⌊2.7⌋ = 2 against 6 − ⌊3.3⌋ = 3.
+        assert_eq!(share.explore_slots(6, 0.45), 2);
+        assert_eq!(code.explore_slots(6, 0.45), 3);
+        // K = 10, ε = 0.5: whole, both 5.
+        assert_eq!(share.explore_slots(10, 0.5), 5);
+        assert_eq!(code.explore_slots(10, 0.5), 5);
+        // FedScale's float: 20 · (1 − 0.9) = 1.9999999999999996, so it exploits 1.
+        assert_eq!(share.explore_slots(20, 0.9), 18);
+        assert_eq!(code.explore_slots(20, 0.9), 19);
     }
 
     #[test]
