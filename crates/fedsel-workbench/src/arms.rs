@@ -71,12 +71,27 @@ fn invalid(dir: &Path, why: impl Into<String>) -> fedsel::error::Error {
 }
 
 /// Every leaf of a TOML table under its dotted key; strings without their quotes. A round
-/// policy (`system.round`, a table tagged by `policy`) is one leaf named as a sweep names it
-/// (`system.round=overcommit-0.3`): its parameters mean nothing apart from the policy.
+/// policy (`system.round`, a table tagged by `policy`) is one leaf, since its parameters mean
+/// nothing apart from the policy: named as a sweep names it (`system.round=overcommit-0.3`)
+/// when it has one parameter, and with each parameter's name when it has several
+/// (`system.round=fedbuff concurrency=10 buffer_size=6`), whose bare numbers would not say
+/// which is which.
 fn flatten(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
     match value {
         toml::Value::Table(t) if !prefix.is_empty() && t.contains_key("policy") => {
-            out.insert(prefix.to_string(), crate::sweep::value_label(value));
+            let label = if t.len() > 2 {
+                std::iter::once(crate::sweep::value_label(&t["policy"]))
+                    .chain(
+                        t.iter()
+                            .filter(|(k, _)| *k != "policy")
+                            .map(|(k, v)| format!("{k}={}", crate::sweep::value_label(v))),
+                    )
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            } else {
+                crate::sweep::value_label(value)
+            };
+            out.insert(prefix.to_string(), label);
         }
         toml::Value::Table(t) => {
             for (k, v) in t {
@@ -113,7 +128,23 @@ pub fn truncation(dir: &Path) -> fedsel::error::Result<Option<String>> {
             "truncated: it has no summary.json (the run stopped before it finished)".into(),
         ));
     }
-    let rounds = read_summary(dir)?["rounds"]
+    let summary = read_summary(dir)?;
+    if let Some(status @ ("failed" | "interrupted")) = summary["status"].as_str() {
+        let done = summary["rounds_completed"].as_u64().unwrap_or(0);
+        let next = if fedsel::checkpoint::load(dir).is_ok() {
+            format!(
+                "`fedsel run --resume {}` continues it from its last checkpoint",
+                dir.display()
+            )
+        } else {
+            "it has no checkpoint to resume from".into()
+        };
+        return Ok(Some(format!(
+            "{status} after {done} rounds ({}); {next}",
+            summary["error"].as_str().unwrap_or("no error recorded")
+        )));
+    }
+    let rounds = summary["rounds"]
         .as_u64()
         .ok_or_else(|| invalid(&dir.join("summary.json"), "has no number of rounds"))?;
     let path = dir.join("metrics.csv");
@@ -183,7 +214,11 @@ fn read_config(dir: &Path) -> Result<Read> {
     }
     if dir.join("summary.json").is_file() {
         let summary = read_summary(dir)?;
-        if summary["status"] != "finished" {
+        // A failed or interrupted run is left out with its error ([`truncation`]).
+        if !matches!(
+            summary["status"].as_str(),
+            Some("finished" | "failed" | "interrupted")
+        ) {
             return Err(invalid(
                 dir,
                 format!(
@@ -451,6 +486,25 @@ mod tests {
             labels(&rounds),
             ["round=overcommit-0.3", "round=deadline-30.0s"]
         );
+        // A policy of several parameters names each.
+        let buffered = super::arms(
+            &[
+                policy(
+                    "h",
+                    "policy = \"fedbuff\"\nconcurrency = 10\nbuffer_size = 6",
+                ),
+                policy("i", "policy = \"overcommit\"\novercommit = 0.3"),
+            ],
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            labels(&buffered),
+            [
+                "round=fedbuff buffer_size=6 concurrency=10",
+                "round=overcommit-0.3"
+            ]
+        );
     }
 
     /// A key is shortened to the fewest trailing parts no other key ends with.
@@ -573,7 +627,13 @@ mod tests {
             "round,test_acc\n0,0.1\n1,0.2\n2\n",
         )
         .unwrap();
-        let dirs = [good.clone(), no_summary, cut, skewed, broken];
+        let failed = whole("failed", 6);
+        std::fs::write(
+            failed.join("summary.json"),
+            r#"{"status": "failed", "error": "boom", "rounds_completed": 2}"#,
+        )
+        .unwrap();
+        let dirs = [good.clone(), no_summary, cut, skewed, broken, failed];
         let arms = arms(&dirs, false).unwrap();
         assert_eq!(arms.arms.len(), 1);
         assert_eq!(arms.arms[0].dirs, std::slice::from_ref(&good));
@@ -607,9 +667,17 @@ mod tests {
             "{}",
             why[3].1
         );
+        // A failed run is left out with its error, not a reason to abort the report.
+        assert_eq!(
+            why[4],
+            (
+                dirs[5].as_path(),
+                "failed after 2 rounds (boom); it has no checkpoint to resume from"
+            )
+        );
         let err = super::arms(&dirs[1..], false).unwrap_err();
         assert!(
-            matches!(&err, Error::NothingLeft { left_out } if left_out.len() == 4),
+            matches!(&err, Error::NothingLeft { left_out } if left_out.len() == 5),
             "{err}"
         );
     }
@@ -628,12 +696,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a run directory"), "{err}");
-        std::fs::write(a.join("summary.json"), r#"{"status": "failed"}"#).unwrap();
+        std::fs::write(a.join("summary.json"), r#"{"status": "running"}"#).unwrap();
         let err = arms(std::slice::from_ref(&a), false)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("not a finished run") && err.contains("failed"),
+            err.contains("not a finished run") && err.contains("running"),
             "{err}"
         );
         let err = check_out(&a, std::slice::from_ref(&a))
