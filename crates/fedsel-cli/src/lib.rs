@@ -1318,3 +1318,20 @@ fn clock_time(s: f64) -> String {
         format!("{m}m {sec:02}s")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::clock_time;
+
+    #[test]
+    fn console_times_neither_vanish_nor_saturate() {
+        assert_eq!(clock_time(4.2e-7), "4.20000e-7s");
+        assert_eq!(clock_time(12.54), "12.5s");
+        assert_eq!(clock_time(200.0), "3m 20s");
+        assert_eq!(clock_time(7507.0), "2h 05m 07s");
+        assert_eq!(
+            clock_time(1.844_674_407_370_955_2e19),
+            "1.84467e19s (5.84542e11 years)"
+        );
+    }
+}

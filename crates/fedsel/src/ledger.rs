@@ -60,7 +60,10 @@ pub struct Ledger {
     pub sample_examples: u64,
     /// Parameters the round's uploads left out, as their selector ordered
     /// ([`UploadDropout`](crate::select::UploadDropout), PyramidFL's update dropout): the
-    /// communication saved, which `uploads` (whole models) does not show. Like
+    /// communication saved, which `uploads` (whole models) does not show. Booked, as
+    /// `uploads` is, for every upload a client started, including one lost when its client
+    /// went offline before it arrived (that training is also in `wasted_trainings`): both
+    /// count what the clients were told to send, not what reached the server. Like
     /// `wasted_trainings`, left out of [`Ledger::COLUMNS`] and of `summary.json` at 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub dropped_params: u64,

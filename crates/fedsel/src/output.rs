@@ -384,6 +384,22 @@ pub fn id_ranges(ids: &[usize]) -> String {
 mod tests {
     use super::*;
 
+    /// Clock columns keep every bit at any magnitude: a microsecond round is not 0.000000,
+    /// a century not a row of digits, and each reads back to the same f64.
+    #[test]
+    fn clock_times_are_written_exactly() {
+        for (x, text) in [
+            (0.0, "0"),
+            (53.123_456_789, "53.123456789"),
+            (4.2e-7, "4.2e-7"),
+            (1.844_674_407_370_955_2e19, "1.8446744073709552e19"),
+            (0.1 + 0.2, "0.30000000000000004"),
+        ] {
+            assert_eq!(exact(x), text);
+            assert_eq!(text.parse::<f64>().unwrap(), x);
+        }
+    }
+
     #[test]
     fn ids_are_written_as_runs() {
         assert_eq!(id_ranges(&[]), "");
