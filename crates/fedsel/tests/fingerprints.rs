@@ -1,0 +1,267 @@
+//! Fingerprints of short runs: every strategy, every round policy, stale updates, FedBuff,
+//! per-client orders (PyramidFL), the sample pass (FedBalancer), FedProx and FedAdam, and
+//! the three availability families (FedGS's, F3AST's, a trace). Each run's outputs
+//! (`metrics.csv` without its wall-clock column, `selections.csv`, and `summary.json`
+//! without `wall_s` and `cpu`) are hashed and compared with `tests/data/fingerprints.txt`,
+//! so that a change meant to move code without changing behaviour is checked against every
+//! kind of run at once: any changed bit of any output of any run fails by name.
+//!
+//! The runs train the logistic regression on the built-in Synthetic data, whose results
+//! are the same on every x86-64 instruction set (`gemm`'s per-CPU blocking does not reach
+//! them). FedCor and FedGP fit their GP through `gemm`, so their lines name the instruction
+//! set they were recorded on and are checked only there (and say so otherwise).
+//!
+//! After a deliberate change of behaviour, record the set again and say why in the commit:
+//! `FEDSEL_RECORD_FINGERPRINTS=1 cargo test --release --test fingerprints`.
+
+#[allow(dead_code)]
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use fedsel::engine;
+use fedsel::output::RunWriter;
+
+/// The cases: a name, whether its result depends on the instruction set, and its overrides
+/// of the built-in default (Synthetic(0.5, 0.5), 30 clients, logistic regression).
+fn cases(trace: &Path) -> Vec<(&'static str, bool, Vec<String>)> {
+    let clock = "system.kind=\"lognormal\"";
+    let overcommit = "system.round.policy=\"overcommit\"";
+    let deadline = "system.round={policy=\"deadline\", deadline_s=3.0}";
+    let plain = |strategy: &str| vec![format!("selection.strategy=\"{strategy}\"")];
+    let timed = |strategy: &str, policy: &str| {
+        vec![
+            format!("selection.strategy=\"{strategy}\""),
+            clock.to_string(),
+            policy.to_string(),
+        ]
+    };
+    let mut cases: Vec<(&'static str, bool, Vec<String>)> = vec![
+        ("uniform", false, plain("uniform")),
+        ("md", false, plain("md")),
+        ("powd", false, plain("powd")),
+        ("cpowd", false, plain("cpowd")),
+        ("rpowd", false, plain("rpowd")),
+        ("afl", false, plain("afl")),
+        ("fedgs", false, plain("fedgs")),
+        ("f3ast", false, plain("f3ast")),
+        ("hics", false, plain("hics")),
+        ("cs1", false, plain("cs1")),
+        ("cs2", false, plain("cs2")),
+        ("divfl", false, plain("divfl")),
+        ("oort", false, timed("oort", overcommit)),
+        ("fedcs", false, timed("fedcs", deadline)),
+        (
+            "tifl",
+            false,
+            timed("tifl", "system.round.policy=\"wait_all\""),
+        ),
+        ("fedbalancer", false, timed("fedbalancer", deadline)),
+        ("pyramidfl", false, timed("pyramidfl", overcommit)),
+        (
+            "uniform-wait-all",
+            false,
+            timed("uniform", "system.round.policy=\"wait_all\""),
+        ),
+        (
+            "refl-stale-unlimited",
+            false,
+            [
+                timed("refl", deadline),
+                vec!["system.stale={stale_update=-1}".into()],
+            ]
+            .concat(),
+        ),
+        (
+            "uniform-stale-2-overcommit",
+            false,
+            [
+                timed(
+                    "uniform",
+                    "system.round={policy=\"overcommit\", overcommit=0.5}",
+                ),
+                vec!["system.stale={stale_update=2, stale_factor=-4}".into()],
+            ]
+            .concat(),
+        ),
+        (
+            "oort-fedbuff",
+            false,
+            timed(
+                "oort",
+                "system.round={policy=\"fedbuff\", concurrency=8, buffer_size=4}",
+            ),
+        ),
+        (
+            "fedprox",
+            false,
+            vec![
+                "selection.strategy=\"md\"".into(),
+                "train.prox_mu=0.01".into(),
+            ],
+        ),
+        (
+            "fedadam",
+            false,
+            vec!["server.optimizer=\"adam\"".into(), "server.lr=0.02".into()],
+        ),
+        (
+            "availability-fedgs-ldf",
+            false,
+            vec![
+                "selection.strategy=\"fedgs\"".into(),
+                "availability={kind=\"ldf\", beta=0.5}".into(),
+            ],
+        ),
+        (
+            "availability-f3ast-smartphones",
+            false,
+            vec![
+                "selection.strategy=\"f3ast\"".into(),
+                "availability.kind=\"smartphones\"".into(),
+                "budget={kind=\"random\", min=2, max=6}".into(),
+            ],
+        ),
+        (
+            "availability-trace",
+            false,
+            vec![
+                "selection.strategy=\"powd\"".into(),
+                format!(
+                    "availability={{kind=\"trace\", trace={:?}}}",
+                    trace.display().to_string()
+                ),
+            ],
+        ),
+        // Killed after round 6 and resumed from its checkpoint at round 4.
+        (
+            "divfl-resumed",
+            false,
+            vec![
+                "selection.strategy=\"divfl\"".into(),
+                "checkpoint_every=4".into(),
+            ],
+        ),
+    ];
+    for strategy in ["fedcor", "fedgp"] {
+        cases.push((
+            strategy,
+            true,
+            vec![
+                format!("selection.strategy=\"{strategy}\""),
+                "selection.fedcor.warmup=3".into(),
+                "selection.fedcor.interval=3".into(),
+                "selection.fedcor.steps=20".into(),
+            ],
+        ));
+    }
+    cases
+}
+
+/// A trace of 30 clients over 5 rounds: client k active in round r when (k + r) % 3 ≠ 0.
+fn write_trace(dir: &Path) -> PathBuf {
+    let path = dir.join("trace.csv");
+    let mut text = String::from("round,client\n");
+    for r in 0..5 {
+        for k in (0..30).filter(|k| (k + r) % 3 != 0) {
+            text.push_str(&format!("{r},{k}\n"));
+        }
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The hash of a run directory's outputs, wall-clock fields left out.
+fn fingerprint(dir: &Path) -> String {
+    let mut all = common::metrics_without_time(dir).join("\n");
+    all.push('\n');
+    all.push_str(&std::fs::read_to_string(dir.join("selections.csv")).unwrap());
+    let mut summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let map = summary.as_object_mut().unwrap();
+    map.remove("wall_s");
+    map.remove("cpu");
+    all.push_str(&serde_json::to_string(&summary).unwrap());
+    fedsel::digest::sha256_hex(all.as_bytes())
+}
+
+const FILE: &str = "tests/data/fingerprints.txt";
+
+#[test]
+fn every_kind_of_run_keeps_its_fingerprint() {
+    let tmp = tempfile::tempdir().unwrap();
+    // FEDSEL_FINGERPRINT_DIR keeps the runs there, to compare two builds' outputs field by
+    // field where their fingerprints differ.
+    let kept = std::env::var_os("FEDSEL_FINGERPRINT_DIR").map(PathBuf::from);
+    let base = kept.as_deref().unwrap_or(tmp.path());
+    let trace = write_trace(base);
+    let isa = fedsel::cpu::isa().name();
+    let mut got = BTreeMap::new();
+    for (name, by_isa, set) in cases(&trace) {
+        let set = [vec!["rounds=12".to_string()], set].concat();
+        let refs: Vec<&str> = set.iter().map(String::as_str).collect();
+        let exp = common::synthetic(&refs);
+        let dir = if name.ends_with("-resumed") {
+            let r = common::Resumed::run(&exp, 6, 4);
+            RunWriter::resume(r.broken.path(), 12)
+                .unwrap()
+                .finish(&r.resumed)
+                .unwrap();
+            let dir = base.join(name);
+            std::fs::rename(r.broken.path(), &dir).unwrap();
+            dir
+        } else {
+            let dir = base.join(name);
+            let mut w = RunWriter::create(&dir, &exp.config).unwrap();
+            let summary = engine::run(&exp, &mut w).unwrap();
+            w.finish(&summary).unwrap();
+            dir
+        };
+        let key = if by_isa {
+            format!("{name}@{isa}")
+        } else {
+            name.to_string()
+        };
+        got.insert(key, fingerprint(&dir));
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(FILE);
+    if std::env::var_os("FEDSEL_RECORD_FINGERPRINTS").is_some() {
+        let mut text = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                l.starts_with('#') || l.split_once('@').is_some_and(|(_, r)| !r.starts_with(isa))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect::<String>();
+        for (k, v) in &got {
+            text.push_str(&format!("{k} {v}\n"));
+        }
+        std::fs::write(&path, text).unwrap();
+        return;
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let want: BTreeMap<&str, &str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    let mut wrong = Vec::new();
+    for (k, v) in &got {
+        match want.get(k.as_str()) {
+            Some(w) if w == v => {}
+            Some(_) => wrong.push(format!("{k}: outputs changed")),
+            None if k.contains('@') => eprintln!(
+                "SKIPPED: {k} has no fingerprint recorded for this instruction set ({isa}); its result depends on gemm's kernels"
+            ),
+            None => wrong.push(format!("{k}: no fingerprint recorded")),
+        }
+    }
+    for k in want.keys().filter(|k| !k.contains('@')) {
+        if !got.contains_key(*k) {
+            wrong.push(format!("{k}: recorded but no longer run"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
