@@ -691,28 +691,6 @@ const MODELS: &[&str] = &[
     "cnn_cifar",
     "char_lstm",
 ];
-const STRATEGIES: &[&str] = &[
-    "uniform",
-    "md",
-    "powd",
-    "cpowd",
-    "rpowd",
-    "afl",
-    "fedcor",
-    "fedgp",
-    "fedgs",
-    "f3ast",
-    "hics",
-    "cs1",
-    "cs2",
-    "divfl",
-    "oort",
-    "fedcs",
-    "tifl",
-    "pyramidfl",
-    "refl",
-    "fedbalancer",
-];
 
 /// Floats the Synthetic generator may produce (4 GB): far above every paper's size
 /// (1000 users of dimension 60), far below what would exhaust a workstation.
@@ -1050,9 +1028,22 @@ impl Config {
         check_pos(s.tau, "server.tau")?;
         let sel = &self.selection;
         check(
-            STRATEGIES.contains(&sel.strategy.as_str()),
+            crate::select::registry::get(&sel.strategy).is_some(),
             "selection.strategy",
-            format!("`{}` is not one of {}", sel.strategy, STRATEGIES.join(", ")),
+            format!(
+                "`{}` is not one of {}",
+                sel.strategy,
+                crate::select::registry::names().join(", ")
+            ),
+        )?;
+        check(
+            sel.params.is_empty()
+                || crate::select::registry::get(&sel.strategy).is_some_and(|s| !s.builtin),
+            "selection.params",
+            format!(
+                "are read only by a registered strategy, and `{}` is built in: its options are in [selection.{}]",
+                sel.strategy, sel.strategy
+            ),
         )?;
         check_prob(sel.fraction, "selection.fraction", true, false)?;
         sel.afl.validate()?;

@@ -28,6 +28,7 @@ mod panels;
 pub mod powd;
 pub mod pyramidfl;
 pub mod refl;
+pub mod registry;
 pub mod tifl;
 pub mod uniform;
 pub mod ward;
@@ -59,7 +60,8 @@ use ward::WardDistances;
 pub struct SelectionConfig {
     /// `uniform`, `md`, `powd`, `cpowd`, `rpowd`, `afl`, `fedcor`, `fedgp`, `fedgs`, `f3ast`,
     /// `hics`, `cs1`, `cs2` (Clustered Sampling Alg. 1 / 2), `divfl`, `oort`, `fedcs`, `tifl`,
-    /// `pyramidfl`, `refl` or `fedbalancer`.
+    /// `pyramidfl`, `refl` or `fedbalancer`, or a strategy a program registered
+    /// ([`registry::register`]).
     pub strategy: String,
     /// Clients per round m; when 0, `fraction · N` rounded (at least 1).
     pub clients_per_round: usize,
@@ -113,6 +115,11 @@ pub struct SelectionConfig {
     /// defaults (as Oort's).
     #[serde(skip_serializing_if = "PyramidflConfig::is_default")]
     pub pyramidfl: PyramidflConfig,
+    /// The options of a registered strategy ([`registry::register`]), as its factory reads
+    /// them: fedsel checks only that a built-in strategy gets none. Written out only when
+    /// given, so that configs without it keep their hash.
+    #[serde(skip_serializing_if = "toml::Table::is_empty")]
+    pub params: toml::Table,
 }
 
 impl Default for SelectionConfig {
@@ -137,6 +144,7 @@ impl Default for SelectionConfig {
             fedbalancer: FedBalancerConfig::default(),
             ward_distances: WardDistances::Auto,
             pyramidfl: PyramidflConfig::default(),
+            params: toml::Table::new(),
         }
     }
 }
@@ -699,13 +707,10 @@ pub trait Selector: Send {
 /// resolves to (decisions.md, "Aggregation is separate from selection"): F3AST's own
 /// importance weights p_k/r_k (its Alg. 1 line 9), data-size weights for FedGS (Eq. 18) and
 /// DivFL (its code's `aggregate`), and the unweighted mean for the rest (FedCor, HiCS-FL,
-/// Pow-d, Clustered Sampling and MD sampling as their codes aggregate).
+/// Pow-d, Clustered Sampling and MD sampling as their codes aggregate); a registered
+/// strategy's, the rule it was registered with.
 pub fn own_aggregation(strategy: &str) -> AggregationRule {
-    match strategy {
-        "f3ast" => AggregationRule::Selector,
-        "fedgs" | "divfl" => AggregationRule::DataSize,
-        _ => AggregationRule::Mean,
-    }
+    registry::get(strategy).map_or(AggregationRule::Mean, |s| s.aggregation)
 }
 
 /// The warning a run prints when its explicit aggregation rule is not the strategy's own;
@@ -722,59 +727,21 @@ pub fn aggregation_override(rule: AggregationRule, strategy: &str) -> Option<Str
     })
 }
 
-/// Builds the selector a config names.
+/// Builds the selector a config names, from the strategy table ([`registry`]): a built-in
+/// strategy, or one a program registered. A registered strategy reads
+/// `[selection.params]`; a built-in one refuses them, since it would ignore them.
 pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
-    match cfg.strategy.as_str() {
-        "uniform" => Ok(Box::new(uniform::Uniform)),
-        "md" => Ok(Box::new(md::MdSampling::new(cfg.md.clone()))),
-        "powd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.clone(),
-            powd::LossSource::Holdout,
-        ))),
-        "cpowd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.clone(),
-            powd::LossSource::MiniBatch,
-        ))),
-        "rpowd" => Ok(Box::new(powd::PowerOfChoice::new(
-            cfg.powd.clone(),
-            powd::LossSource::Stale,
-        ))),
-        "afl" => Ok(Box::new(afl::ActiveFl::new(cfg.afl.clone()))),
-        "fedcor" => Ok(Box::new(fedcor::FedCor::new(
-            cfg.fedcor.clone(),
-            fedcor::Variant::FedCor,
-        ))),
-        "fedgp" => Ok(Box::new(fedcor::FedCor::new(
-            cfg.fedcor.clone(),
-            fedcor::Variant::FedGp,
-        ))),
-        "fedgs" => Ok(Box::new(fedgs::FedGs::new(cfg.fedgs.clone()))),
-        "f3ast" => Ok(Box::new(f3ast::F3ast::new(cfg.f3ast.clone()))),
-        "hics" => Ok(Box::new(
-            hics::Hics::new(cfg.hics.clone()).with_ward_distances(cfg.ward_distances),
-        )),
-        "cs1" => Ok(Box::new(clustered::ClusteredSampling::new(
-            clustered::Variant::Sizes,
-        ))),
-        "cs2" => Ok(Box::new(
-            clustered::ClusteredSampling::new(clustered::Variant::Similarity)
-                .with_ward_distances(cfg.ward_distances),
-        )),
-        "divfl" => Ok(Box::new(divfl::DivFl::new(cfg.divfl.clone()))),
-        "oort" => Ok(Box::new(oort::Oort::new(cfg.oort.clone()))),
-        "fedcs" => Ok(Box::new(fedcs::FedCs::new(cfg.fedcs.clone()))),
-        "tifl" => Ok(Box::new(tifl::Tifl::new(cfg.tifl.clone()))),
-        "refl" => Ok(Box::new(refl::Refl::new(cfg.refl.clone()))),
-        "fedbalancer" => Ok(Box::new(fedbalancer::FedBalancer::new(
-            cfg.fedbalancer.clone(),
-            cfg.oort.clone(),
-        ))),
-        "pyramidfl" => Ok(Box::new(pyramidfl::PyramidFl::new(cfg.pyramidfl.clone()))),
-        other => Err(ConfigError::invalid(
+    let strategy = registry::get(&cfg.strategy).ok_or_else(|| {
+        ConfigError::invalid(
             "selection.strategy",
-            format!("unknown strategy `{other}`"),
-        )),
-    }
+            format!(
+                "unknown strategy `{}`: the strategies are {}",
+                cfg.strategy,
+                registry::names().join(", ")
+            ),
+        )
+    })?;
+    (strategy.factory)(cfg)
 }
 
 #[cfg(test)]
