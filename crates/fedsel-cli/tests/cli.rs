@@ -807,6 +807,26 @@ fn report_compares_plain_runs_in_markdown_and_latex() {
     assert!(!a.join("report.md").exists());
 }
 
+/// The rows of a CSV file, its `elapsed_s` column (wall-clock time) left out.
+fn rows_without_time(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let col = text
+        .lines()
+        .next()
+        .unwrap()
+        .split(',')
+        .position(|c| c == "elapsed_s");
+    text.lines()
+        .map(|l| {
+            let mut f: Vec<&str> = l.split(',').collect();
+            if let Some(c) = col {
+                f.remove(c);
+            }
+            f.join(",")
+        })
+        .collect()
+}
+
 /// `fedsel run --help` names every strategy and every table of the schema.
 #[test]
 fn run_help_prints_the_whole_schema() {
@@ -869,34 +889,14 @@ fn a_killed_fedbuff_run_resumes_to_the_same_rows() {
         dir.path(),
     );
     assert!(o.status.success(), "{}", text(&o));
-    let without_time = |text: &str| -> Vec<String> {
-        let col = text
-            .lines()
-            .next()
-            .unwrap()
-            .split(',')
-            .position(|c| c == "elapsed_s")
-            .unwrap();
-        text.lines()
-            .map(|l| {
-                let mut f: Vec<&str> = l.split(',').collect();
-                f.remove(col);
-                f.join(",")
-            })
-            .collect()
-    };
-    let metrics = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    let selections = std::fs::read_to_string(out.join("selections.csv")).unwrap();
+    let metrics = rows_without_time(&out.join("metrics.csv"));
+    let selections = rows_without_time(&out.join("selections.csv"));
     // As if killed after round 6: no summary; the checkpoint resumes at round 6.
     std::fs::remove_file(out.join("summary.json")).unwrap();
     let o = fedsel(&["run", "--resume", out_s], dir.path());
     assert!(o.status.success(), "{}", text(&o));
-    let again = std::fs::read_to_string(out.join("metrics.csv")).unwrap();
-    assert_eq!(without_time(&again), without_time(&metrics));
-    assert_eq!(
-        std::fs::read_to_string(out.join("selections.csv")).unwrap(),
-        selections
-    );
+    assert_eq!(rows_without_time(&out.join("metrics.csv")), metrics);
+    assert_eq!(rows_without_time(&out.join("selections.csv")), selections);
     let summary = std::fs::read_to_string(out.join("summary.json")).unwrap();
     assert!(summary.contains("\"finished\""), "{summary}");
 }
@@ -922,24 +922,7 @@ fn a_killed_stale_update_sweep_cell_resumes_to_the_same_rows() {
         .map(|e| e.unwrap().path())
         .find(|p| p.is_dir())
         .expect("a cell directory");
-    let rows = |name: &str| {
-        let text = std::fs::read_to_string(cell.join(name)).unwrap();
-        let col = text
-            .lines()
-            .next()
-            .unwrap()
-            .split(',')
-            .position(|c| c == "elapsed_s");
-        text.lines()
-            .map(|l| {
-                let mut f: Vec<&str> = l.split(',').collect();
-                if let Some(c) = col {
-                    f.remove(c);
-                }
-                f.join(",")
-            })
-            .collect::<Vec<_>>()
-    };
+    let rows = |name: &str| rows_without_time(&cell.join(name));
     let (metrics, selections) = (rows("metrics.csv"), rows("selections.csv"));
     assert!(fedsel::checkpoint::load(&cell).is_ok());
     std::fs::remove_file(cell.join("summary.json")).unwrap();
