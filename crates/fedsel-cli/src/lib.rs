@@ -739,10 +739,14 @@ fn selection_bench(clients: &[usize], strategies: &[String]) -> Result<()> {
     } else {
         strategies.iter().map(String::as_str).collect()
     };
-    if let Some(bad) = names.iter().find(|s| !STRATEGIES.contains(s)) {
+    if let Some(bad) = names
+        .iter()
+        .find(|s| !STRATEGIES.contains(s) && fedsel::select::registry::get(s).is_none())
+    {
         anyhow::bail!(
-            "--strategies: `{bad}` is not one of {}",
-            STRATEGIES.join(", ")
+            "--strategies: `{bad}` is not one of {}, nor a registered strategy ({})",
+            STRATEGIES.join(", "),
+            fedsel::select::registry::unknown(bad)
         );
     }
     println!(

@@ -997,7 +997,7 @@ impl claims::History for Git {
 
 /// `fedsel results render`: rewrites every generated block of the page `doc` from the
 /// results directory `dir`, and appends a block for each section the page lacks (move it
-/// where it belongs; later renders keep it there). Without a history that can date the
+/// where it belongs; later renders keep it there); a page that does not exist is made. Without a history that can date the
 /// claims ([`Git::open`]) the claims block is left as it was, and [`Rendered`] says why.
 pub fn render_doc(dir: &Path, doc: &Path) -> Result<Rendered> {
     let data = load(dir)?;
@@ -1010,7 +1010,12 @@ pub fn render_doc(dir: &Path, doc: &Path) -> Result<Rendered> {
         &data,
         history.as_ref().ok().map(|g| g as &dyn claims::History),
     )?;
-    let text = std::fs::read_to_string(doc).map_err(io(doc))?;
+    // A page not written yet (a user's first results directory) starts as a title; the
+    // blocks are appended below it.
+    let text = match std::fs::read_to_string(doc) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "# Results\n".to_string(),
+        read => read.map_err(io(doc))?,
+    };
     let found = blocks(&text, doc)?;
     let mut ranges: Vec<(&String, &std::ops::Range<usize>)> = found.iter().collect();
     ranges.sort_by_key(|(_, r)| r.start);

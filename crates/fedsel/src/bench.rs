@@ -520,6 +520,7 @@ pub fn selection_time(
             round: t,
             available: &all,
             budget: w.k,
+            clock_s: None,
         };
         let answered = clients.answering;
         let began = Instant::now();
@@ -544,6 +545,9 @@ pub fn selection_time(
             dropped: None,
         });
         elapsed += began.elapsed();
+        if let Some(e) = s.take_failure() {
+            return Err(e);
+        }
         if t >= warmup {
             times.push(elapsed.as_secs_f64() * 1e3);
         }
@@ -679,6 +683,9 @@ pub fn scaling(strategy: &str) -> Option<Scaling> {
         "divfl" => ("N² P to 1,000 clients, then N P + N² m", 1, 2),
         "divfl-stale" => ("K N P + K N²", 1, 2),
         "fedgs" => ("N² (setup N³)", 2, 2),
+        // A registered strategy (one written by a user): its growth is its own, taken as
+        // linear for the skip prediction.
+        _ if crate::select::registry::get(strategy).is_some() => ("its own", 0, 1),
         _ => return None,
     };
     Some(Scaling {

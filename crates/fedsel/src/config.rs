@@ -1030,11 +1030,7 @@ impl Config {
         check(
             crate::select::registry::get(&sel.strategy).is_some(),
             "selection.strategy",
-            format!(
-                "`{}` is not one of {}",
-                sel.strategy,
-                crate::select::registry::names().join(", ")
-            ),
+            crate::select::registry::unknown(&sel.strategy),
         )?;
         check(
             sel.params.is_empty()

@@ -798,8 +798,17 @@ pub fn check_resumable(config: &Config, cp: &Checkpoint) -> Result<()> {
 /// they reopen the run's files, which drops the rows written after the checkpoint, so a
 /// refused resume leaves the run's rows and summary as they were.
 pub fn check_resume(exp: &Experiment, cp: &Checkpoint) -> Result<()> {
+    check_resume_with(exp, select::build(&exp.config.selection)?, cp)
+}
+
+/// [`check_resume`] with a given selector (one the caller built, as for [`run_with`]).
+pub fn check_resume_with(
+    exp: &Experiment,
+    selector: Box<dyn select::Selector>,
+    cp: &Checkpoint,
+) -> Result<()> {
     check_resumable(&exp.config, cp)?;
-    let mut run = Run::new(exp, select::build(&exp.config.selection)?)?;
+    let mut run = Run::new(exp, selector)?;
     run.restore(cp.clone()).map(|_| ())
 }
 
@@ -846,6 +855,7 @@ pub fn run_with(
                 }
                 None => run.selection_budget(budget, active.len()),
             },
+            clock_s: exp.clock.is_some().then_some(run.start_s),
         };
         let planned = run.select(&ctx, lr, &mut cost);
         let mut assessed = None;
@@ -891,7 +901,7 @@ pub fn run_with(
             // Updates still late or in flight when the run ends were never used.
             cost.wasted_trainings += run.book.unused() as u64;
         }
-        run.feedback(t, &reported, trained);
+        run.feedback(t, &reported, trained)?;
         let mut record = RoundRecord {
             round: t,
             test_acc: None,
@@ -921,7 +931,9 @@ pub fn run_with(
         run.log(record, assessment, observer)?;
         run.checkpoint(t, observer)?;
     }
-    observer.on_reports(&run.selector.reports())?;
+    let reports = run.selector.reports();
+    run.failed()?;
+    observer.on_reports(&reports)?;
     Ok(run.summary)
 }
 
@@ -2178,7 +2190,7 @@ impl<'a> Run<'a> {
     /// Reports the round to the selector and keeps each trained client's optimizer state.
     /// An entry with a non-finite loss or update is not reported ([`guard::observe_usable`]),
     /// as [`Run::aggregate`] gives its model weight 0.
-    fn feedback(&mut self, t: usize, selected: &[usize], trained: Trained) {
+    fn feedback(&mut self, t: usize, selected: &[usize], trained: Trained) -> Result<()> {
         let update_len = match self.needs.updates {
             UpdateKind::None => None,
             UpdateKind::Full => Some(self.global.len()),
@@ -2214,6 +2226,13 @@ impl<'a> Run<'a> {
         for (k, u) in trained.distinct.iter().zip(trained.updates) {
             self.states[*k] = u.state;
         }
+        self.failed()
+    }
+
+    /// The error a selector's hook without a result raised, if any
+    /// ([`Selector::take_failure`](select::Selector::take_failure)).
+    fn failed(&mut self) -> Result<()> {
+        self.selector.take_failure().map_or(Ok(()), Err)
     }
 
     /// Books the round's costs and virtual time, which the next round's availability and
@@ -2332,6 +2351,10 @@ impl<'a> Run<'a> {
             summary: self.summary.clone(),
             in_flight: std::mem::take(&mut self.book),
         };
+        if let Err(e) = self.failed() {
+            self.book = cp.in_flight;
+            return Err(e);
+        }
         let written = observer.on_checkpoint(&cp);
         self.book = cp.in_flight;
         written

@@ -217,6 +217,7 @@ mod tests {
             round,
             available,
             budget,
+            clock_s: None,
         }
     }
 

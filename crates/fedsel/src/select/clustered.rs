@@ -512,6 +512,7 @@ mod tests {
                 round,
                 available: &all,
                 budget: 6,
+                clock_s: None,
             };
             let mut q = FixedLosses(vec![0.0; n]);
             let pick = |s: &mut ClusteredSampling, q: &mut FixedLosses| {

@@ -661,6 +661,7 @@ mod tests {
                 round: 0,
                 available: &available,
                 budget: k,
+                clock_s: None,
             };
             let mut q = testing::Vectors::new(|_, k| g[k].clone());
             s.select(&ctx, &mut q, &mut stream(1, Purpose::Selection, 0, 0))
@@ -732,6 +733,7 @@ mod tests {
                     round,
                     available: &available,
                     budget: 4,
+                    clock_s: None,
                 };
                 let got = s
                     .select(
@@ -831,6 +833,7 @@ mod tests {
                 round: 0,
                 available: &[0, 1, 2, 3],
                 budget: 2,
+                clock_s: None,
             };
             s.select(&ctx, &mut q, &mut rng).unwrap();
             assert!(!q.calls.is_empty());

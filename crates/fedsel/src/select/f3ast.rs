@@ -228,6 +228,7 @@ mod tests {
                 round: t as usize,
                 available: &available,
                 budget: 1,
+                clock_s: None,
             };
             let sel = s
                 .select(&ctx, &mut FixedLosses(vec![0.0; 2]), &mut rng)
@@ -257,6 +258,7 @@ mod tests {
             round: 0,
             available: &[1, 2, 3],
             budget: 2,
+            clock_s: None,
         };
         let sel = s
             .select(
@@ -290,6 +292,7 @@ mod tests {
                 round: 0,
                 available: &[0, 1, 2],
                 budget,
+                clock_s: None,
             };
             let sel = s
                 .select(
@@ -339,6 +342,7 @@ mod tests {
                 round: t,
                 available: &all,
                 budget: k,
+                clock_s: None,
             };
             s.select(
                 &ctx,

@@ -1400,6 +1400,7 @@ mod tests {
                     round: t,
                     available: &available,
                     budget,
+                    clock_s: None,
                 };
                 let alpha = gp.alpha.clone();
                 let mut rng = stream(22, Purpose::Selection, t as u64, 0);
@@ -1674,6 +1675,7 @@ mod tests {
                 round: t,
                 available: &available,
                 budget: 2,
+                clock_s: None,
             };
             let mut rng = stream(9, Purpose::Selection, t as u64, 0);
             let sel = gp.select(&ctx, &mut q, &mut rng).unwrap().clients;
@@ -1964,6 +1966,7 @@ mod tests {
                 round: t,
                 available: &all,
                 budget: 1,
+                clock_s: None,
             };
             gp.select(
                 &ctx,

@@ -203,6 +203,7 @@ mod tests {
             round,
             available,
             budget,
+            clock_s: None,
         };
         let mut rng = stream(7, Purpose::Selection, round as u64, 0);
         s.select(&ctx, &mut FixedLosses(vec![0.0; 8]), &mut rng)

@@ -769,6 +769,7 @@ mod tests {
             round: 5,
             available: &[0, 1, 2, 3],
             budget: 2,
+            clock_s: None,
         };
         let pick = |cs_switch: f64, seed: u64| {
             let mut rng = crate::rng::stream(seed, crate::rng::Purpose::Selection, 5, 0);
@@ -864,6 +865,7 @@ mod tests {
             round: 5,
             available: &[0, 1, 2, 3],
             budget: 1,
+            clock_s: None,
         };
         let frequencies = |protocol: HicsProtocol| {
             let mut s = primed(
@@ -947,6 +949,7 @@ mod tests {
                     round,
                     available: &[0, 1, 2, 3],
                     budget: 2,
+                    clock_s: None,
                 };
                 let picked = s.select(&ctx, &mut q, &mut rng).unwrap().clients;
                 let updates: Vec<Vec<f32>> = picked
@@ -995,6 +998,7 @@ mod tests {
                         round,
                         available: &available,
                         budget: 2,
+                        clock_s: None,
                     };
                     let mut rng =
                         crate::rng::stream(seed, crate::rng::Purpose::Selection, round as u64, 0);
@@ -1044,6 +1048,7 @@ mod tests {
             round: 5,
             available: &[0, 1, 2, 3],
             budget: 1,
+            clock_s: None,
         };
         let mut rng = crate::rng::stream(1, crate::rng::Purpose::Selection, 5, 0);
         let mut q = crate::select::testing::FixedLosses(vec![0.0; 4]);

@@ -131,6 +131,7 @@ mod tests {
                     round: t,
                     available,
                     budget: 4,
+                    clock_s: None,
                 };
                 let mut rng = stream(7, Purpose::Selection, t as u64, 0);
                 md.select(&ctx, &mut query, &mut rng).unwrap().clients

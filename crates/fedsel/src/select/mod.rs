@@ -263,6 +263,10 @@ pub struct RoundContext<'a> {
     pub available: &'a [usize],
     /// How many clients the server may select now (K_t).
     pub budget: usize,
+    /// The virtual clock when the round starts, in seconds since the run began; `None`
+    /// when the run has no clock. A server knows its own time; none of the papers'
+    /// strategies reads it, a selector written by a user may (a time-aware method).
+    pub clock_s: Option<f64>,
 }
 
 /// Reports the selector can request from clients while it selects.
@@ -701,6 +705,15 @@ pub trait Selector: Send {
         let _ = state;
         Ok(())
     }
+
+    /// An error raised in a hook that returns none ([`Selector::observe`],
+    /// [`Selector::observe_samples`], [`Selector::save`], [`Selector::reports`]), taken
+    /// once: the engine asks right after each such hook and stops the run with it. The
+    /// built-in strategies cannot fail there and keep the default `None`; a selector that
+    /// runs code of its own that can (one written in Python) holds the error until asked.
+    fn take_failure(&mut self) -> Option<Error> {
+        None
+    }
 }
 
 /// The aggregation rule a strategy's paper and code use, which `aggregation = "auto"`
@@ -732,14 +745,7 @@ pub fn aggregation_override(rule: AggregationRule, strategy: &str) -> Option<Str
 /// `[selection.params]`; a built-in one refuses them, since it would ignore them.
 pub fn build(cfg: &SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> {
     let strategy = registry::get(&cfg.strategy).ok_or_else(|| {
-        ConfigError::invalid(
-            "selection.strategy",
-            format!(
-                "unknown strategy `{}`: the strategies are {}",
-                cfg.strategy,
-                registry::names().join(", ")
-            ),
-        )
+        ConfigError::invalid("selection.strategy", registry::unknown(&cfg.strategy))
     })?;
     (strategy.factory)(cfg)
 }
@@ -955,6 +961,7 @@ mod tests {
             round: 0,
             available: &[0, 1, 2],
             budget: 2,
+            clock_s: None,
         };
         let mut counts = [0; 3];
         let mut rng = stream(2, Purpose::Selection, 0, 0);
@@ -979,6 +986,7 @@ mod tests {
             round: 0,
             available: &[0, 1, 2, 3],
             budget: 2,
+            clock_s: None,
         };
         let mut picked = s
             .select(&ctx, &mut FixedLosses(vec![0.3, 0.9, 0.1, 0.5]), &mut rng)
@@ -1005,6 +1013,7 @@ mod tests {
             round: 0,
             available: &[0, 1, 2, 3],
             budget: 1,
+            clock_s: None,
         };
         let e = (1f64).exp();
         let expected = [0.0, 0.0, 1.0 / (1.0 + e), e / (1.0 + e)];

@@ -965,6 +965,7 @@ mod tests {
                 round: t,
                 available: &avail,
                 budget: 10,
+                clock_s: None,
             };
             let picked = s.select(&ctx, &mut FixedLosses(vec![]), &mut rng).unwrap();
             assert_eq!(picked.clients.len(), 10);
@@ -1009,6 +1010,7 @@ mod tests {
                 round: 0,
                 available: &[0, 1, 2, 3],
                 budget: 1,
+                clock_s: None,
             };
             let picked = s.select(&ctx, &mut FixedLosses(vec![]), &mut rng).unwrap();
             drawn[picked.clients[0]] += 1;
@@ -1063,6 +1065,7 @@ mod tests {
                 round: 5 + t,
                 available: &[0, 1, 2, 3, 4, 5],
                 budget: 3,
+                clock_s: None,
             };
             let mut picked = s
                 .select(&ctx, &mut FixedLosses(vec![]), &mut rng)
@@ -1103,6 +1106,7 @@ mod tests {
                 round: 1,
                 available: &all,
                 budget: 10,
+                clock_s: None,
             };
             let picked = s.select(&ctx, &mut FixedLosses(vec![]), &mut rng).unwrap();
             assert_eq!(picked.clients.len(), 10, "exploitation fills the slots");
@@ -1139,6 +1143,7 @@ mod tests {
                             round: t,
                             available: &avail,
                             budget: 6,
+                            clock_s: None,
                         };
                         let c = s
                             .select(&ctx, &mut FixedLosses(vec![]), &mut rng)

@@ -179,6 +179,7 @@ mod tests {
             round,
             available,
             budget,
+            clock_s: None,
         }
     }
 

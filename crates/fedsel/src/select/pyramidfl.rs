@@ -444,6 +444,7 @@ mod tests {
             round: 0,
             available: &[0, 1, 2, 3],
             budget,
+            clock_s: None,
         };
         let mut rng = stream(1, Purpose::Selection, 0, 0);
         s.plan(&ctx, &mut FixedLosses(vec![1.0; 4]), &mut rng)
@@ -571,6 +572,7 @@ mod tests {
             round: 0,
             available: &[0, 1],
             budget: 1,
+            clock_s: None,
         };
         let mut rng = stream(1, Purpose::Selection, 0, 0);
         let e = s

@@ -310,6 +310,7 @@ mod tests {
                 round: 4,
                 available: &[0, 1, 2, 3],
                 budget: 2,
+                clock_s: None,
             };
             let picked = s.select(&ctx, &mut FixedLosses(vec![]), &mut rng).unwrap();
             assert_eq!(picked.clients.len(), 2);
@@ -347,6 +348,7 @@ mod tests {
             round: 0,
             available: &[1, 3],
             budget: 2,
+            clock_s: None,
         };
         let picked = s.select(&ctx, &mut FixedLosses(vec![]), &mut rng).unwrap();
         assert_eq!(picked.clients, [1, 3]);
@@ -364,6 +366,7 @@ mod tests {
             round: t,
             available: &all,
             budget: 2,
+            clock_s: None,
         };
         let first = s
             .select(&ctx(0), &mut FixedLosses(vec![]), &mut rng)
@@ -384,6 +387,7 @@ mod tests {
             round: 2,
             available: &all,
             budget: 3,
+            clock_s: None,
         };
         let third = s.select(&ctx3, &mut FixedLosses(vec![]), &mut rng).unwrap();
         assert_eq!(third.clients.len(), 3);
@@ -405,6 +409,7 @@ mod tests {
                         round: t,
                         available: &avail[t],
                         budget: 3,
+                        clock_s: None,
                     };
                     s.select(&ctx, &mut FixedLosses(vec![]), &mut rng)
                         .unwrap()

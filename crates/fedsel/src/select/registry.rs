@@ -84,13 +84,90 @@ where
     Ok(())
 }
 
-/// The strategy named `name`, if the table has it.
+/// Families of strategies named `prefix:rest`, whose factory reads `rest` from
+/// `selection.strategy` itself: the Python package registers `py`, so that
+/// `py:my_package.module:MySelector` names a class to import and construct.
+fn families() -> &'static RwLock<BTreeMap<String, (Factory, AggregationRule)>> {
+    static FAMILIES: OnceLock<RwLock<BTreeMap<String, (Factory, AggregationRule)>>> =
+        OnceLock::new();
+    FAMILIES.get_or_init(|| RwLock::new(BTreeMap::new()))
+}
+
+/// Adds a family of strategies: every `selection.strategy` of the form `prefix:rest` is
+/// made by `factory`, which reads the whole name (and `[selection.params]`) from the
+/// `[selection]` table it is given. `aggregation` is the rule `auto` resolves to for each.
+/// A prefix registered twice is refused.
+pub fn register_family<F>(
+    prefix: &str,
+    aggregation: AggregationRule,
+    factory: F,
+) -> Result<(), ConfigError>
+where
+    F: Fn(&SelectionConfig) -> Result<Box<dyn Selector>, ConfigError> + Send + Sync + 'static,
+{
+    let plain = !prefix.is_empty() && prefix.chars().all(|c| c.is_ascii_alphanumeric());
+    if !plain || matches!(aggregation, AggregationRule::Auto) {
+        return Err(ConfigError::invalid(
+            "selection.strategy",
+            format!(
+                "family `{prefix}:` cannot be registered: use letters and digits, and a rule other than `auto`"
+            ),
+        ));
+    }
+    let mut f = families()
+        .write()
+        .expect("the family table is never poisoned");
+    if f.contains_key(prefix) {
+        return Err(ConfigError::invalid(
+            "selection.strategy",
+            format!("family `{prefix}:` is already registered"),
+        ));
+    }
+    f.insert(prefix.to_string(), (Arc::new(factory), aggregation));
+    Ok(())
+}
+
+/// The strategy named `name`, if the table has it or a registered family makes it.
 pub fn get(name: &str) -> Option<Strategy> {
-    table()
+    if let Some(s) = table()
         .read()
         .expect("the strategy table is never poisoned")
         .get(name)
-        .cloned()
+    {
+        return Some(s.clone());
+    }
+    let (prefix, rest) = name.split_once(':')?;
+    if rest.is_empty() {
+        return None;
+    }
+    families()
+        .read()
+        .expect("the family table is never poisoned")
+        .get(prefix)
+        .map(|(factory, aggregation)| Strategy {
+            factory: factory.clone(),
+            aggregation: *aggregation,
+            builtin: false,
+        })
+}
+
+/// Why `name` names no strategy, for the config error: a `py:` name run by a binary
+/// without Python says how to get the one that has it.
+pub fn unknown(name: &str) -> String {
+    if name.starts_with("py:") && get("py:x").is_none() {
+        return format!(
+            "`{name}` is a selector written in Python, and this fedsel has no Python: install the Python package (`pip install ./python` in fedsel's repository) and run its `fedsel` command, or `fedsel.run(...)` from Python (docs/your-selector.md)"
+        );
+    }
+    format!(
+        "unknown strategy `{name}`: the strategies are {}{}",
+        names().join(", "),
+        if families().read().map_or(true, |f| f.is_empty()) {
+            String::new()
+        } else {
+            ", or a Python class as `py:module:Class`".into()
+        }
+    )
 }
 
 /// Every name in the table, in order.

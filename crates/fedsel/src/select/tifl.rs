@@ -544,6 +544,7 @@ mod tests {
             round,
             available,
             budget,
+            clock_s: None,
         }
     }
 

@@ -536,6 +536,7 @@ mod tests {
             round,
             available,
             budget,
+            clock_s: None,
         };
         let mut rng = stream(1, Purpose::Selection, round as u64, 0);
         let sel = s
