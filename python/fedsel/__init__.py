@@ -135,6 +135,7 @@ def run(
     overwrite: bool = False,
     resume: bool = False,
     on_round: Callable[[dict[str, Any]], Any] | None = None,
+    selector: Any = None,
 ) -> RunResult:
     """Runs one experiment, as ``fedsel run`` does, and returns its result.
 
@@ -162,16 +163,26 @@ def run(
     and MLflow ones). It holds the GIL only while it runs. An exception it raises stops the
     run after that round, which is kept (``summary.json`` says it was interrupted; ``resume=True``
     continues it), and is raised here.
+
+    ``selector`` is a selector object written in Python (a class with ``select(self, ctx)``;
+    docs/your-selector.md) that chooses the clients in place of the config's strategy. The
+    run is named by its class (``selection.strategy = "py:module:Class"`` in the resolved
+    config), and the object's own arguments are not in the config: give them in
+    ``[selection.params]`` too, or a distinct ``out``, to keep two settings' runs apart.
     """
+    sets = _overrides(overrides)
+    if selector is not None:
+        sets.append(f"selection.strategy={json.dumps(_fedsel.class_path(selector))}")
     out_dir, found = _fedsel.run(
         **_config_source(config),
-        overrides=_overrides(overrides),
+        overrides=sets,
         out=None if out is None else os.fspath(out),
         data_dir=None if data_dir is None else os.fspath(data_dir),
         progress=_display(progress),
         overwrite=overwrite,
         resume=resume,
         on_round=on_round,
+        selector=selector,
     )
     for w in found:
         warnings.warn(w, stacklevel=2)

@@ -69,7 +69,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from . import FedselError, Selector
-from . import _checkpoint
+from . import _checkpoint, _fedsel
 
 __all__ = ["FedselStrategy", "output_layer"]
 
@@ -213,8 +213,10 @@ def output_layer(arrays: dict[str, np.ndarray]) -> tuple[str, str]:
 class FedselStrategy(FedAvg):
     """FedAvg whose node sampling and aggregation are a fedsel strategy's.
 
-    ``strategy`` is any fedsel strategy name and ``options`` its config keys (as
-    ``[selection.<strategy>]`` in a fedsel config). ``per_round`` nodes are trained per
+    ``strategy`` is any fedsel strategy name (``py:module:Class`` for a class written in
+    Python) and ``options`` its config keys (as ``[selection.<strategy>]`` in a fedsel
+    config; a Python class's constructor arguments); ``selector=`` takes a selector object
+    written in Python instead of a name (docs/your-selector.md). ``per_round`` nodes are trained per
     round, ``num_rounds`` is the run's length (some strategies plan with it). The output
     layer, for strategies that read it, is the ArrayRecord's ``output_keys`` = (bias key,
     weight key), by default the one :func:`output_layer` finds: the last ``<prefix>.bias``
@@ -236,8 +238,9 @@ class FedselStrategy(FedAvg):
 
     def __init__(
         self,
-        strategy: str,
+        strategy: str | None = None,
         *,
+        selector: Any = None,
         per_round: int,
         num_rounds: int,
         seed: int = 0,
@@ -252,7 +255,11 @@ class FedselStrategy(FedAvg):
     ) -> None:
         fedavg.setdefault("fraction_evaluate", 0.0)
         super().__init__(**fedavg)
-        self.strategy = strategy
+        if (strategy is None) == (selector is None):
+            raise FedselError("give a strategy's name or a selector object (selector=...), one of them")
+        #: A selector written in Python (docs/your-selector.md), or None for a named strategy.
+        self.selector_object = selector
+        self.strategy = strategy if selector is None else _fedsel.class_path(selector)
         self.per_round = per_round
         self.num_rounds = num_rounds
         self.seed = seed
@@ -423,7 +430,7 @@ class FedselStrategy(FedAvg):
             options.setdefault("entropy_report", False)
         b, _ = self._output_layer(arrays)
         return Selector(
-            self.strategy,
+            self.strategy if self.selector_object is None else self.selector_object,
             sizes=self.sizes,
             per_round=self.per_round,
             rounds=self.num_rounds,

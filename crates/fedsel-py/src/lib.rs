@@ -6,6 +6,7 @@
 
 mod convert;
 mod selector;
+mod user;
 
 use std::path::{Path, PathBuf};
 
@@ -211,7 +212,7 @@ fn resume_point(out: &Path, config: &Config) -> PyResult<Start> {
 /// Runs one experiment as `fedsel run` does and returns its output directory and the
 /// config's warnings. The GIL is released while Rust runs.
 #[pyfunction]
-#[pyo3(signature = (*, path=None, text=None, table=None, overrides=Vec::new(), out=None, data_dir=None, progress="off", overwrite=false, resume=false, on_round=None))]
+#[pyo3(signature = (*, path=None, text=None, table=None, overrides=Vec::new(), out=None, data_dir=None, progress="off", overwrite=false, resume=false, on_round=None, selector=None))]
 #[allow(clippy::too_many_arguments)]
 fn run(
     py: Python<'_>,
@@ -225,6 +226,7 @@ fn run(
     overwrite: bool,
     resume: bool,
     on_round: Option<Py<PyAny>>,
+    selector: Option<Py<PyAny>>,
 ) -> PyResult<(PathBuf, Vec<String>)> {
     let display = Display::parse(progress)?;
     if overwrite && resume {
@@ -264,8 +266,18 @@ fn run(
             .iter()
             .map(ToString::to_string)
             .collect();
+        // A selector object given by the caller, else the one the config names.
+        let build = || -> fedsel::error::Result<Box<dyn fedsel::select::Selector>> {
+            match &selector {
+                Some(obj) => Python::attach(|py| user::UserSelector::from_object(obj.bind(py)))
+                    .map(|s| Box::new(s) as Box<dyn fedsel::select::Selector>)
+                    .map_err(Error::from),
+                None => fedsel::select::build(&config.selection).map_err(Error::from),
+            }
+        };
         let writer = match &start {
-            Start::Checkpoint(cp) => engine::check_resume(&exp, cp)
+            Start::Checkpoint(cp) => build()
+                .and_then(|s| engine::check_resume_with(&exp, s, cp))
                 .and_then(|()| RunWriter::resume(&out, cp.next_round))
                 .and_then(|w| w.with_trackers(&exp.config)),
             _ => RunWriter::create(&out, &exp.config),
@@ -294,10 +306,10 @@ fn run(
             interrupt: None,
             on_round,
         };
-        let result = match start {
-            Start::Checkpoint(cp) => engine::resume(&exp, &mut observer, *cp),
-            _ => engine::run(&exp, &mut observer),
-        };
+        let result = build().and_then(|s| match start {
+            Start::Checkpoint(cp) => engine::run_with(&exp, s, &mut observer, Some(*cp)),
+            _ => engine::run_with(&exp, s, &mut observer, None),
+        });
         if let Some(b) = &observer.bar {
             b.finish_and_clear();
         }
@@ -501,6 +513,13 @@ fn partition(
     .map_err(py_err)
 }
 
+/// `py:module:Class` for a selector object's class: how `fedsel.run(selector=...)` names
+/// its run in the config.
+#[pyfunction]
+fn class_path(selector: &Bound<'_, PyAny>) -> PyResult<String> {
+    user::class_path(selector)
+}
+
 /// Runs the `fedsel` command line on `argv` (the program's name first) and returns its
 /// exit status: the package's `fedsel` script, so that `pip install` puts the same CLI on
 /// the PATH as `cargo install`. The GIL is released while it runs. During `fedsel run`
@@ -524,5 +543,9 @@ fn _fedsel(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition, m)?)?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     selector::register(m)?;
+    user::register();
+    m.add_class::<user::Stream>()?;
+    m.add_class::<user::Query>()?;
+    m.add_function(wrap_pyfunction!(class_path, m)?)?;
     Ok(())
 }

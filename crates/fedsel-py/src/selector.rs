@@ -28,6 +28,9 @@ use crate::{FedselError, convert, py_err};
 /// The config table a strategy's own options live in (`[selection.<table>]`); strategies
 /// without options have none.
 fn options_table(strategy: &str) -> Option<&'static str> {
+    if strategy.starts_with("py:") {
+        return Some("params");
+    }
     match strategy {
         "powd" | "cpowd" | "rpowd" => Some("powd"),
         "fedcor" | "fedgp" => Some("fedcor"),
@@ -200,7 +203,7 @@ impl PySelector {
     #[pyo3(signature = (strategy, *, sizes, per_round, rounds, seed=None, classes=None, oracle_features=None, oracle_label_histograms=None, durations=None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        strategy: &str,
+        strategy: &Bound<'_, PyAny>,
         sizes: &Bound<'_, PyAny>,
         per_round: &Bound<'_, PyAny>,
         rounds: &Bound<'_, PyAny>,
@@ -211,6 +214,13 @@ impl PySelector {
         durations: Option<&Bound<'_, PyAny>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        // A strategy's name, or a selector object written in Python (docs/your-selector.md).
+        let object = (!strategy.is_instance_of::<pyo3::types::PyString>()).then_some(strategy);
+        let strategy: String = match object {
+            Some(obj) => crate::user::class_path(obj)?,
+            None => strategy.extract()?,
+        };
+        let strategy = strategy.as_str();
         let sizes = arg::<Vec<i64>>("sizes", sizes)?
             .iter()
             .enumerate()
@@ -301,7 +311,10 @@ impl PySelector {
         root.insert("rounds".into(), (rounds as i64).into());
         root.insert("selection".into(), selection.into());
         let config = Config::from_table(root, "Selector options", &[]).map_err(py_err)?;
-        let mut inner = select::build(&config.selection).map_err(py_err)?;
+        let mut inner: Box<dyn Selector> = match object {
+            Some(obj) => Box::new(crate::user::UserSelector::from_object(obj).map_err(py_err)?),
+            None => select::build(&config.selection).map_err(py_err)?,
+        };
         let needs = inner.needs();
         if needs.updates == UpdateKind::OutputLayer && classes == 0 {
             return Err(py_err(format!(
@@ -804,6 +817,7 @@ fn select_round(
         round,
         available,
         budget,
+        clock_s: None,
     };
     let mut guarded = AvailableOnly {
         inner: q,
