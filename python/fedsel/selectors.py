@@ -26,16 +26,18 @@ class Uniform:
 
 
 class PowD:
-    """Power-of-choice (Cho, Wang and Joshi, AISTATS 2022), the built-in `powd` with
-    `selection.powd.d = d`: d candidates drawn ∝ p_k without replacement, then the K_t of
+    """Power-of-choice (Cho, Wang and Joshi, AISTATS 2022), the built-in `powd` with the
+    same keys and defaults (`d = 10`, or `d_per_m · K_t` when `d_per_m` > 0; 0 = every
+    available client): d candidates drawn ∝ p_k without replacement, then the K_t of
     highest held-out loss among them (ties kept in draw order)."""
 
-    def __init__(self, d: int):
-        self.d = d
+    def __init__(self, d: int = 10, d_per_m: int = 0):
+        self.d, self.d_per_m = d, d_per_m
 
     def select(self, ctx: Any) -> list[int]:
         avail = ctx.available
-        candidates = ctx.rng.weighted_sample(avail, ctx.weights[avail], min(self.d, len(avail)))
+        d = self.d_per_m * ctx.budget if self.d_per_m > 0 else (self.d or len(avail))
+        candidates = ctx.rng.weighted_sample(avail, ctx.weights[avail], min(d, len(avail)))
         losses = ctx.query.losses(candidates)
         order = sorted(range(len(candidates)), key=lambda i: -losses[i])
         return [candidates[i] for i in order[: min(ctx.budget, len(candidates))]]
