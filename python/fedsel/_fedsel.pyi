@@ -20,7 +20,31 @@ def run(
     overwrite: bool = False,
     resume: bool = False,
     on_round: Callable[[dict[str, Any]], Any] | None = None,
+    selector: Any = None,
 ) -> tuple[str, list[str]]: ...
+def class_path(selector: Any) -> str:
+    """`py:module:Class` for a selector object's class."""
+
+class SelectionStream:
+    """`ctx.rng`: the round's selection stream, lent for one `select` / `plan` call."""
+
+    def sample(self, items: Sequence[int], k: int) -> list[int]: ...
+    def weighted_sample(self, items: Sequence[int], weights: Sequence[float], k: int) -> list[int]: ...
+    def random(self) -> float: ...
+    def integers(self, low: int, high: int) -> int: ...
+    def numpy(self) -> Any: ...
+
+class ClientQuery:
+    """`ctx.query`: reports from available clients, booked in the ledger and on the clock,
+    lent for one `select` / `plan` call. Arrays come back as NumPy arrays."""
+
+    def losses(self, clients: Sequence[int]) -> Any: ...
+    def minibatch_losses(self, clients: Sequence[int]) -> Any: ...
+    def probe(self, train: Sequence[int], evaluate: Sequence[int]) -> Any: ...
+    def advance(self, train: Sequence[int], evaluate: Sequence[int]) -> Any: ...
+    def updates(self, clients: Sequence[int]) -> Any: ...
+    def gradients(self, clients: Sequence[int], scope: str = "full") -> Any: ...
+    def gram(self, clients: Sequence[int]) -> Any: ...
 def sweep(
     path: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -75,15 +99,16 @@ class Query(Protocol):
 class Selector:
     """A fedsel selection strategy, used without the simulator.
 
-    `options` are the strategy's config keys (`[selection.<strategy>]`), e.g. `d=10` for
-    powd. `classes` is the output layer's width (HiCS-FL). The oracle arguments are only
+    `strategy` is a strategy's name (`py:module:Class` for a class written in Python) or
+    a selector object written in Python. `options` are the strategy's config keys
+    (`[selection.<strategy>]`), e.g. `d=10` for powd, or a Python class's arguments. `classes` is the output layer's width (HiCS-FL). The oracle arguments are only
     for strategies defined with oracle knowledge. `durations`: each client's round trip in
     seconds as its device reports it at registration (Oort's `code` protocol reads it).
     """
 
     def __init__(
         self,
-        strategy: str,
+        strategy: str | Any,
         *,
         sizes: Sequence[int],
         per_round: int,

@@ -195,3 +195,19 @@ def test_output_keys_name_the_output_layer_and_must_exist():
     s = FedselStrategy("hics", per_round=2, num_rounds=2, output_keys=("fc.bias", "fc.weight"))
     with pytest.raises(FedselError, match=r"output_keys \['fc.bias', 'fc.weight'\] not in the model's arrays \['head.weight', 'head.bias'\]"):
         s._output_layer(sd)
+
+
+def test_a_python_selector_object_chooses_on_flower_as_the_builtin_it_rewrites():
+    """fedsel.selectors.PowD asks the nodes for their losses through `ctx.query`, which the
+    strategy turns into evaluate messages, and draws from the round's stream: it chooses
+    the nodes the built-in Pow-d chooses, round by round, with the same messages."""
+    from fedsel.selectors import PowD
+
+    builtin = strategy("powd", {"d": 4})
+    ours = FedselStrategy(selector=PowD(d=4), per_round=2, num_rounds=5, seed=3, min_available_nodes=len(NODES))
+    grid_a, grid_b = ScriptedGrid(), ScriptedGrid()
+    assert run(ours, grid_b, 5) == run(builtin, grid_a, 5)
+    assert grid_b.asked == grid_a.asked
+    assert ours.strategy == "py:fedsel.selectors:PowD"
+    with pytest.raises(FedselError, match="one of them"):
+        FedselStrategy("powd", selector=PowD(d=4), per_round=2, num_rounds=5)

@@ -196,6 +196,14 @@ def test_a_sweep_mixes_builtin_and_python_strategies_in_parallel(tmp_path):
         same_run(pair[0], pair[1])
     report = (out / "report.md").read_text()
     assert "py:user_selectors:Uniform" in report
+    # Cells handed to other processes (as Ray's workers take them) import the class there.
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2) as pool:
+        spread = fedsel.sweep(sweep, tmp_path / "spread", executor=pool)
+    assert spread["ran"] == 4
+    for cell in cells:
+        same_run(cell, tmp_path / "spread" / "cells" / cell.name)
 
 
 def test_the_packages_fedsel_command_runs_a_py_strategy_from_the_working_directory(tmp_path):

@@ -137,8 +137,10 @@ struct State {
 /// A fedsel selection strategy, used without the simulator.
 ///
 /// `Selector(strategy, sizes=[n_0, ...], per_round=m, rounds=T, seed=0, **options)`.
-/// `options` are the strategy's config keys (`[selection.<strategy>]` in a fedsel config),
-/// e.g. `Selector("powd", ..., d=10)`. `classes` is the output layer's width, needed by
+/// `strategy` is a strategy's name (`py:module:Class` for a class written in Python) or a
+/// selector object written in Python (docs/your-selector.md). `options` are the strategy's
+/// config keys (`[selection.<strategy>]` in a fedsel config), e.g. `Selector("powd", ...,
+/// d=10)`, or a Python class's constructor arguments. `classes` is the output layer's width, needed by
 /// strategies that read output-layer updates (HiCS-FL). `oracle_features` and
 /// `oracle_label_histograms` are only for strategies defined with oracle knowledge (FedGS's
 /// oracle graph).
