@@ -17,6 +17,10 @@ use fedsel::data::{cifar, fmnist, locate, shakespeare};
 use fedsel::engine::{self, Experiment, Observer, RoundRecord};
 use fedsel::output::RunWriter;
 
+/// `fedsel --version`: the version and the commit of the build ([`fedsel::build_commit`]).
+static VERSION_LINE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{} ({})", fedsel::VERSION, fedsel::build_commit()));
+
 const SCHEMA: &str = "\
 CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
   name, seed, rounds, targets = [acc, ...], data_dir, device = \"flex\"|\"cuda\", verify_checksums, checkpoint_every
@@ -52,7 +56,7 @@ CONFIG SCHEMA (TOML; every key optional, defaults = the built-in experiment):
 Override any key with --set key=value, e.g. --set train.lr=0.05 --set partition.scheme.kind=iid";
 
 #[derive(Parser)]
-#[command(name = "fedsel", version, about = "Federated learning with client selection", after_help = SCHEMA)]
+#[command(name = "fedsel", version = VERSION_LINE.as_str(), about = "Federated learning with client selection", after_help = SCHEMA)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -1110,9 +1114,11 @@ enum ResultsAction {
         /// For rounds_to_target and time_to_target_s: the target, when the runs have several.
         #[arg(long)]
         target: Option<f64>,
-        /// The commit the sweep ran at (runs record only the version).
+        /// The commit the sweep ran at: by default the one its runs record (the build's);
+        /// given, it must agree with them. Needed only for runs from before fedsel recorded
+        /// it.
         #[arg(long)]
-        commit: String,
+        commit: Option<String>,
         /// The command that ran the sweep.
         #[arg(long)]
         command: String,

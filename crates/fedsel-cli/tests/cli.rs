@@ -933,3 +933,28 @@ fn a_killed_stale_update_sweep_cell_resumes_to_the_same_rows() {
     let summary = std::fs::read_to_string(cell.join("summary.json")).unwrap();
     assert!(summary.contains("\"finished\""), "{summary}");
 }
+
+#[test]
+fn a_runs_summary_names_the_commit_of_its_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fedsel(&["run", "--set", "rounds=2", "--out", "r"], dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("r/summary.json")).unwrap())
+            .unwrap();
+    let commit = summary["commit"].as_str().unwrap();
+    assert_eq!(commit, fedsel::build_commit());
+    let version = text(&fedsel(&["--version"], dir.path()));
+    assert!(version.contains(&format!("({commit})")), "{version}");
+    // In a checkout (CI's clone, a developer's tree) it is HEAD's, dirty or not.
+    let head = Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    match head {
+        Some(head) => assert_eq!(commit.trim_end_matches("+dirty"), head),
+        None => assert_eq!(commit, "unknown"),
+    }
+}

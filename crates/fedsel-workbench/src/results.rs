@@ -209,9 +209,10 @@ pub struct CollectArgs {
     pub target: Option<f64>,
     /// The command that ran the sweep (runs do not record it).
     pub command: String,
-    /// The commit the sweep ran at (runs do not record it; `summary.json` has only the
-    /// version).
-    pub commit: String,
+    /// The commit the sweep ran at. By default the one its runs record (`summary.json`'s
+    /// `commit`, the binary's build); given, it must agree with them. Needed only for runs
+    /// written before fedsel recorded it.
+    pub commit: Option<String>,
     /// Methods added after the comparison was planned.
     pub unplanned: Vec<String>,
 }
@@ -240,6 +241,75 @@ struct Index {
     cells: Vec<IndexCell>,
 }
 
+/// The commit a run's row records: the one its build wrote into `summary.json`, checked
+/// against `given` (the `--commit` flag; either may be an abbreviation of the other), or
+/// `given` for a run that records none (written before fedsel recorded it, or built outside
+/// git). A planned row refuses a run whose build had uncommitted changes, or that builds of
+/// several commits ran (resumed by another): no commit names its code.
+fn row_commit(
+    summary: &serde_json::Value,
+    path: &Path,
+    given: Option<&str>,
+    planned: bool,
+    held: &dyn Fn(&str) -> bool,
+) -> Result<String> {
+    let recorded: Vec<&str> = summary["commit"]
+        .as_str()
+        .unwrap_or("")
+        .split(", ")
+        .filter(|c| !c.is_empty() && *c != "unknown")
+        .collect();
+    let Some(&first) = recorded.first() else {
+        return given.map(str::to_string).ok_or_else(|| {
+            bad(
+                path,
+                "records no commit (written before fedsel recorded the build, or built outside git): give --commit",
+            )
+        });
+    };
+    if planned {
+        if let Some(dirty) = recorded.iter().find(|c| c.ends_with("+dirty")) {
+            return Err(bad(
+                path,
+                format!(
+                    "was run by a build with uncommitted changes ({dirty}): no commit names its code, so its rows cannot be counted; commit, rebuild and rerun it, or collect its method with --unplanned"
+                ),
+            ));
+        }
+        if recorded.len() > 1 {
+            return Err(bad(
+                path,
+                format!(
+                    "was run by builds of several commits ({}), resumed by another binary: its rows mix two codes; rerun it with one, or collect its method with --unplanned",
+                    recorded.join(", ")
+                ),
+            ));
+        }
+    }
+    let bare = first.trim_end_matches("+dirty");
+    if !held(bare) {
+        // fedsel installed from its own repository runs a user's code (a Python selector)
+        // for a results directory of another: the row names that repository's commit.
+        return given.map(str::to_string).ok_or_else(|| {
+            bad(
+                path,
+                format!(
+                    "was run by fedsel built at {first}, a commit the results directory's repository does not hold (fedsel installed from its own checkout): give --commit, the commit of this repository the runs belong to"
+                ),
+            )
+        });
+    }
+    if let Some(g) = given
+        && (g.is_empty() || !(bare.starts_with(g) || g.starts_with(bare)))
+    {
+        return Err(bad(
+            path,
+            format!("was run at commit {first}, not at --commit {g}"),
+        ));
+    }
+    Ok(first.to_string())
+}
+
 /// `fedsel results collect`: reads the finished cells of the sweep in `sweep_dir` and adds
 /// one row per cell (its seed's value of `args.metric`) to `results_dir/SECTION.csv`. A row
 /// for a (cell, seed) the file already holds is refused: one result is recorded once.
@@ -260,7 +330,6 @@ pub fn collect(sweep_dir: &Path, results_dir: &Path, args: &CollectArgs) -> Resu
     for (name, v) in [
         ("--section", &args.section),
         ("--table", &args.table),
-        ("--commit", &args.commit),
         ("--command", &args.command),
     ] {
         if v.trim().is_empty() {
@@ -293,6 +362,17 @@ pub fn collect(sweep_dir: &Path, results_dir: &Path, args: &CollectArgs) -> Resu
     let index_path = sweep_dir.join("sweep.json");
     let text = std::fs::read_to_string(&index_path).map_err(io(&index_path))?;
     let index: Index = serde_json::from_str(&text).map_err(|e| bad(&index_path, e))?;
+    // Whether the results directory's repository holds a commit (every commit is held
+    // where the directory is in no repository: nothing to check it against).
+    let repo = results_dir
+        .ancestors()
+        .find(|d| d.is_dir())
+        .and_then(|d| git(d, &["rev-parse", "--show-toplevel"]).ok())
+        .map(|r| PathBuf::from(r.trim()));
+    let held = |c: &str| {
+        repo.as_ref()
+            .is_none_or(|r| git(r, &["cat-file", "-e", &format!("{c}^{{commit}}")]).is_ok())
+    };
     let mut new = Vec::new();
     let mut unfinished = Vec::new();
     for cell in &index.cells {
@@ -313,6 +393,14 @@ pub fn collect(sweep_dir: &Path, results_dir: &Path, args: &CollectArgs) -> Resu
         } else {
             metric_value(&summary, &summary_path, args)?
         };
+        let planned = !args.unplanned.contains(&cell.strategy);
+        let commit = row_commit(
+            &summary,
+            &summary_path,
+            args.commit.as_deref(),
+            planned,
+            &held,
+        )?;
         let cfg_path = dir.join("config.resolved.toml");
         let cfg_text = std::fs::read_to_string(&cfg_path).map_err(io(&cfg_path))?;
         let config = Config::from_toml_str(&cfg_text, &cfg_path.display().to_string(), &[])?;
@@ -325,9 +413,9 @@ pub fn collect(sweep_dir: &Path, results_dir: &Path, args: &CollectArgs) -> Resu
             seed,
             value,
             censored,
-            planned: !args.unplanned.contains(&cell.strategy),
+            planned,
             command: args.command.clone(),
-            commit: args.commit.clone(),
+            commit,
             config_hash: config.hash(),
         });
     }
@@ -1243,7 +1331,7 @@ mod tests {
             metric: metric.into(),
             target,
             command: "c".into(),
-            commit: "abc".into(),
+            commit: Some("abc".into()),
             unplanned: Vec::new(),
         }
     }

@@ -43,7 +43,7 @@ fn args(metric: &str, commit: &str) -> CollectArgs {
         metric: metric.into(),
         target: None,
         command: "fedsel sweep demo.toml --out runs/demo".into(),
-        commit: commit.into(),
+        commit: Some(commit.into()),
         unplanned: vec!["powd".into()],
     }
 }
@@ -749,4 +749,86 @@ fn the_committed_page_holds_its_claims_and_sections_as_rendered() {
             "block `{name}`: rerun `fedsel results render`"
         );
     }
+}
+
+/// A one-cell sweep whose run recorded `commit` as its build (`None`: no record).
+fn sweep_with_commit(root: &Path, strategy: &str, commit: Option<&str>) -> std::path::PathBuf {
+    let sweep = root.join(format!("sweep-{strategy}"));
+    let c = cell(&sweep, strategy, 1, 0.7, Some(5));
+    let summary = sweep
+        .join("cells")
+        .join(format!("{strategy}-s1/summary.json"));
+    let mut s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    if let Some(commit) = commit {
+        s["commit"] = commit.into();
+    }
+    std::fs::write(&summary, s.to_string()).unwrap();
+    std::fs::write(
+        sweep.join("sweep.json"),
+        serde_json::json!({ "name": "c", "baseline": strategy, "cells": [c] }).to_string(),
+    )
+    .unwrap();
+    sweep
+}
+
+#[test]
+fn collect_takes_the_commit_the_runs_record_and_refuses_one_that_disagrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let res = root.join("results");
+    let full = "0123456789abcdef0123456789abcdef01234567";
+    let recorded = sweep_with_commit(root, "uniform", Some(full));
+    let mut a = args("final_acc", "unused");
+    a.commit = None;
+    results::collect(&recorded, &res, &a).unwrap();
+    let rows = std::fs::read_to_string(res.join("demo.csv")).unwrap();
+    assert!(rows.contains(&format!(",{full},")), "{rows}");
+    // An abbreviation of the recorded commit agrees; another commit is refused by name.
+    let short = sweep_with_commit(root, "md", Some(full));
+    results::collect(&short, &res, &args("final_acc", "0123456")).unwrap();
+    let other = sweep_with_commit(root, "powd", Some(full));
+    let err = results::collect(&other, &res, &args("final_acc", "fedcba9"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "was run at commit {full}, not at --commit fedcba9"
+        )),
+        "{err}"
+    );
+    // A run that records none needs the flag, and says so.
+    let old = sweep_with_commit(root, "afl", None);
+    let err = results::collect(&old, &res, &a).unwrap_err().to_string();
+    assert!(
+        err.contains("records no commit") && err.contains("--commit"),
+        "{err}"
+    );
+    results::collect(&old, &res, &args("final_acc", "abc1234")).unwrap();
+}
+
+#[test]
+fn collect_refuses_a_dirty_or_mixed_build_for_counted_rows_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let res = root.join("results");
+    let mut a = args("final_acc", "unused");
+    a.commit = None;
+    let dirty = sweep_with_commit(root, "uniform", Some("0123abc+dirty"));
+    let err = results::collect(&dirty, &res, &a).unwrap_err().to_string();
+    assert!(
+        err.contains("uncommitted changes (0123abc+dirty)") && err.contains("--unplanned"),
+        "{err}"
+    );
+    let mixed = sweep_with_commit(root, "md", Some("0123abc, 4567def"));
+    let err = results::collect(&mixed, &res, &a).unwrap_err().to_string();
+    assert!(err.contains("several commits (0123abc, 4567def)"), "{err}");
+    // As an arm added after the plan, shown and never counted, it is collected.
+    a.unplanned = vec!["uniform".into()];
+    results::collect(&dirty, &res, &a).unwrap();
+    let rows = std::fs::read_to_string(res.join("demo.csv")).unwrap();
+    assert!(
+        rows.contains(",false,fedsel sweep demo.toml --out runs/demo,0123abc+dirty,"),
+        "{rows}"
+    );
 }

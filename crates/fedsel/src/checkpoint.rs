@@ -322,6 +322,7 @@ mod tests {
                 },
                 version: crate::VERSION.into(),
                 cpu: "avx2+fma".into(),
+                commit: "0123abc".into(),
                 clock: Some(crate::summary::ClockSummary {
                     clock_s: 0.1 + 0.2,
                     time_to_target_s: vec![(0.5, Some(1.0 / 3.0)), (0.95, None)],

@@ -1360,6 +1360,7 @@ impl<'a> Run<'a> {
             cost: Ledger::default(),
             version: crate::VERSION.into(),
             cpu: crate::cpu::isa().name().into(),
+            commit: crate::build_commit(),
             clock: exp.clock.as_ref().map(|_| ClockSummary {
                 clock_s: 0.0,
                 time_to_target_s: cfg.targets.iter().map(|&t| (t, None)).collect(),
@@ -1404,7 +1405,8 @@ impl<'a> Run<'a> {
         self.states = cp.client_states;
         self.summary = cp.summary;
         self.book = cp.in_flight;
-        self.summary.resumed_on(crate::cpu::isa().name());
+        self.summary
+            .resumed_on(crate::cpu::isa().name(), &crate::build_commit());
         Ok(cp.next_round)
     }
 

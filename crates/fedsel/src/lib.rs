@@ -34,3 +34,16 @@ pub mod validate;
 
 /// The crate version, recorded in every output.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The git commit this library was built from, `+dirty` appended when the workspace's
+/// sources (crates, examples, the manifests) had uncommitted changes then, or `unknown`
+/// for a build outside a git checkout (build.rs). Every `summary.json` records it, so that
+/// a row names the code that made it without a hand-typed commit.
+pub fn build_commit() -> String {
+    let commit = env!("FEDSEL_GIT_COMMIT");
+    match (commit.is_empty(), env!("FEDSEL_GIT_DIRTY") == "true") {
+        (true, _) => "unknown".into(),
+        (false, true) => format!("{commit}+dirty"),
+        (false, false) => commit.into(),
+    }
+}

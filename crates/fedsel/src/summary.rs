@@ -6,14 +6,27 @@
 use crate::ledger::Ledger;
 
 impl RunSummary {
-    /// Records that the rest of the run goes on with this CPU's kernels: a resume on
-    /// another kind of CPU appends its name, so no summary hides a change of kernels.
-    pub(crate) fn resumed_on(&mut self, isa: &str) {
-        if self.cpu.is_empty() {
-            self.cpu = isa.into();
-        } else if !self.cpu.split(", ").any(|seen| seen == isa) {
-            self.cpu = format!("{}, {isa}", self.cpu);
-        }
+    /// Records that the rest of the run goes on with this CPU's kernels and this build: a
+    /// resume on another kind of CPU, or by a binary of another commit, appends its name,
+    /// so no summary hides a change of kernels or of code.
+    pub(crate) fn resumed_on(&mut self, isa: &str, commit: &str) {
+        append_once(&mut self.cpu, isa);
+        append_once(&mut self.commit, commit);
+    }
+
+    /// The commits of the builds that ran the run, in order (one unless it was resumed
+    /// by another build).
+    pub fn commits(&self) -> Vec<&str> {
+        self.commit.split(", ").filter(|c| !c.is_empty()).collect()
+    }
+}
+
+/// Appends `name` to a comma-separated list that does not hold it yet.
+fn append_once(list: &mut String, name: &str) {
+    if list.is_empty() {
+        *list = name.into();
+    } else if !list.split(", ").any(|seen| seen == name) {
+        *list = format!("{list}, {name}");
     }
 }
 
@@ -57,6 +70,12 @@ pub struct RunSummary {
     /// written again, so that a checkpoint written before it keeps its checksum.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cpu: String,
+    /// The commits of the builds that ran the run ([`crate::build_commit`]; several,
+    /// comma-separated, when a run resumed under another build), which `fedsel results
+    /// collect` records as its rows' commit. Empty in summaries written before it was
+    /// recorded, and then left out, as `cpu`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub commit: String,
     /// The virtual clock's totals, when `[system]` runs one; absent otherwise, so that
     /// runs without a clock write the summary they always did.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
@@ -101,6 +120,7 @@ mod tests {
             cost: Ledger::default(),
             version: crate::VERSION.into(),
             cpu: cpu.into(),
+            commit: String::new(),
             clock: None,
         }
     }
@@ -108,16 +128,27 @@ mod tests {
     #[test]
     fn a_resume_names_each_kind_of_cpu_once_in_order() {
         let mut s = summary("avx2+fma");
-        s.resumed_on("avx2+fma");
+        s.resumed_on("avx2+fma", "a");
         assert_eq!(s.cpu, "avx2+fma");
-        s.resumed_on("avx512f");
+        s.resumed_on("avx512f", "a");
         assert_eq!(s.cpu, "avx2+fma, avx512f");
-        s.resumed_on("avx2+fma");
+        s.resumed_on("avx2+fma", "a");
         assert_eq!(s.cpu, "avx2+fma, avx512f");
         // A checkpoint written before the field existed learns only the resuming CPU.
         let mut old = summary("");
-        old.resumed_on("avx512f");
+        old.resumed_on("avx512f", "a");
         assert_eq!(old.cpu, "avx512f");
+    }
+
+    #[test]
+    fn a_resume_by_another_build_names_its_commit_after_the_first() {
+        let mut s = summary("avx2+fma");
+        s.resumed_on("avx2+fma", "c1");
+        s.resumed_on("avx2+fma", "c1");
+        assert_eq!(s.commits(), ["c1"]);
+        s.resumed_on("avx2+fma", "c2+dirty");
+        assert_eq!(s.commits(), ["c1", "c2+dirty"]);
+        assert_eq!(summary("").commits(), Vec::<&str>::new());
     }
 
     #[test]

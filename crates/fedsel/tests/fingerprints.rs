@@ -2,7 +2,7 @@
 //! per-client orders (PyramidFL), the sample pass (FedBalancer), FedProx and FedAdam, and
 //! the three availability families (FedGS's, F3AST's, a trace). Each run's outputs
 //! (`metrics.csv` without its wall-clock column, `selections.csv`, and `summary.json`
-//! without `wall_s` and `cpu`) are hashed and compared with `tests/data/fingerprints.txt`,
+//! without `wall_s`, `cpu` and `commit`) are hashed and compared with `tests/data/fingerprints.txt`,
 //! so that a change meant to move code without changing behaviour is checked against every
 //! kind of run at once: any changed bit of any output of any run fails by name.
 //!
@@ -168,6 +168,7 @@ fn fingerprint(dir: &Path) -> String {
     let map = summary.as_object_mut().unwrap();
     map.remove("wall_s");
     map.remove("cpu");
+    map.remove("commit");
     all.push_str(&serde_json::to_string(&summary).unwrap());
     fedsel::digest::sha256_hex(all.as_bytes())
 }
