@@ -29,6 +29,7 @@ use crate::stats::Obs;
 use crate::verdict::{self, Judgement, MarginSource, Verdict};
 
 pub mod claims;
+pub mod registration;
 
 /// The file of paper values in a results directory.
 pub const PAPER_FILE: &str = "paper.csv";
@@ -830,7 +831,7 @@ fn table_row(
 /// block ([`claims::render`]). Errors name a claim whose values cannot be tested.
 pub fn render(
     data: &Data,
-    history: Option<&dyn claims::History>,
+    history: Option<&dyn registration::History>,
 ) -> Result<BTreeMap<String, String>> {
     let mut by_cell: BTreeMap<CellKey, Vec<&Row>> = BTreeMap::new();
     for r in &data.rows {
@@ -948,7 +949,7 @@ pub fn render(
         out.insert(section, s);
     }
     if let (false, Some(h)) = (data.claims.is_empty(), history) {
-        let prov = claims::provenance(&data.claims, &data.rows, h);
+        let prov = registration::provenance(&data.claims, &data.rows, h);
         out.insert(
             claims::BLOCK.to_string(),
             claims::render(&data.claims, &data.rows, &prov)?,
@@ -1017,7 +1018,7 @@ pub struct Rendered {
     pub claims_kept: Option<String>,
 }
 
-/// The repository holding a results directory, through git: what [`claims::provenance`]
+/// The repository holding a results directory, through git: what [`registration::provenance`]
 /// asks of its history.
 pub struct Git {
     root: PathBuf,
@@ -1030,7 +1031,8 @@ impl Git {
     /// that added every claim).
     pub fn open(dir: &Path) -> std::result::Result<Git, String> {
         let root = git(dir, &["rev-parse", "--show-toplevel"]).map_err(|e| e.to_string())?;
-        let root = PathBuf::from(root.trim());
+        let root =
+            std::fs::canonicalize(root.trim()).map_err(|e| format!("{}: {e}", root.trim()))?;
         let shallow =
             git(&root, &["rev-parse", "--is-shallow-repository"]).map_err(|e| e.to_string())?;
         if shallow.trim() == "true" {
@@ -1044,9 +1046,14 @@ impl Git {
             .join(claims::CLAIMS_DIR);
         Ok(Git { root, claims })
     }
+
+    /// `path` (inside the checkout) as `commit` had it; `None` where it had no such file.
+    fn show(&self, commit: &str, path: &str) -> Option<String> {
+        git(&self.root, &["show", &format!("{commit}:{path}")]).ok()
+    }
 }
 
-impl claims::History for Git {
+impl registration::History for Git {
     fn first_adding(&self, needle: &str) -> std::result::Result<Option<String>, String> {
         let path = self.claims.to_string_lossy();
         let out = git(
@@ -1063,6 +1070,46 @@ impl claims::History for Git {
         )
         .map_err(|e| e.to_string())?;
         Ok(out.lines().next().map(str::to_string))
+    }
+
+    fn versions(&self, file: &Path) -> std::result::Result<Vec<(String, Option<String>)>, String> {
+        let file = std::fs::canonicalize(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let inside = file
+            .strip_prefix(&self.root)
+            .map_err(|_| format!("{} is outside {}", file.display(), self.root.display()))?
+            .to_string_lossy()
+            .into_owned();
+        let commits = git(
+            &self.root,
+            &["log", "--format=%H", "--reverse", "--", &inside],
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(commits
+            .lines()
+            .map(|c| (c.to_string(), self.show(c, &inside)))
+            .collect())
+    }
+
+    fn file_at(&self, commit: &str, path: &str) -> Option<String> {
+        self.show(commit, path)
+    }
+
+    fn changed(
+        &self,
+        since: &str,
+        commit: &str,
+        paths: &[String],
+    ) -> std::result::Result<Vec<String>, String> {
+        let range = format!("{since}..{commit}");
+        let mut args = vec!["log", "--format=", "--name-only", range.as_str(), "--"];
+        args.extend(paths.iter().map(String::as_str));
+        let out = git(&self.root, &args).map_err(|e| e.to_string())?;
+        let changed: BTreeSet<String> = out
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        Ok(changed.into_iter().collect())
     }
 
     fn is_ancestor(&self, ancestor: &str, commit: &str) -> std::result::Result<bool, String> {
@@ -1096,7 +1143,10 @@ pub fn render_doc(dir: &Path, doc: &Path) -> Result<Rendered> {
     };
     let rendered = render(
         &data,
-        history.as_ref().ok().map(|g| g as &dyn claims::History),
+        history
+            .as_ref()
+            .ok()
+            .map(|g| g as &dyn registration::History),
     )?;
     // A page not written yet (a user's first results directory) starts as a title; the
     // blocks are appended below it.
@@ -1167,7 +1217,7 @@ pub struct Checked {
 /// ([`SectionInfo::notes_through`]; notes without it leave their section unchecked, and a
 /// note says so). Code-path changes and the
 /// claims' provenance are asked of git in the repository that holds `dir`; the notes name
-/// each post-hoc claim ([`claims::post_hoc_notes`]). Without a history that can date the
+/// each post-hoc claim ([`registration::post_hoc_notes`]). Without a history that can date the
 /// claims the claims block is not compared, and a note says why (never a problem: a shallow
 /// clone cannot tell).
 pub fn check(dir: &Path, doc: &Path) -> Result<Checked> {
@@ -1176,8 +1226,8 @@ pub fn check(dir: &Path, doc: &Path) -> Result<Checked> {
     let mut notes = Vec::new();
     match &history {
         Ok(h) => {
-            let prov = claims::provenance(&data.claims, &data.rows, h);
-            notes.extend(claims::post_hoc_notes(&data.claims, &prov));
+            let prov = registration::provenance(&data.claims, &data.rows, h);
+            notes.extend(registration::post_hoc_notes(&data.claims, &prov));
         }
         Err(why) if !data.claims.is_empty() => notes.push(format!(
             "the claims block was not checked: their provenance needs the repository's history ({why})"
@@ -1186,7 +1236,10 @@ pub fn check(dir: &Path, doc: &Path) -> Result<Checked> {
     }
     let rendered = render(
         &data,
-        history.as_ref().ok().map(|g| g as &dyn claims::History),
+        history
+            .as_ref()
+            .ok()
+            .map(|g| g as &dyn registration::History),
     )?;
     let text = std::fs::read_to_string(doc).map_err(io(doc))?;
     let found = blocks(&text, doc)?;

@@ -29,19 +29,28 @@
 //! t-interval and the exact Wilcoxon signed-rank p of the paired differences
 //! ([`crate::stats::wilcoxon`]). The verdict ([`ClaimOutcome`]):
 //! - **reproduced**: the interval excludes 0 on the claimed side and, where the claim states
-//!   a size or range ([`Size`]), the interval meets it;
-//! - **direction only**: the interval is on the claimed side but misses the stated size (the
-//!   verdict says by how much);
+//!   a size or range ([`Size`]), the size is *met*: the point estimate lies in the range
+//!   (and so the interval meets it);
+//! - **direction only**: the interval is on the claimed side and the size is *missed*: the
+//!   interval excludes the range (the verdict says by how much);
+//! - **direction, size undetermined**: on the claimed side, the point outside the stated
+//!   range and the interval still meeting it: the seeds cannot tell; the verdict says how
+//!   many seeds would, at the observed spread ([`SizeJudgement::Undetermined`]);
 //! - **not reproduced**: the interval contains 0;
 //! - **contradicted**: the interval excludes 0 on the other side, a significant result
 //!   against the claim;
+//! - **undetermined by a bound**: a censored arm makes the effect a one-sided bound
+//!   ([`Bound`]) that points away from the side the interval is on, so the interval cannot
+//!   say which side the true effect lies on;
 //! - **too few seeds** below [`MIN_SEEDS`] pairs, and **too few informative seeds** when
 //!   that many remain only after leaving out the pairs with both arms censored.
 //!
 //! *Censored pairs* (a target neither arm reached) say nothing of which arm is faster, so they
 //! are left out of the test and counted. A pair with one arm censored enters at that arm's
 //! bound (the rounds it ran), so the effect is then a bound, on the side [`Claim::bound`]
-//! names.
+//! names. **A bound supports a verdict only in its own direction**: an effect that is at
+//! most what is shown can show that A is lower, never that it is higher, and a stated size
+//! can then be missed in the bound's direction but never met.
 use fedsel::error::ConfigError;
 
 use crate::stats::{Obs, mean_std, wilcoxon};
@@ -298,14 +307,18 @@ pub enum Direction {
 /// A claim's outcome (the rule is in the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ClaimOutcome {
-    /// The interval lies on the claimed side and meets the stated size, if any.
+    /// The interval lies on the claimed side and the point lies in the stated size, if any.
     Reproduced,
-    /// On the claimed side, but the interval misses the stated size.
+    /// On the claimed side, but the interval excludes the stated size.
     DirectionOnly,
+    /// On the claimed side; whether the stated size holds, the seeds cannot tell.
+    SizeUndetermined,
     /// The interval contains 0.
     NotReproduced,
     /// The interval lies on the other side.
     Contradicted,
+    /// A censored arm's bound points away from the interval's side: no side is shown.
+    BoundUndetermined,
     /// Fewer than [`MIN_SEEDS`] pairs.
     TooFewSeeds,
     /// Fewer than [`MIN_SEEDS`] pairs once the pairs with both arms censored are left out.
@@ -314,11 +327,13 @@ pub enum ClaimOutcome {
 
 impl ClaimOutcome {
     /// Every outcome, in the order the counts list them.
-    pub const ALL: [ClaimOutcome; 6] = [
+    pub const ALL: [ClaimOutcome; 8] = [
         ClaimOutcome::Reproduced,
         ClaimOutcome::DirectionOnly,
+        ClaimOutcome::SizeUndetermined,
         ClaimOutcome::NotReproduced,
         ClaimOutcome::Contradicted,
+        ClaimOutcome::BoundUndetermined,
         ClaimOutcome::TooFewSeeds,
         ClaimOutcome::TooFewInformative,
     ];
@@ -328,23 +343,28 @@ impl ClaimOutcome {
         match self {
             ClaimOutcome::Reproduced => "reproduced",
             ClaimOutcome::DirectionOnly => "direction only",
+            ClaimOutcome::SizeUndetermined => "direction, size undetermined",
             ClaimOutcome::NotReproduced => "not reproduced",
             ClaimOutcome::Contradicted => "contradicted",
+            ClaimOutcome::BoundUndetermined => "undetermined by a bound",
             ClaimOutcome::TooFewSeeds => "too few seeds",
             ClaimOutcome::TooFewInformative => "too few informative seeds",
         }
     }
 
     /// The outcome of a claim made of several tests that must each hold ("in every
-    /// setting"): the first of contradicted, not reproduced, too few (informative) seeds and
-    /// direction only that any test has, reproduced when every test is. `None` for no test.
+    /// setting"): the first of contradicted, not reproduced, undetermined by a bound, too
+    /// few (informative) seeds, direction only and size undetermined that any test has,
+    /// reproduced when every test is. `None` for no test.
     pub fn all_of(outcomes: &[ClaimOutcome]) -> Option<ClaimOutcome> {
         [
             ClaimOutcome::Contradicted,
             ClaimOutcome::NotReproduced,
+            ClaimOutcome::BoundUndetermined,
             ClaimOutcome::TooFewInformative,
             ClaimOutcome::TooFewSeeds,
             ClaimOutcome::DirectionOnly,
+            ClaimOutcome::SizeUndetermined,
             ClaimOutcome::Reproduced,
         ]
         .into_iter()
@@ -420,6 +440,33 @@ pub struct SizeMiss {
     pub stated: f64,
 }
 
+/// Why the seeds cannot tell whether the stated size holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Undecided {
+    /// The point lies outside the range and the interval meets it: this many pairs would
+    /// decide it (the interval's half-width below the point's distance to the range) if the
+    /// spread and the point stayed as observed; `None` when no count up to
+    /// [`MAX_SEEDS_TO_DECIDE`] would.
+    Spread(Option<usize>),
+    /// The effect is a censored bound that does not exclude the range on its own side:
+    /// more seeds cannot decide it, longer runs (fewer censored arms) can.
+    Bound,
+}
+
+/// The most pairs [`Undecided::Spread`] looks for.
+pub const MAX_SEEDS_TO_DECIDE: usize = 10_000;
+
+/// A stated size against the interval, judged three ways.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SizeJudgement {
+    /// The point lies in the range.
+    Met,
+    /// The interval excludes the range.
+    Missed(SizeMiss),
+    /// Neither.
+    Undetermined(Undecided),
+}
+
 /// What the censored arms make of the effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bound {
@@ -456,8 +503,9 @@ pub struct Claim {
     pub wilcoxon_p: Option<f64>,
     /// The outcome.
     pub outcome: ClaimOutcome,
-    /// For "direction only": how the stated size was missed.
-    pub size_miss: Option<SizeMiss>,
+    /// The stated size against the interval, when the claim states one and the interval is
+    /// on the claimed side.
+    pub size: Option<SizeJudgement>,
 }
 
 /// Tests the claim that A's values lie on `direction`'s side of B's, and within `size` when
@@ -509,26 +557,38 @@ pub fn claim(
         (true, true) => Bound::Neither,
     };
     let interval = t_interval(&d).map(|(_, i)| i);
-    let mut size_miss = None;
+    let mut judged = None;
     let outcome = match interval {
         _ if n < MIN_SEEDS && both_censored > 0 => ClaimOutcome::TooFewInformative,
         _ if n < MIN_SEEDS => ClaimOutcome::TooFewSeeds,
         None => unreachable!("n ≥ MIN_SEEDS ≥ 2 pairs have an interval"),
         Some((lo, hi)) => {
-            let (claimed, against) = match direction {
-                Direction::Lower => (hi < 0.0, lo > 0.0),
-                Direction::Higher => (lo > 0.0, hi < 0.0),
+            // The side the interval shows, and whether the bound lets it show that side:
+            // an effect at least what is shown can be shown above 0, never below.
+            let (below, above) = (hi < 0.0, lo > 0.0);
+            let supported = match bound {
+                Bound::Exact => true,
+                Bound::AtLeast => !below,
+                Bound::AtMost => !above,
+                Bound::Neither => !(below || above),
             };
-            if against {
+            let (claimed, against) = match direction {
+                Direction::Lower => (below, above),
+                Direction::Higher => (above, below),
+            };
+            if !supported {
+                ClaimOutcome::BoundUndetermined
+            } else if against {
                 ClaimOutcome::Contradicted
             } else if !claimed {
                 ClaimOutcome::NotReproduced
             } else {
-                size_miss = size.and_then(|s| miss(s, (lo, hi), effect));
-                if size_miss.is_some() {
-                    ClaimOutcome::DirectionOnly
-                } else {
-                    ClaimOutcome::Reproduced
+                let (point, s) = mean_std(&d);
+                judged = size.map(|sz| judge_size(sz, point, (lo, hi), s, n, bound, effect));
+                match judged {
+                    None | Some(SizeJudgement::Met) => ClaimOutcome::Reproduced,
+                    Some(SizeJudgement::Missed(_)) => ClaimOutcome::DirectionOnly,
+                    Some(SizeJudgement::Undetermined(_)) => ClaimOutcome::SizeUndetermined,
                 }
             }
         }
@@ -543,31 +603,78 @@ pub fn claim(
         interval,
         wilcoxon_p: wilcoxon(&d),
         outcome,
-        size_miss,
+        size: judged,
     })
 }
 
-/// Where the interval `(lo, hi)` of the effect misses the stated size, on the page's scale;
-/// `None` when they meet.
-fn miss(size: Size, (lo, hi): (f64, f64), effect: Effect) -> Option<SizeMiss> {
+/// Judges the stated `size` against the mean effect `point`, its interval `(lo, hi)` and
+/// the spread `s` of `n` paired effects, all on the effect's scale (see [`SizeJudgement`]).
+/// A bound can only miss the range on its own side: an effect at least what is shown misses
+/// it when even the interval's low end lies above the range.
+fn judge_size(
+    size: Size,
+    point: f64,
+    (lo, hi): (f64, f64),
+    s: f64,
+    n: usize,
+    bound: Bound,
+    effect: Effect,
+) -> SizeJudgement {
     let (slo, shi) = size.on_effect_scale(effect);
     let shown = |x: f64| match effect {
         Effect::Difference => x,
         Effect::LogRatio => (-x).exp(),
     };
-    if hi < slo {
-        Some(SizeMiss {
-            nearest: shown(hi),
-            stated: shown(slo),
-        })
-    } else if lo > shi {
-        Some(SizeMiss {
-            nearest: shown(lo),
-            stated: shown(shi),
-        })
-    } else {
-        None
+    let below = hi < slo;
+    let above = lo > shi;
+    let missed = match bound {
+        Bound::Exact => below || above,
+        Bound::AtLeast => above,
+        Bound::AtMost => below,
+        Bound::Neither => false,
+    };
+    if missed {
+        let (nearest, stated) = if below { (hi, slo) } else { (lo, shi) };
+        return SizeJudgement::Missed(SizeMiss {
+            nearest: shown(nearest),
+            stated: shown(stated),
+        });
     }
+    if bound != Bound::Exact {
+        return SizeJudgement::Undetermined(Undecided::Bound);
+    }
+    if (slo..=shi).contains(&point) {
+        return SizeJudgement::Met;
+    }
+    SizeJudgement::Undetermined(Undecided::Spread(seeds_to_decide(
+        (point - slo).abs().min((point - shi).abs()),
+        s,
+        n,
+    )))
+}
+
+/// The fewest pairs, above `n`, whose 95 % half-width t(0.975, m − 1)·s/√m falls below
+/// `gap`; `None` when none up to [`MAX_SEEDS_TO_DECIDE`] does. The half-width falls as m
+/// grows, so the count is found by bisection.
+fn seeds_to_decide(gap: f64, s: f64, n: usize) -> Option<usize> {
+    let decides = |m: usize| {
+        let t = t_quantile(0.5 + LEVEL / 2.0, m - 1).expect("m ≥ 2 and p in range");
+        t * s / (m as f64).sqrt() < gap
+    };
+    let (mut lo, mut hi) = (n.max(1), MAX_SEEDS_TO_DECIDE);
+    if !decides(hi) {
+        return None;
+    }
+    // decides(hi) holds and lo is below the answer.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if decides(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
 }
 
 #[cfg(test)]
@@ -735,14 +842,19 @@ mod tests {
         let small = Size::new(1.051, 1.052, Effect::LogRatio, Direction::Lower).unwrap();
         let c = claim(&pairs, Effect::LogRatio, Direction::Lower, Some(small)).unwrap();
         assert_eq!(c.outcome, ClaimOutcome::DirectionOnly);
-        let m = c.size_miss.unwrap();
+        let Some(SizeJudgement::Missed(m)) = c.size else {
+            panic!("{:?}", c.size)
+        };
         // The interval of ln(a/b) lies below the stated range's: its upper end is b/a's lower.
         let (_, hi) = c.interval.unwrap();
         assert!((m.nearest - (-hi).exp()).abs() < 1e-12 && (m.stated - 1.052).abs() < 1e-12);
         assert!(m.nearest > m.stated, "{m:?}");
         let range = Size::new(1.2, 14.1, Effect::LogRatio, Direction::Lower).unwrap();
         let c = claim(&pairs, Effect::LogRatio, Direction::Lower, Some(range)).unwrap();
-        assert_eq!((c.outcome, c.size_miss), (ClaimOutcome::Reproduced, None));
+        assert_eq!(
+            (c.outcome, c.size),
+            (ClaimOutcome::Reproduced, Some(SizeJudgement::Met))
+        );
         // Above the stated range: a − b of +0.05 against a claimed +0.001 to +0.01.
         let up = [0.80, 0.81, 0.79, 0.80, 0.80];
         let down = [0.75, 0.76, 0.74, 0.75, 0.75];
@@ -755,11 +867,113 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.outcome, ClaimOutcome::DirectionOnly);
-        assert_eq!(c.size_miss.unwrap().stated, 0.01);
+        assert!(matches!(c.size, Some(SizeJudgement::Missed(m)) if m.stated == 0.01));
         // A size on the wrong side, or upside down, is refused.
         assert!(Size::new(0.5, 0.9, Effect::LogRatio, Direction::Lower).is_err());
         assert!(Size::new(0.02, 0.01, Effect::Difference, Direction::Higher).is_err());
         assert!(Size::new(-0.02, -0.01, Effect::Difference, Direction::Higher).is_err());
+    }
+
+    /// A point outside the range with an interval that still meets it decides nothing: a
+    /// wide interval no longer "meets the size". b/a = 2.0 on four seeds and 1.25 on a fifth:
+    /// ln(b/a) has mean 0.599, s = 0.210, half-width 2.776·0.210/√5 = 0.261, so b/a's
+    /// interval is about [1.41, 2.36]; a stated 2.45-2.55 lies outside it (missed) and a
+    /// stated 2.2-2.6 inside it but away from the point (undetermined, with the seeds that
+    /// would tell at this spread: the first m with t(0.975, m − 1)·0.210/√m below
+    /// ln 2.2 − 0.599 = 0.189: at m = 7, 2.447·0.210/√7 = 0.194; at m = 8, 2.365·0.210/√8 =
+    /// 0.176, so 8).
+    #[test]
+    fn sizes_are_met_missed_or_undetermined_with_the_seeds_that_would_tell() {
+        let b = [200.0, 200.0, 200.0, 200.0, 125.0];
+        let a = [100.0; 5];
+        let pairs = exact(&a, &b);
+        let size = |lo, hi| Some(Size::new(lo, hi, Effect::LogRatio, Direction::Lower).unwrap());
+        let c = claim(&pairs, Effect::LogRatio, Direction::Lower, size(2.45, 2.55)).unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::DirectionOnly);
+        let c = claim(&pairs, Effect::LogRatio, Direction::Lower, size(2.2, 2.6)).unwrap();
+        assert_eq!(c.outcome, ClaimOutcome::SizeUndetermined);
+        assert_eq!(
+            c.size,
+            Some(SizeJudgement::Undetermined(Undecided::Spread(Some(8))))
+        );
+        let c = claim(&pairs, Effect::LogRatio, Direction::Lower, size(1.5, 1.9)).unwrap();
+        assert_eq!(
+            (c.outcome, c.size),
+            (ClaimOutcome::Reproduced, Some(SizeJudgement::Met))
+        );
+        // A point a hair's breadth outside the range takes more seeds than any run would.
+        let point = (-c.effect).exp();
+        let c = claim(
+            &pairs,
+            Effect::LogRatio,
+            Direction::Lower,
+            size(point * 1.000_001, 3.0),
+        )
+        .unwrap();
+        assert_eq!(
+            c.size,
+            Some(SizeJudgement::Undetermined(Undecided::Spread(None)))
+        );
+    }
+
+    /// A censored arm's bound supports a verdict in its own direction only. With A censored
+    /// at its bound in one pair, the true ln(a/b) is at least what is shown: an interval
+    /// below 0 shows neither side, an interval above 0 shows A higher.
+    #[test]
+    fn a_bound_supports_only_its_own_direction() {
+        use Obs::{Above, Value};
+        let four: Vec<(Obs, Obs)> = [(50.0, 100.0), (60.0, 110.0), (55.0, 90.0), (70.0, 120.0)]
+            .iter()
+            .map(|&(x, y)| (Value(x), Value(y)))
+            .collect();
+        let with = |last: (Obs, Obs), flip: bool| -> Vec<(Obs, Obs)> {
+            let mut v = four.clone();
+            v.push(last);
+            if flip {
+                v.iter_mut().for_each(|p| *p = (p.1, p.0));
+            }
+            v
+        };
+        let test = |pairs: &[(Obs, Obs)], dir, size: Option<(f64, f64)>| {
+            let size = size.map(|(lo, hi)| Size::new(lo, hi, Effect::LogRatio, dir).unwrap());
+            claim(pairs, Effect::LogRatio, dir, size).unwrap()
+        };
+        use ClaimOutcome::*;
+        use Direction::{Higher, Lower};
+        // A lower on every seed, A censored in one: the bound points up, the interval down.
+        let a_cut = with((Above(65.0), Value(130.0)), false);
+        for dir in [Lower, Higher] {
+            let c = test(&a_cut, dir, None);
+            assert_eq!((c.bound, c.outcome), (Bound::AtLeast, BoundUndetermined));
+        }
+        // A higher on every seed, A censored in one: the bound and the interval agree.
+        let a_cut_up = with((Value(65.0), Above(130.0)), true);
+        assert_eq!(test(&a_cut_up, Higher, None).outcome, Reproduced);
+        assert_eq!(test(&a_cut_up, Lower, None).outcome, Contradicted);
+        // A lower, B censored in one: at most what is shown, so A lower holds. b/a is then at
+        // least what is shown (about [1.6, 2.0]): a size below the interval is missed, one
+        // that meets it or lies above it undetermined.
+        let b_cut = with((Value(65.0), Above(130.0)), false);
+        let c = test(&b_cut, Lower, None);
+        assert_eq!((c.bound, c.outcome), (Bound::AtMost, Reproduced));
+        assert_eq!(test(&b_cut, Lower, Some((1.2, 1.3))).outcome, DirectionOnly);
+        let c = test(&b_cut, Lower, Some((1.5, 2.5)));
+        assert_eq!(
+            (c.outcome, c.size),
+            (
+                SizeUndetermined,
+                Some(SizeJudgement::Undetermined(Undecided::Bound))
+            )
+        );
+        assert_eq!(
+            test(&b_cut, Lower, Some((3.0, 4.0))).outcome,
+            SizeUndetermined
+        );
+        // Each arm censored in some pair: no side at all.
+        let mut both = b_cut.clone();
+        both[0] = (Above(50.0), Value(100.0));
+        let c = test(&both, Lower, None);
+        assert_eq!((c.bound, c.outcome), (Bound::Neither, BoundUndetermined));
     }
 
     /// Pairs with both arms censored say nothing about which is faster: left out and counted;

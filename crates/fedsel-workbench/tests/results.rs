@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use fedsel::config::Config;
-use fedsel_workbench::results::claims::History;
+use fedsel_workbench::results::registration::History;
 use fedsel_workbench::results::{self, CollectArgs};
 
 /// A finished sweep cell of `strategy` and `seed` with a final accuracy and rounds to the
@@ -344,6 +344,15 @@ impl History for Fixed {
     fn is_ancestor(&self, _: &str, _: &str) -> Result<bool, String> {
         Ok(self.0)
     }
+    fn versions(&self, file: &Path) -> Result<Vec<(String, Option<String>)>, String> {
+        Ok(vec![("c0".into(), std::fs::read_to_string(file).ok())])
+    }
+    fn file_at(&self, _: &str, _: &str) -> Option<String> {
+        None
+    }
+    fn changed(&self, _: &str, _: &str, _: &[String]) -> Result<Vec<String>, String> {
+        Ok(Vec::new())
+    }
 }
 
 fn claims_block(dir: &Path, history: &dyn History) -> String {
@@ -371,7 +380,7 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
     // then a bound; that pair's ln(1/5) = −1.609 beside −0.29 … −0.41 widens the interval
     // across 0.
     assert!(
-        block.contains("| `fedcor-faster` | 〃 | 〃 | S2 | as run (1-5) | fedcor vs powd, rounds_to_target | 5 (B censored in 1) | b/a = ")
+        block.contains("| `fedcor-faster` | 〃 | 〃 | S2 | as run (1-5) | fedcor vs powd, rounds_to_target | 5 (B censored in 1) | b/a ≥ ")
             && block.contains(", a lower bound: the censored arm's values are only bounds | 0.0625 | not reproduced |"),
         "{block}"
     );
@@ -381,11 +390,13 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
     );
     // One count per claim: S2 fails, so the claim does.
     assert!(
-        block.contains("| pre-registered (written before its runs) | 0 | 0 | 1 | 0 | 0 | 0 | 1 |"),
+        block.contains(
+            "| pre-registered (written before its runs) | 0 | 0 | 0 | 1 | 0 | 0 | 0 | 0 | 1 |"
+        ),
         "{block}"
     );
     assert!(
-        block.contains("| `fedcor-faster` | authors' code | pre-registered: written at `c0`, run at `abc1234` | **not reproduced** |"),
+        block.contains("| `fedcor-faster` | authors' code | pre-registered: registered at `c0`, run at `abc1234` with its configs as registered | **not reproduced** |"),
         "{block}"
     );
     assert!(block.contains("Not counted: 1 not testable on CPU; 0 repeating"));
@@ -394,10 +405,10 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
     // Written after its runs: counted apart, as post hoc.
     let block = claims_block(dir.path(), &Fixed(false));
     assert!(
-        block.contains("| post hoc, no fresh seeds yet (the verdict on the seeds seen before it was written) | 0 | 0 | 1 | 0 | 0 | 0 | 1 |"),
+        block.contains("| post hoc, no fresh seeds yet (the verdict on the seeds seen before it was written) | 0 | 0 | 0 | 1 | 0 | 0 | 0 | 0 | 1 |"),
         "{block}"
     );
-    assert!(block.contains("post hoc: written at `c0`, after its runs at `abc1234`"));
+    assert!(block.contains("post hoc: registered at `c0`, after its runs at `abc1234`"));
 
     // The other way round, S1's interval lies on the other side: contradicted.
     let flipped = TESTED.replace("direction = \"lower\"", "direction = \"higher\"");
@@ -438,8 +449,9 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
     );
     // Nor do they count among the claim's runs (their commit is not named).
     assert!(
-        block.contains("pre-registered: written at `c0`, run at `abc1234` |")
-            && !block.contains("def5678"),
+        block.contains(
+            "pre-registered: registered at `c0`, run at `abc1234` with its configs as registered |"
+        ) && !block.contains("def5678"),
         "{block}"
     );
 }
@@ -521,7 +533,7 @@ fn hand_made_rows_give_each_verdict_and_name_a_repeated_arm() {
         "{block}"
     );
     assert!(
-        block.contains("| reproduced (meets the stated b/a 1.2-1.3) |"),
+        block.contains("| reproduced (the point lies in the stated b/a 1.2-1.3) |"),
         "{block}"
     );
     assert!(
@@ -559,7 +571,9 @@ fn hand_made_rows_give_each_verdict_and_name_a_repeated_arm() {
         "{block}"
     );
     assert!(
-        block.contains("| pre-registered (written before its runs) | 1 | 1 | 1 | 1 | 0 | 1 | 5 |"),
+        block.contains(
+            "| pre-registered (written before its runs) | 1 | 1 | 0 | 1 | 1 | 0 | 0 | 1 | 5 |"
+        ),
         "{block}"
     );
     // A size on the wrong side of the claim is refused.
@@ -637,7 +651,7 @@ fn check_dates_claims_by_the_git_history() {
     assert_eq!(c.notes.len(), 1, "{:?}", c.notes);
     assert!(
         c.notes[0].contains(&format!(
-            "claim `late`: post hoc: written at `{late_commit}`, after its runs at `{}`; no confirmatory runs",
+            "claim `late`: post hoc: registered at `{late_commit}`, after its runs at `{}`; no confirmatory runs",
             &run[..7]
         )),
         "{:?}",
@@ -662,8 +676,8 @@ fn check_dates_claims_by_the_git_history() {
     );
     let page = std::fs::read_to_string(&doc).unwrap();
     assert!(
-        page.contains("| post hoc, confirmed on fresh seeds (the fresh seeds' verdict counts) | 1 | 0 | 0 | 0 | 0 | 0 | 1 |")
-            && page.contains("| pre-registered (written before its runs) | 1 | 0 | 0 | 0 | 0 | 0 | 1 |")
+        page.contains("| post hoc, confirmed on fresh seeds (the fresh seeds' verdict counts) | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 |")
+            && page.contains("| pre-registered (written before its runs) | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 |")
             && page.contains("| S1 | fresh seeds (11-15) |"),
         "{page}"
     );
@@ -691,6 +705,174 @@ fn check_dates_claims_by_the_git_history() {
         "{:?}",
         c.notes
     );
+}
+
+/// Pre-registration is earned from the history, not typed: a claim registered before its
+/// rows is pre-registered only while the rows ran with its arms' configs as they stood at
+/// registration (a `base` file included), and a claim whose test changes after its rows is
+/// registered anew, after them.
+#[test]
+fn a_claim_turns_post_hoc_when_its_arms_configs_or_its_test_change_after_registration() {
+    let repo = tempfile::tempdir().unwrap();
+    let root = repo.path();
+    git(root, &["init", "-q"]);
+    let res = root.join("results");
+    std::fs::create_dir_all(res.join("claims")).unwrap();
+    std::fs::create_dir_all(root.join("configs/demo")).unwrap();
+    std::fs::write(root.join("configs/base.toml"), "rounds = 100\n").unwrap();
+    let sweep_text = "base = \"../base.toml\"\nname = \"demo\"\n[axes]\nstrategy = [\"fedcor\", \"powd\"]\nseed = [1, 2, 3, 4, 5]\n";
+    std::fs::write(root.join("configs/demo/sweep.toml"), sweep_text).unwrap();
+    std::fs::write(root.join("configs/other.toml"), "rounds = 7\n").unwrap();
+    let claim = TESTED.replace("fedcor-cifar", "cifar");
+    std::fs::write(res.join("claims/p.toml"), &claim).unwrap();
+    std::fs::write(res.join("sections.toml"), "[demo]\npaths = []\n").unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "the claim and its arms"]);
+    let head = |root: &Path| git(root, &["rev-parse", "HEAD"]).trim().to_string();
+    let registered = head(root);
+    // Each (method, seed)'s config hash, as `fedsel sweep configs/demo/sweep.toml` run from
+    // the checkout's root gives it.
+    let hashes = |root: &Path| -> std::collections::BTreeMap<(String, u64), String> {
+        let text = std::fs::read_to_string(root.join("configs/demo/sweep.toml")).unwrap();
+        fedsel_workbench::sweep::Sweep::from_toml_str(
+            &text,
+            "configs/demo/sweep.toml",
+            Path::new("configs/demo"),
+            &[],
+            |p| Ok(std::fs::read_to_string(root.join(p)).unwrap()),
+        )
+        .and_then(|s| s.cells())
+        .unwrap()
+        .into_iter()
+        .map(|c| ((c.config.selection.strategy.clone(), c.config.seed), c.hash))
+        .collect()
+    };
+    let rows = |commit: &str, hashes: &std::collections::BTreeMap<(String, u64), String>| {
+        let mut csv = String::from(
+            "section,table,setting,method,metric,seed,value,censored,planned,command,commit,config_hash\n",
+        );
+        for seed in 1..=5u64 {
+            for (method, v) in [
+                ("fedcor", 80.0 + seed as f64),
+                ("powd", 100.0 + 2.0 * seed as f64),
+            ] {
+                let h = &hashes[&(method.to_string(), seed)];
+                for setting in ["S1", "S2"] {
+                    let _ = writeln!(
+                        csv,
+                        "demo,T1,{setting},{method},rounds_to_target,{seed},{v},false,true,fedsel sweep configs/demo/sweep.toml --out runs/demo,{commit},{h}"
+                    );
+                }
+            }
+        }
+        csv
+    };
+    let notes = |res: &Path| {
+        let doc = res.parent().unwrap().join("page.md");
+        std::fs::write(&doc, "").unwrap();
+        results::render_doc(res, &doc).unwrap();
+        let c = results::check(res, &doc).unwrap();
+        assert_eq!(c.problems, Vec::<String>::new());
+        (c.notes, std::fs::read_to_string(&doc).unwrap())
+    };
+    let first = hashes(root);
+    // Run at the registering commit; a config no arm reads changes afterwards.
+    std::fs::write(res.join("demo.csv"), rows(&registered, &first)).unwrap();
+    std::fs::write(root.join("configs/other.toml"), "rounds = 8\n").unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "rows; an unrelated config"]);
+    let (n, page) = notes(&res);
+    assert!(n.is_empty(), "{n:?}");
+    assert!(
+        page.contains(&format!(
+            "pre-registered: registered at `{}`, run at `{}` with its configs as registered",
+            &registered[..7],
+            &registered[..7]
+        )),
+        "{page}"
+    );
+    // The sweep file changes without changing its cells (a comment), and the rows are rerun
+    // after it: each row's config hash is one the registered sweep gives, so they count.
+    std::fs::write(
+        root.join("configs/demo/sweep.toml"),
+        format!("# the same cells\n{sweep_text}"),
+    )
+    .unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "a comment in the sweep"]);
+    let same = head(root);
+    assert_eq!(hashes(root), first);
+    std::fs::write(res.join("demo.csv"), rows(&same, &first)).unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "rows rerun"]);
+    let (n, _) = notes(&res);
+    assert!(n.is_empty(), "{n:?}");
+    // The base the sweep reads changes, and the rows are rerun after it: post hoc.
+    std::fs::write(root.join("configs/base.toml"), "rounds = 200\n").unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "the arms' base changes"]);
+    let rerun = head(root);
+    let second = hashes(root);
+    assert_ne!(second, first);
+    std::fs::write(res.join("demo.csv"), rows(&rerun, &second)).unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "rows rerun"]);
+    let (n, page) = notes(&res);
+    assert_eq!(
+        n,
+        [format!(
+            "claim `fedcor-faster`: post hoc: registered at `{}`; its arms' configs changed before the runs at `{}` (configs/base.toml, configs/demo/sweep.toml); no confirmatory runs",
+            &registered[..7],
+            &rerun[..7]
+        )]
+    );
+    assert!(
+        page.contains("| post hoc, no fresh seeds yet (the verdict on the seeds seen before it was written) | 1 | 0 | 0 | 0 |"),
+        "{page}"
+    );
+    // Back to the first rows; then the claim's stated size is added after them: the test is
+    // registered anew, after its runs.
+    std::fs::write(res.join("demo.csv"), rows(&registered, &first)).unwrap();
+    std::fs::write(
+        res.join("claims/p.toml"),
+        claim.replacen(
+            "direction = \"lower\"",
+            "direction = \"lower\"\nsize = [1.1, 2.0]",
+            1,
+        ),
+    )
+    .unwrap();
+    let (n, _) = notes(&res);
+    assert_eq!(
+        n,
+        [
+            "claim `fedcor-faster`: unknown: the test of \"fedcor-faster\" changed since its last commit"
+        ]
+    );
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "a size after the rows"]);
+    let resized = head(root);
+    let (n, _) = notes(&res);
+    assert_eq!(
+        n,
+        [format!(
+            "claim `fedcor-faster`: post hoc: registered at `{}`, after its runs at `{}`; no confirmatory runs",
+            &resized[..7],
+            &registered[..7]
+        )]
+    );
+    // Rewording the quote is no change to the test.
+    std::fs::write(
+        res.join("claims/p.toml"),
+        std::fs::read_to_string(res.join("claims/p.toml"))
+            .unwrap()
+            .replace("faster than Pow-d\"", "faster than Pow-d (reworded)\""),
+    )
+    .unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "a reworded quote"]);
+    let (again, _) = notes(&res);
+    assert_eq!(again, n);
 }
 
 #[test]

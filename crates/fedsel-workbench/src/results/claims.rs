@@ -7,11 +7,12 @@
 //! CPU cannot test names what is missing in `not_testable` instead of the keys of a test.
 //!
 //! **Written before the runs?** A claim written after the runs it is tested on could have been
-//! worded to fit them. [`provenance`] asks the repository's history ([`History`]) for the
-//! commit that first added each claim and whether it is an ancestor of every commit its rows
-//! ran at; a claim that is not is *post hoc*. A post-hoc claim is confirmed on fresh seeds run
-//! after it: the rows of its `confirmatory_section`, whose first mention in the claims must
-//! itself precede their runs. The confirmatory verdict is the one counted; the page shows both.
+//! worded to fit them. [`super::registration::provenance`] dates each claim's test from the history
+//! and checks every row it reads against it (ran after it, with the arms' configs as
+//! registered); a claim that fails is *post hoc*. A post-hoc claim is confirmed on fresh
+//! seeds run after it: the rows of its `confirmatory_section`, whose first mention in the
+//! claims must itself precede their runs. The confirmatory verdict is the one counted; the
+//! page shows both.
 //!
 //! **Counted once per claim** ([`render`]): a claim over several settings holds only if each
 //! does ([`ClaimOutcome::all_of`]); a claim whose arms repeat another claim's (every seed's
@@ -26,9 +27,12 @@ use std::path::{Path, PathBuf};
 use fedsel::error::Result;
 use serde::Deserialize;
 
+use super::registration::{ClaimProvenance, Provenance, provenance_text};
 use super::{PaperRow, Row, bad, io, num};
 use crate::stats::Obs;
-use crate::verdict::{self, Bound, ClaimOutcome, Direction, Effect, Size};
+use crate::verdict::{
+    self, Bound, ClaimOutcome, Direction, Effect, Size, SizeJudgement, Undecided,
+};
 
 /// The folder of claim files in a results directory.
 pub const CLAIMS_DIR: &str = "claims";
@@ -437,127 +441,6 @@ pub fn test(
     })
 }
 
-/// What [`provenance`] asks of the repository's history; errors are git's words.
-pub trait History {
-    /// The oldest commit whose change to the claims folder adds `needle`; `None` when no
-    /// commit does (the claim is not committed yet).
-    fn first_adding(&self, needle: &str) -> std::result::Result<Option<String>, String>;
-    /// Whether `ancestor` is `commit` or one of its ancestors.
-    fn is_ancestor(&self, ancestor: &str, commit: &str) -> std::result::Result<bool, String>;
-}
-
-/// When a claim (or its confirmatory set) was written, beside when its rows ran.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Registration {
-    /// The commit that first added it to the claims folder.
-    pub commit: String,
-    /// Each commit its rows ran at, with whether `commit` is that commit or an ancestor.
-    pub runs: BTreeMap<String, bool>,
-}
-
-impl Registration {
-    /// Some of its rows ran at a commit that does not descend from the claim's: the claim
-    /// was written with (some of) its results at hand.
-    pub fn post_hoc(&self) -> bool {
-        self.runs.values().any(|&after| !after)
-    }
-}
-
-/// A registration, or why the history cannot give it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Provenance {
-    /// From the history.
-    Known(Registration),
-    /// Not committed yet, or a commit the history lacks.
-    Unknown(String),
-}
-
-/// A claim's provenance and its confirmatory set's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClaimProvenance {
-    /// The claim's, over the rows of its section.
-    pub claim: Provenance,
-    /// The confirmatory set's, over the rows of its section, when the claim names one with
-    /// rows.
-    pub confirmatory: Option<Provenance>,
-}
-
-fn short(commit: &str) -> &str {
-    commit.get(..7).unwrap_or(commit)
-}
-
-/// The commits the rows of `section` tested by `p` ran at.
-/// The commits of the planned rows a claim's test reads: unplanned ones enter no test, so
-/// they say nothing of when the claim was written against its runs.
-fn run_commits<'a>(p: &Paired, section: &str, rows: &'a [Row]) -> BTreeSet<&'a str> {
-    rows.iter()
-        .filter(|r| {
-            r.planned
-                && r.section == section
-                && r.metric == p.metric
-                && (r.method == p.a || r.method == p.b)
-                && (p.settings.is_empty() || p.settings.contains(&r.setting))
-        })
-        .map(|r| r.commit.as_str())
-        .collect()
-}
-
-fn register(needle: &str, runs: &BTreeSet<&str>, history: &dyn History) -> Provenance {
-    let commit = match history.first_adding(needle) {
-        Ok(Some(c)) => c,
-        Ok(None) => return Provenance::Unknown(format!("{needle} is not committed yet")),
-        Err(e) => return Provenance::Unknown(e),
-    };
-    let mut after = BTreeMap::new();
-    for run in runs {
-        match history.is_ancestor(&commit, run) {
-            Ok(a) => {
-                after.insert((*run).to_string(), a);
-            }
-            Err(e) => {
-                return Provenance::Unknown(format!("run commit {}: {e}", short(run)));
-            }
-        }
-    }
-    Provenance::Known(Registration {
-        commit,
-        runs: after,
-    })
-}
-
-/// Each paired claim's provenance from `history`: the commit that first added its id (quoted,
-/// as `id = "…"` writes it) to the claims folder, against the commits its rows ran at; and
-/// likewise its confirmatory set's, first added where the claims first name its section.
-pub fn provenance(
-    claims: &[ClaimSpec],
-    rows: &[Row],
-    history: &dyn History,
-) -> BTreeMap<String, ClaimProvenance> {
-    let mut out = BTreeMap::new();
-    for spec in claims {
-        let Test::Paired(p) = &spec.test else {
-            continue;
-        };
-        let claim = register(
-            &format!("\"{}\"", spec.id),
-            &run_commits(p, &p.section, rows),
-            history,
-        );
-        let confirmatory = p.confirmatory_section.as_ref().and_then(|c| {
-            let runs = run_commits(p, c, rows);
-            (!runs.is_empty()).then(|| register(&format!("\"{c}\""), &runs, history))
-        });
-        out.insert(
-            spec.id.clone(),
-            ClaimProvenance {
-                claim,
-                confirmatory,
-            },
-        );
-    }
-    out
-}
-
 /// How a claim's counted verdict was reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Evidence {
@@ -661,45 +544,45 @@ fn duplicates<'a>(claims: &'a [ClaimSpec], rows: &[Row]) -> BTreeMap<&'a str, (&
 
 /// The effect as the block writes it: the geometric-mean ratio b/a for a log-ratio (so that
 /// "b takes 1.34× a's rounds" reads directly), the mean difference a − b otherwise, each
-/// with its 95 % t-interval, and which way it is a bound when an arm is censored.
+/// with its 95 % t-interval. A bound is written as one, `≤` or `≥`, when an arm is censored.
 fn effect_text(p: &Paired, c: &verdict::Claim) -> String {
     if c.n == 0 {
         return "—".into();
     }
-    let (shown, ratio) = match p.effect {
-        Effect::LogRatio => {
-            let r = |x: f64| format!("{:.3}", (-x).exp());
-            (
-                match c.interval {
-                    Some((lo, hi)) => format!("b/a = {} [{}, {}]", r(c.effect), r(hi), r(lo)),
-                    None => format!("b/a = {}", r(c.effect)),
-                },
-                true,
-            )
-        }
-        Effect::Difference => {
-            let d = |x: f64| num(&p.metric, x);
-            (
-                match c.interval {
-                    Some((lo, hi)) => format!("a − b = {} [{}, {}]", d(c.effect), d(lo), d(hi)),
-                    None => format!("a − b = {}", d(c.effect)),
-                },
-                false,
-            )
-        }
-    };
+    let ratio = p.effect == Effect::LogRatio;
     // A censored A is larger than its bound, so a − b is larger and b/a smaller than shown.
-    let bound = match (c.bound, ratio) {
-        (Bound::Exact, _) => return shown,
-        (Bound::AtLeast, true) | (Bound::AtMost, false) => {
-            "an upper bound: the censored arm's values are only bounds"
-        }
-        (Bound::AtLeast, false) | (Bound::AtMost, true) => {
-            "a lower bound: the censored arm's values are only bounds"
-        }
-        (Bound::Neither, _) => "no bound either way: each arm is censored in some pair",
+    let (relation, bound) = match (c.bound, ratio) {
+        (Bound::Exact, _) => ("=", None),
+        (Bound::AtLeast, true) | (Bound::AtMost, false) => (
+            "≤",
+            Some("an upper bound: the censored arm's values are only bounds"),
+        ),
+        (Bound::AtLeast, false) | (Bound::AtMost, true) => (
+            "≥",
+            Some("a lower bound: the censored arm's values are only bounds"),
+        ),
+        (Bound::Neither, _) => (
+            "≈",
+            Some("no bound either way: each arm is censored in some pair"),
+        ),
     };
-    format!("{shown}, {bound}")
+    let shown = if ratio {
+        let r = |x: f64| format!("{:.3}", (-x).exp());
+        match c.interval {
+            Some((lo, hi)) => format!("b/a {relation} {} [{}, {}]", r(c.effect), r(hi), r(lo)),
+            None => format!("b/a {relation} {}", r(c.effect)),
+        }
+    } else {
+        let d = |x: f64| num(&p.metric, x);
+        match c.interval {
+            Some((lo, hi)) => format!("a − b {relation} {} [{}, {}]", d(c.effect), d(lo), d(hi)),
+            None => format!("a − b {relation} {}", d(c.effect)),
+        }
+    };
+    match bound {
+        None => shown,
+        Some(b) => format!("{shown}, {b}"),
+    }
 }
 
 /// The stated size as the page writes it.
@@ -716,25 +599,68 @@ fn size_text(p: &Paired, s: Size) -> String {
 }
 
 fn verdict_text(p: &Paired, c: &verdict::Claim) -> String {
-    match (c.outcome, p.size, c.size_miss) {
+    let fmt = |x: f64| match p.effect {
+        Effect::LogRatio => format!("{x:.3}"),
+        Effect::Difference => num(&p.metric, x),
+    };
+    match (c.outcome, p.size, c.size) {
         (ClaimOutcome::Reproduced, Some(s), _) => {
-            format!("reproduced (meets the stated {})", size_text(p, s))
+            format!(
+                "reproduced (the point lies in the stated {})",
+                size_text(p, s)
+            )
         }
-        (ClaimOutcome::DirectionOnly, Some(s), Some(m)) => {
-            let fmt = |x: f64| match p.effect {
-                Effect::LogRatio => format!("{x:.3}"),
-                Effect::Difference => num(&p.metric, x),
+        (ClaimOutcome::DirectionOnly, Some(s), Some(SizeJudgement::Missed(m))) => format!(
+            "direction only: the interval ends at {}, {} {} the stated {}",
+            fmt(m.nearest),
+            fmt((m.nearest - m.stated).abs()),
+            if m.nearest > m.stated {
+                "above"
+            } else {
+                "below"
+            },
+            size_text(p, s)
+        ),
+        (ClaimOutcome::SizeUndetermined, Some(s), Some(SizeJudgement::Undetermined(why))) => {
+            format!(
+                "direction, size undetermined: the interval meets the stated {} {}",
+                size_text(p, s),
+                match why {
+                    Undecided::Spread(Some(n)) => format!(
+                        "but the point lies outside it; {n} pairs would decide at this spread"
+                    ),
+                    Undecided::Spread(None) => format!(
+                        "but the point lies outside it; not even {} pairs would decide at this spread",
+                        verdict::MAX_SEEDS_TO_DECIDE
+                    ),
+                    Undecided::Bound => {
+                        "and the effect is a censored bound: longer runs, not more seeds, would decide"
+                            .to_string()
+                    }
+                }
+            )
+        }
+        (ClaimOutcome::BoundUndetermined, _, _) => {
+            let below = c.interval.is_some_and(|(_, hi)| hi < 0.0);
+            let (scale, side) = match (p.effect, below) {
+                (Effect::LogRatio, true) => ("b/a", "above 1"),
+                (Effect::LogRatio, false) => ("b/a", "below 1"),
+                (Effect::Difference, true) => ("a − b", "below 0"),
+                (Effect::Difference, false) => ("a − b", "above 0"),
+            };
+            let bound = match c.bound {
+                Bound::Neither => "bounded neither way".to_string(),
+                _ => format!(
+                    "only {} bound",
+                    if (c.bound == Bound::AtLeast) == (p.effect == Effect::LogRatio) {
+                        "an upper"
+                    } else {
+                        "a lower"
+                    }
+                ),
             };
             format!(
-                "direction only: the interval ends at {}, {} {} the stated {}",
-                fmt(m.nearest),
-                fmt((m.nearest - m.stated).abs()),
-                if m.nearest > m.stated {
-                    "above"
-                } else {
-                    "below"
-                },
-                size_text(p, s)
+                "undetermined by a bound: {scale}'s interval lies {side}, but the censored arm leaves {scale} {bound}"
             )
         }
         (o, _, _) => o.label().to_string(),
@@ -779,74 +705,6 @@ fn seeds_text(seeds: &BTreeSet<u64>) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-fn provenance_text(p: &Provenance) -> String {
-    match p {
-        Provenance::Unknown(why) => format!("unknown: {why}"),
-        Provenance::Known(r) => {
-            let list = |after: bool| {
-                r.runs
-                    .iter()
-                    .filter(|(_, a)| **a == after)
-                    .map(|(c, _)| format!("`{}`", short(c)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            if r.runs.is_empty() {
-                format!("written at `{}`, not run yet", short(&r.commit))
-            } else if r.post_hoc() {
-                let after = list(true);
-                format!(
-                    "post hoc: written at `{}`, after its runs at {}{}",
-                    short(&r.commit),
-                    list(false),
-                    if after.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" (and before those at {after})")
-                    }
-                )
-            } else {
-                format!(
-                    "pre-registered: written at `{}`, run at {}",
-                    short(&r.commit),
-                    list(true)
-                )
-            }
-        }
-    }
-}
-
-/// One line per post-hoc claim: what `fedsel results check` reports of the history.
-pub fn post_hoc_notes(
-    claims: &[ClaimSpec],
-    prov: &BTreeMap<String, ClaimProvenance>,
-) -> Vec<String> {
-    claims
-        .iter()
-        .filter_map(|spec| {
-            let cp = prov.get(&spec.id)?;
-            let Provenance::Known(r) = &cp.claim else {
-                return Some(format!(
-                    "claim `{}`: {}",
-                    spec.id,
-                    provenance_text(&cp.claim)
-                ));
-            };
-            r.post_hoc().then(|| {
-                format!(
-                    "claim `{}`: {}; {}",
-                    spec.id,
-                    provenance_text(&cp.claim),
-                    cp.confirmatory.as_ref().map_or(
-                        "no confirmatory runs".to_string(),
-                        |c| format!("confirmatory set {}", provenance_text(c))
-                    )
-                )
-            })
-        })
-        .collect()
 }
 
 const HEADER: &str = "| claim | paper | claimed | setting | test (seeds) | a vs b | pairs | effect [95 % t-interval] | Wilcoxon p | verdict |\n|---|---|---|---|---|---|---|---|---|---|\n";
