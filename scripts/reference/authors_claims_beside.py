@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import math
+import tomllib
 from pathlib import Path
 
 from scipy import stats
@@ -95,11 +96,10 @@ def log_ratios(rows_dir: Path, section: str, setting: str, a: str, b: str,
     return out, censored
 
 
-def welch(x: list[float], y: list[float], difference: bool = False) -> str:
-    """exp(mean(y) − mean(x)) (mean(y) − mean(x) for a `difference` claim) with its 95 %
-    Welch interval."""
+def welch_interval(x: list[float], y: list[float]) -> tuple[float, float, float] | None:
+    """mean(y) − mean(x) with its 95 % Welch interval; None below two values a side."""
     if len(x) < 2 or len(y) < 2:
-        return "—"
+        return None
     mx, my = sum(x) / len(x), sum(y) / len(y)
     vx = sum((v - mx) ** 2 for v in x) / (len(x) - 1) / len(x)
     vy = sum((v - my) ** 2 for v in y) / (len(y) - 1) / len(y)
@@ -107,7 +107,32 @@ def welch(x: list[float], y: list[float], difference: bool = False) -> str:
     df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
     t = stats.t.ppf(0.975, df)
     d = my - mx
-    lo, hi = d - t * se, d + t * se
+    return d, d - t * se, d + t * se
+
+
+def seeds_to_tell_apart(x: list[float], y: list[float], most: int = 10_000) -> int | None:
+    """The fewest seeds per arm whose Welch interval, at the observed spreads and effects,
+    would exclude equality (the half-width below the observed difference); None when none
+    up to `most` would."""
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sx = sum((v - mx) ** 2 for v in x) / (len(x) - 1)
+    sy = sum((v - my) ** 2 for v in y) / (len(y) - 1)
+    gap = abs(my - mx)
+    for n in range(max(len(x), len(y)) + 1, most + 1):
+        se = math.sqrt((sx + sy) / n)
+        df = (sx + sy) ** 2 / ((sx ** 2 + sy ** 2) / (n - 1)) if sx + sy > 0 else n - 1
+        if stats.t.ppf(0.975, df) * se < gap:
+            return n
+    return None
+
+
+def welch(x: list[float], y: list[float], difference: bool = False) -> str:
+    """exp(mean(y) − mean(x)) (mean(y) − mean(x) for a `difference` claim) with its 95 %
+    Welch interval."""
+    w = welch_interval(x, y)
+    if w is None:
+        return "—"
+    d, lo, hi = w
     differ = " (differ)" if lo > 0 or hi < 0 else ""
     if difference:
         return f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}]{differ}"
@@ -127,21 +152,51 @@ def one_sample(x: list[float], difference: bool = False) -> str:
     return f"{math.exp(m):.2f} [{math.exp(m - t * se):.2f}, {math.exp(m + t * se):.2f}] ({len(x)} pairs)"
 
 
-def reading(fedsel: str, authors: str) -> str:
-    f, a = fedsel.startswith("reproduced"), authors.startswith("reproduced")
+def kind(verdict: str) -> str:
+    """A rendered verdict as the reading takes it: the claim holds (with its size, where it
+    states one), does not, or the seeds or a censored bound leave it undetermined."""
+    if verdict.startswith("reproduced"):
+        return "holds"
+    if verdict.startswith(("direction, size undetermined", "undetermined by a bound")):
+        return "undetermined"
+    return "fails"
+
+
+def reading(fedsel: str, authors: str, x: list[float], y: list[float], like: bool) -> str:
+    """The rule's three-way reading (results/authors-code/README.md), said only of like
+    protocols, and "a fedsel defect" only where the two effects differ (their Welch interval
+    excludes equality); otherwise the seeds that would tell them apart."""
     if authors in ("too few seeds", "—") or fedsel in ("too few seeds", "—"):
         return "no reading: too few seeds run"
-    if f and a:
-        return "both reproduce"
-    if not f and not a:
-        return "neither reproduces: the claim does not hold at this size (fedsel faithful)"
-    if a:
-        return "**only the authors' code reproduces: a fedsel defect**"
-    return "only fedsel reproduces"
+    if not like:
+        return "no reading: fedsel's arm runs the paper's text's protocol, the authors' code its own (compare the `code` row)"
+    f, a = kind(fedsel), kind(authors)
+    if "undetermined" in (f, a):
+        who = " and ".join(n for n, k in (("fedsel's", f), ("the authors'", a)) if k == "undetermined")
+        return f"inconclusive at this size: {who} verdict undetermined"
+    if f == a:
+        return "both reproduce" if f == "holds" else "neither reproduces: the claim does not hold at this size (fedsel faithful)"
+    w = welch_interval(x, y)
+    only = "only the authors' code reproduces" if a == "holds" else "only fedsel reproduces"
+    if w is not None and (w[1] > 0 or w[2] < 0):
+        return f"**{only}: a fedsel defect** (the effects differ)" if a == "holds" else f"{only} (the effects differ)"
+    n = seeds_to_tell_apart(x, y)
+    tell = f"{n} seeds an arm would tell the effects apart" if n else "no count of seeds up to 10,000 would tell the effects apart"
+    return f"{only}, but the effects do not differ: inconclusive at this size ({tell})"
+
+
+def variants() -> dict:
+    """claim id -> its `variant` in results/claims/*.toml (`authors` where unset)."""
+    out = {}
+    for path in (ROOT / "results" / "claims").glob("*.toml"):
+        for c in tomllib.loads(path.read_text()).get("claim", []):
+            out[c["id"]] = c.get("variant", "authors")
+    return out
 
 
 def main() -> None:
     ours = rendered_tests(ROOT / "docs" / "results.md")
+    variant = variants()
     theirs = rendered_tests(ROOT / "docs" / "authors-code.md")
     print("| claim | setting | fedsel: effect [95 % t-interval] (test) | verdict | authors' code: effect [95 % t-interval] (seeds) | verdict | reading | authors' against fedsel (b/a: ÷; a − b: −) [95 % Welch] | authors' code with the seeds run after (unplanned: explanation only) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -158,7 +213,7 @@ def main() -> None:
                                   difference=diff)
             extra = one_sample(every, diff) if len(every) > len(y) else "—"
             print(f"| `{claim}` | {setting} | {fe} ({fset}; {fp} pairs) | {fv} | {ae} ({test.removeprefix('as run ')}; {ap} pairs) | {av} "
-                  f"| {reading(fv, av)} | {welch(x, y, diff)} | {extra} |")
+                  f"| {reading(fv, av, x, y, variant.get(claim) == 'authors')} | {welch(x, y, diff)} | {extra} |")
 
 
 if __name__ == "__main__":
