@@ -133,6 +133,10 @@ pub struct SectionInfo {
     /// it leave the section unchecked, which [`check`] reports.
     #[serde(default)]
     pub notes_through: Option<String>,
+    /// Methods whose rows here no longer match the current code (a change the notes cannot
+    /// vouch for) and await a rerun: shown, but no claim's verdict on them is counted.
+    #[serde(default)]
+    pub not_current: Vec<String>,
 }
 
 /// A cell: (section, table, setting, method, metric).
@@ -952,7 +956,7 @@ pub fn render(
         let prov = registration::provenance(&data.claims, &data.rows, h);
         out.insert(
             claims::BLOCK.to_string(),
-            claims::render(&data.claims, &data.rows, &prov)?,
+            claims::render(&data.claims, &data.rows, &prov, &data.sections)?,
         );
     }
     Ok(out)
@@ -1092,6 +1096,41 @@ impl registration::History for Git {
 
     fn file_at(&self, commit: &str, path: &str) -> Option<String> {
         self.show(commit, path)
+    }
+
+    fn first_recorded(&self) -> std::result::Result<BTreeMap<String, String>, String> {
+        let results = self
+            .claims
+            .parent()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let log = git(
+            &self.root,
+            &[
+                "log",
+                "-p",
+                "--reverse",
+                "--format=commit %H",
+                "--",
+                &results,
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+        let mut first = BTreeMap::new();
+        let mut commit = "";
+        for line in log.lines() {
+            if let Some(c) = line.strip_prefix("commit ") {
+                commit = c;
+            } else if let Some(row) = line.strip_prefix('+') {
+                let hash = row.rsplit(',').next().unwrap_or("");
+                if hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    first
+                        .entry(hash.to_string())
+                        .or_insert_with(|| commit.to_string());
+                }
+            }
+        }
+        Ok(first)
     }
 
     fn changed(

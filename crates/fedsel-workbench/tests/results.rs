@@ -350,6 +350,9 @@ impl History for Fixed {
     fn file_at(&self, _: &str, _: &str) -> Option<String> {
         None
     }
+    fn first_recorded(&self) -> Result<std::collections::BTreeMap<String, String>, String> {
+        Ok(Default::default())
+    }
     fn changed(&self, _: &str, _: &str, _: &[String]) -> Result<Vec<String>, String> {
         Ok(Vec::new())
     }
@@ -399,7 +402,7 @@ fn a_claim_is_tested_by_hand_computed_pairs_and_rendered_first_class() {
         block.contains("| `fedcor-faster` | authors' code | pre-registered: registered at `c0`, run at `abc1234` with its configs as registered | **not reproduced** |"),
         "{block}"
     );
-    assert!(block.contains("Not counted: 1 not testable on CPU; 0 repeating"));
+    assert!(block.contains("Not counted: 1 not testable on CPU; 0 awaiting a rerun of rows marked not current; 0 repeating"));
     assert!(block.contains("- `fedcor-cifar` (FedCor, Abstract): “26% ~ 51% on CIFAR-10”"));
 
     // Written after its runs: counted apart, as post hoc.
@@ -583,6 +586,71 @@ fn hand_made_rows_give_each_verdict_and_name_a_repeated_arm() {
     assert!(
         e.contains("claim `wrong`") && e.contains("b/a above 1"),
         "{e}"
+    );
+}
+
+/// A claim repeats another only if its arms hold the same values in every section the two
+/// read, the fresh seeds included; and a claim whose rows are marked not current is shown
+/// but not counted.
+#[test]
+fn a_repeat_holds_on_fresh_seeds_too_and_rows_not_current_are_not_counted() {
+    let write = |dir: &Path, fresh_copy: f64, sections: &str| {
+        let mut csv = String::from(
+            "section,table,setting,method,metric,seed,value,censored,planned,command,commit,config_hash\n",
+        );
+        for (section, seeds, copy) in [
+            ("demo", 1..=5u64, 0.0002),
+            ("demo-fresh", 11..=15, fresh_copy),
+        ] {
+            for seed in seeds {
+                let (a, b) = (100.0 + seed as f64, 125.0 + 1.25 * seed as f64);
+                for (method, v) in [("fast", a), ("slow", b), ("slow-copy", b + copy)] {
+                    let _ = writeln!(
+                        csv,
+                        "{section},T1,up,{method},rounds_to_target,{seed},{v},false,true,x,abc1234,h"
+                    );
+                }
+            }
+        }
+        std::fs::write(dir.join("demo.csv"), csv).unwrap();
+        std::fs::write(dir.join("sections.toml"), sections).unwrap();
+        std::fs::create_dir_all(dir.join("claims")).unwrap();
+        let claim = |id: &str, b: &str| {
+            format!(
+                "[[claim]]\nid = \"{id}\"\npaper = \"P\"\nquote = \"q\"\nplace = \"p\"\nclaimed = \"c\"\nsection = \"demo\"\nconfirmatory_section = \"demo-fresh\"\nmetric = \"rounds_to_target\"\na = \"fast\"\nb = \"{b}\"\neffect = \"log_ratio\"\ndirection = \"lower\"\n"
+            )
+        };
+        std::fs::write(
+            dir.join("claims/p.toml"),
+            [claim("first", "slow"), claim("second", "slow-copy")].concat(),
+        )
+        .unwrap();
+        claims_block(dir, &Fixed(true))
+    };
+    let plain = "[demo]\npaths = []\n[demo-fresh]\npaths = []\n";
+    let dir = tempfile::tempdir().unwrap();
+    // Equal to 3 decimals as run and on the fresh seeds: a repeat.
+    let block = write(dir.path(), 0.0003, plain);
+    assert!(
+        block.contains("; 1 repeating another claim's result (`second` repeats `first`)"),
+        "{block}"
+    );
+    // Apart by 0.002 on the fresh seeds alone: two results, both counted.
+    let block = write(dir.path(), 0.002, plain);
+    assert!(
+        block.contains("; 0 repeating another claim's result.")
+            && block.contains("| `second` | authors' code | pre-registered"),
+        "{block}"
+    );
+    // `slow`'s rows marked not current: the claim reading them awaits a rerun.
+    let stale = "[demo]\npaths = []\nnot_current = [\"slow\"]\n[demo-fresh]\npaths = []\n";
+    let block = write(dir.path(), 0.002, stale);
+    assert!(
+        block.contains("| **reproduced** |")
+            && block.contains("reproduced — not counted: awaiting rerun (the rows of `slow` in `demo` are marked not current in sections.toml)")
+            && block.contains("1 awaiting a rerun of rows marked not current (`first`)")
+            && block.contains("1 claims counted of 2"),
+        "{block}"
     );
 }
 
@@ -817,6 +885,7 @@ fn a_claim_turns_post_hoc_when_its_arms_configs_or_its_test_change_after_registr
     std::fs::write(res.join("demo.csv"), rows(&rerun, &second)).unwrap();
     git(root, &["add", "-A"]);
     git(root, &["commit", "-qm", "rows rerun"]);
+    let second_recorded = head(root);
     let (n, page) = notes(&res);
     assert_eq!(
         n,
@@ -873,6 +942,25 @@ fn a_claim_turns_post_hoc_when_its_arms_configs_or_its_test_change_after_registr
     git(root, &["commit", "-qm", "a reworded quote"]);
     let (again, _) = notes(&res);
     assert_eq!(again, n);
+    // Rerunning, after the claim, the runs seen before it (the same configs, seeds and all)
+    // does not make it pre-registered: those runs' rows were on record before it.
+    std::fs::write(root.join("x"), "a later commit\n").unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "later"]);
+    let later = head(root);
+    std::fs::write(res.join("demo.csv"), rows(&later, &second)).unwrap();
+    git(root, &["add", "-A"]);
+    git(root, &["commit", "-qm", "the seen runs again"]);
+    let (n, _) = notes(&res);
+    assert_eq!(
+        n,
+        [format!(
+            "claim `fedcor-faster`: post hoc: registered at `{}`; the runs at `{}` repeat runs on record before it (at `{}`); no confirmatory runs",
+            &resized[..7],
+            &later[..7],
+            &second_recorded[..7]
+        )]
+    );
 }
 
 #[test]

@@ -28,7 +28,7 @@ use fedsel::error::Result;
 use serde::Deserialize;
 
 use super::registration::{ClaimProvenance, Provenance, provenance_text};
-use super::{PaperRow, Row, bad, io, num};
+use super::{PaperRow, Row, SectionInfo, bad, io, num};
 use crate::stats::Obs;
 use crate::verdict::{
     self, Bound, ClaimOutcome, Direction, Effect, Size, SizeJudgement, Undecided,
@@ -489,9 +489,9 @@ fn same_values(x: &BTreeMap<(&str, u64), Obs>, y: &BTreeMap<(&str, u64), Obs>) -
         })
 }
 
-/// Each claim that repeats an earlier one: the same section, metric, settings, effect and
-/// direction, and arms that are the same method or hold the same values to 3 decimals on
-/// every seed. Maps its id to the earlier claim's id and the arms found equal.
+/// Each claim that repeats an earlier one: the same sections (as run and fresh), metric,
+/// settings, effect and direction, and arms that are the same method or hold the same values
+/// to 3 decimals on every seed of every section the claims read. Maps its id to the earlier claim's id and the arms found equal.
 fn duplicates<'a>(claims: &'a [ClaimSpec], rows: &[Row]) -> BTreeMap<&'a str, (&'a str, String)> {
     let mut out = BTreeMap::new();
     let paired: Vec<(&ClaimSpec, &Paired)> = claims
@@ -508,6 +508,7 @@ fn duplicates<'a>(claims: &'a [ClaimSpec], rows: &[Row]) -> BTreeMap<&'a str, (&
                 && pi.settings == pj.settings
                 && pi.effect == pj.effect
                 && pi.direction == pj.direction
+                && pi.confirmatory_section == pj.confirmatory_section
                 && (pi.a != pj.a || pi.b != pj.b)
                 && !out.contains_key(ci.id.as_str());
             if !comparable {
@@ -518,10 +519,18 @@ fn duplicates<'a>(claims: &'a [ClaimSpec], rows: &[Row]) -> BTreeMap<&'a str, (&
                 if x == y {
                     return true;
                 }
-                let same = same_values(
-                    &arm(pi, &pi.section, x, None, rows),
-                    &arm(pj, &pj.section, y, None, rows),
-                );
+                // Equal in every section the claims read: as run and on fresh seeds.
+                let same = std::iter::once(&pi.section)
+                    .chain(&pi.confirmatory_section)
+                    .enumerate()
+                    .all(|(i, section)| {
+                        let (ax, ay) = (
+                            arm(pi, section, x, None, rows),
+                            arm(pj, section, y, None, rows),
+                        );
+                        // A confirmatory set not run yet has nothing to compare.
+                        (i > 0 && ax.is_empty() && ay.is_empty()) || same_values(&ax, &ay)
+                    });
                 if same {
                     equal.push(format!("`{y}` equals `{x}`"));
                 }
@@ -721,8 +730,10 @@ pub fn render(
     claims: &[ClaimSpec],
     rows: &[Row],
     prov: &BTreeMap<String, ClaimProvenance>,
+    sections: &BTreeMap<String, SectionInfo>,
 ) -> Result<String> {
     let dups = duplicates(claims, rows);
+    let mut awaiting: Vec<String> = Vec::new();
     let mut table = String::new();
     let mut per_claim = String::new();
     let mut counts: BTreeMap<(Variant, Evidence, ClaimOutcome), usize> = BTreeMap::new();
@@ -836,8 +847,32 @@ pub fn render(
             }
             None => "unknown: no history".into(),
         };
+        // The section whose rows the counted verdict reads, and its arms not current.
+        let read = match evidence {
+            Evidence::Confirmed => p.confirmatory_section.as_deref().unwrap_or(&p.section),
+            _ => &p.section,
+        };
+        let stale: Vec<&str> = sections.get(read).map_or(Vec::new(), |i| {
+            i.not_current
+                .iter()
+                .filter(|m| **m == p.a || **m == p.b)
+                .map(String::as_str)
+                .collect()
+        });
         let counted = match dups.get(spec.id.as_str()) {
             Some((of, why)) => format!("{} — not counted: repeats `{of}` ({why})", outcome.label()),
+            None if !stale.is_empty() => {
+                awaiting.push(format!("`{}`", spec.id));
+                format!(
+                    "{} — not counted: awaiting rerun (the rows of {} in `{read}` are marked not current in sections.toml)",
+                    outcome.label(),
+                    stale
+                        .iter()
+                        .map(|m| format!("`{m}`"))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                )
+            }
             None => {
                 *counts.entry((spec.variant, evidence, outcome)).or_default() += 1;
                 format!("**{}**", outcome.label())
@@ -898,8 +933,14 @@ pub fn render(
     }
     let _ = writeln!(
         s,
-        "\nNot counted: {} not testable on CPU; {} repeating another claim's result{}.\n",
+        "\nNot counted: {} not testable on CPU; {} awaiting a rerun of rows marked not current{}; {} repeating another claim's result{}.\n",
         not_testable,
+        awaiting.len(),
+        if awaiting.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", awaiting.join(", "))
+        },
         dups.len(),
         if dups.is_empty() {
             String::new()

@@ -49,6 +49,9 @@ pub trait History {
     fn versions(&self, file: &Path) -> std::result::Result<Vec<(String, Option<String>)>, String>;
     /// The text of `path` (inside the checkout) at `commit`; `None` where it had none.
     fn file_at(&self, commit: &str, path: &str) -> Option<String>;
+    /// For every config hash the results folder's rows have held, the oldest commit that
+    /// added a row with it: when a run's outcome was first on record.
+    fn first_recorded(&self) -> std::result::Result<BTreeMap<String, String>, String>;
     /// Which of `paths` a commit after `since`, up to `commit`, changed.
     fn changed(
         &self,
@@ -69,13 +72,17 @@ pub struct Registration {
     /// For each run commit after the registration, the config files its arms read that
     /// changed in between.
     pub changed: BTreeMap<String, Vec<String>>,
+    /// For each run commit after the registration, the earlier commits where rows of the
+    /// same configs (the same config hash: the same experiment, seed included) were already
+    /// on record before the registration: a rerun of a run already seen.
+    pub seen: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Registration {
     /// Some of its rows ran before it, or with configs other than those registered: the
     /// claim was written, or its arms set, with (some of) its results at hand.
     pub fn post_hoc(&self) -> bool {
-        self.runs.values().any(|&after| !after) || !self.changed.is_empty()
+        self.runs.values().any(|&after| !after) || !self.changed.is_empty() || !self.seen.is_empty()
     }
 }
 
@@ -173,6 +180,7 @@ fn registered_at(spec: &ClaimSpec, history: &dyn History) -> Provenance {
             commit: c.clone(),
             runs: BTreeMap::new(),
             changed: BTreeMap::new(),
+            seen: BTreeMap::new(),
         }),
         (None, None) => Provenance::Unknown(format!("\"{}\" is not committed yet", spec.id)),
         (None, Some(_)) => Provenance::Unknown(format!(
@@ -205,11 +213,19 @@ fn runs_of<'a>(p: &Paired, section: &str, rows: &'a [Row]) -> Runs<'a> {
     out
 }
 
-/// `commit`'s registration over `runs`: which ran after it, and which read configs other
-/// than those registered ([`unregistered_configs`]).
-fn register(commit: String, runs: &Runs, history: &dyn History) -> Provenance {
+/// `commit`'s registration over `runs`: which ran after it, which read configs other than
+/// those registered ([`unregistered_configs`]), and which repeat runs whose rows were on
+/// record before it (`recorded`: [`History::first_recorded`]).
+fn register(
+    commit: String,
+    runs: &Runs,
+    recorded: &BTreeMap<String, String>,
+    history: &dyn History,
+) -> Provenance {
     let mut after = BTreeMap::new();
     let mut changed = BTreeMap::new();
+    let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut before: BTreeMap<&str, bool> = BTreeMap::new();
     for (run, commands) in runs {
         let is_after = match history.is_ancestor(&commit, run) {
             Ok(a) => a,
@@ -225,6 +241,22 @@ fn register(commit: String, runs: &Runs, history: &dyn History) -> Provenance {
                 Ok(f) => files.extend(f),
                 Err(e) => return Provenance::Unknown(format!("run commit {}: {e}", short(run))),
             }
+            for first in hashes.iter().filter_map(|h| recorded.get(*h)) {
+                let earlier = match before.get(first.as_str()) {
+                    Some(&b) => b,
+                    None => match history.is_ancestor(&commit, first) {
+                        Ok(a) => *before.entry(first).or_insert(!a),
+                        Err(e) => {
+                            return Provenance::Unknown(format!("commit {}: {e}", short(first)));
+                        }
+                    },
+                };
+                if earlier {
+                    seen.entry((*run).to_string())
+                        .or_default()
+                        .insert(first.clone());
+                }
+            }
         }
         if !files.is_empty() {
             changed.insert((*run).to_string(), files.into_iter().collect());
@@ -234,6 +266,7 @@ fn register(commit: String, runs: &Runs, history: &dyn History) -> Provenance {
         commit,
         runs: after,
         changed,
+        seen,
     })
 }
 
@@ -340,15 +373,33 @@ pub fn provenance(
     history: &dyn History,
 ) -> BTreeMap<String, ClaimProvenance> {
     let mut out = BTreeMap::new();
+    let recorded = match history.first_recorded() {
+        Ok(r) => r,
+        Err(e) => {
+            for spec in claims.iter().filter(|c| matches!(c.test, Test::Paired(_))) {
+                out.insert(
+                    spec.id.clone(),
+                    ClaimProvenance {
+                        claim: Provenance::Unknown(e.clone()),
+                        confirmatory: None,
+                    },
+                );
+            }
+            return out;
+        }
+    };
     for spec in claims {
         let Test::Paired(p) = &spec.test else {
             continue;
         };
         let at = registered_at(spec, history);
         let claim = match &at {
-            Provenance::Known(r) => {
-                register(r.commit.clone(), &runs_of(p, &p.section, rows), history)
-            }
+            Provenance::Known(r) => register(
+                r.commit.clone(),
+                &runs_of(p, &p.section, rows),
+                &recorded,
+                history,
+            ),
             Provenance::Unknown(why) => Provenance::Unknown(why.clone()),
         };
         let confirmatory = p.confirmatory_section.as_ref().and_then(|c| {
@@ -356,7 +407,7 @@ pub fn provenance(
             (!runs.is_empty())
                 .then(|| confirmatory_at(c, &at, history))
                 .map(|first| match first {
-                    Ok(commit) => register(commit, &runs, history),
+                    Ok(commit) => register(commit, &runs, &recorded, history),
                     Err(why) => Provenance::Unknown(why),
                 })
         });
@@ -419,6 +470,22 @@ pub(super) fn provenance_text(p: &Provenance) -> String {
                     } else {
                         format!(" (and before those at {after})")
                     }
+                )
+            } else if !r.seen.is_empty() {
+                let earlier: BTreeSet<&str> = r.seen.values().flatten().map(|c| short(c)).collect();
+                format!(
+                    "post hoc: registered at `{}`; the runs at {} repeat runs on record before it (at {})",
+                    short(&r.commit),
+                    r.seen
+                        .keys()
+                        .map(|c| format!("`{}`", short(c)))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    earlier
+                        .into_iter()
+                        .map(|c| format!("`{c}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             } else if !r.changed.is_empty() {
                 let changed: BTreeSet<&str> =
