@@ -240,12 +240,29 @@ fn every_kind_of_run_keeps_its_fingerprint() {
         );
         return;
     }
+    // A case whose outputs changed on purpose is recorded anew on the instruction set at
+    // hand; on another one its old line is removed, and that CPU kind skips it, saying so,
+    // until someone records it there.
+    let mut unrecorded = Vec::new();
     for (k, v) in &got {
+        let case = k.split_once('@').map_or(k.as_str(), |(c, _)| c);
         match want.get(k.as_str()) {
             Some(w) if w == v => {}
             Some(_) => wrong.push(format!("{k}: outputs changed")),
+            None if want
+                .keys()
+                .any(|w| w.split_once('@').is_some_and(|(c, _)| c == case)) =>
+            {
+                unrecorded.push(k.as_str())
+            }
             None => wrong.push(format!("{k}: no fingerprint recorded")),
         }
+    }
+    if !unrecorded.is_empty() {
+        eprintln!(
+            "SKIPPED {}: recorded on another instruction set only; record them here with FEDSEL_RECORD_FINGERPRINTS=1",
+            unrecorded.join(", ")
+        );
     }
     for k in here {
         if !got.contains_key(*k) {

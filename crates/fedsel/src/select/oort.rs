@@ -35,11 +35,12 @@
 //! - once the round policy dropped it (an over-committed straggler, a client past the
 //!   deadline), at least the time the round closed without it ([`Feedback::dropped`]): a
 //!   censored observation, so t_i ← max(t_i, bound). The code's aggregator
-//!   (`round_completion_handler`) instead registers a straggler with the simulator's exact
-//!   duration, which a server that stopped waiting cannot know, and with the round's mean
-//!   utility as its reward, counted as a trial; here a dropped client has no loss, so its
-//!   statistical state, stamp and count stay as they were, and a never-tried one stays
-//!   in exploration's pool, its prior now penalised by the bound.
+//!   (`round_completion_handler`) registers a straggler with the simulator's exact
+//!   duration, which a server that stopped waiting cannot know: fedsel keeps the bound.
+//!   Under `code` the dropped client is otherwise registered as the code does, as a trial
+//!   with the round's mean utility as its reward (stamped and counted: the server knows it
+//!   tried it), so a never-tried one leaves exploration's pool; under `paper` only its
+//!   duration moves.
 //!
 //! T is the `round_threshold` percentile of all the known t_i (the code sorts every
 //! registered client's). Without a clock every t_i is unknown and the system utility is 1,
@@ -101,13 +102,14 @@
 //!   exploration's share, exploitation takes the remaining slots; the code returns fewer
 //!   clients (107 of 120 rounds short, with the stale list above). FedScale as it is for
 //!   this alone: 0.025 against its own 0.021.
-//! - *Stragglers.* A client the round policy dropped only raises its known duration to the
-//!   round's cut (see Durations above); FedScale's aggregator registers it as a trial with
-//!   the round's mean utility and its exact duration. With over-commitment 0.3 (13
-//!   selected, 10 kept), a never-tried slow client is therefore explored again and dropped
-//!   again: fedsel gives the slowest fifth 27.1 % of its picks (all of them dropped),
-//!   FedScale 6.4 %; FedScale as it is for this alone, 0.214 against its own 0.014, and
-//!   given it too, 0.014 against 0.014.
+//! - *Stragglers.* A client the round policy dropped is registered as FedScale's aggregator
+//!   registers it, as a trial with the round's mean utility, but with the round's cut as a
+//!   lower bound of its duration, not the exact duration a server that stopped waiting
+//!   cannot know (see Durations above). Until 2026-12 a dropped client only raised its known
+//!   duration, so with over-commitment 0.3 (13 selected, 10 kept) a never-tried slow client
+//!   was explored again and dropped again: fedsel gave the slowest fifth 27.1 % of its picks,
+//!   FedScale 6.4 % (`scripts/reference/oort_fedscale.py --overcommit 0.3`; the figures
+//!   since are in docs/results.md, "Beside the authors' code").
 //!
 //! - *Exploration's share.* fedsel explores ⌊K·ε⌋ of a round's K slots and exploits the
 //!   rest; FedScale's `getTopK` exploits ⌊K·(1 − ε)⌋ (its `exploitLen`) and explores the
@@ -649,23 +651,38 @@ impl Selector for Oort {
 
     /// Each reporting client's statistical utility becomes n_k·|ℓ̄| and its duration the
     /// measured one; it is stamped with this round (1-based) and counted. A dropped
-    /// client's duration becomes at least its censored bound; it is neither stamped nor
-    /// counted, since the server has no loss of it.
+    /// client's duration becomes at least its censored bound. Under `code` the server also
+    /// counts it as tried, as FedScale's `round_completion_handler` registers a straggler:
+    /// stamped, counted, reported, with the round's mean statistical utility as its own (it
+    /// sent no loss); so a slow client once dropped leaves exploration's pool instead of
+    /// being explored, and dropped, again. Under `paper` (Alg. 1 updates the clients that
+    /// completed) only its duration moves.
     fn observe(&mut self, f: &Feedback<'_>) {
         let s = &mut self.state;
-        if let Some(dropped) = f.dropped {
-            for (&k, &bound) in dropped.clients.iter().zip(dropped.at_least_s) {
-                s.duration[k] = Some(s.duration[k].map_or(bound, |d| d.max(bound)));
-            }
-        }
+        let mut utilities = 0.0;
         for (i, (&k, &loss)) in f.selected.iter().zip(f.train_losses).enumerate() {
             s.reward[k] = self.sizes[k] as f64 * loss.abs();
+            utilities += s.reward[k];
             if let Some(d) = f.durations {
                 s.duration[k] = Some(d[i]);
             }
             s.stamp[k] = f.round + 1;
             s.count[k] += 1;
             s.reported[k] = true;
+        }
+        let Some(dropped) = f.dropped else {
+            return;
+        };
+        // FedScale's mean over the clients that completed, 0 when none did.
+        let mean = utilities / f.selected.len().max(1) as f64;
+        for (&k, &bound) in dropped.clients.iter().zip(dropped.at_least_s) {
+            s.duration[k] = Some(s.duration[k].map_or(bound, |d| d.max(bound)));
+            if self.cfg.protocol == Protocol::Code {
+                s.reward[k] = mean;
+                s.stamp[k] = f.round + 1;
+                s.count[k] += 1;
+                s.reported[k] = true;
+            }
         }
     }
 
@@ -844,14 +861,26 @@ mod tests {
                 6.0
             };
             assert_eq!((d[2], d[3]), (Some(want2), Some(6.0)), "{protocol:?}");
-            // A dropped client sent no loss: its utility, stamp, count and report flag
-            // are those of before.
-            for k in [0, 2, 3] {
-                assert_eq!(s.state.reward[k], before.reward[k]);
-                assert_eq!(s.state.stamp[k], before.stamp[k]);
-                assert_eq!(s.state.count[k], before.count[k]);
+            if protocol == Protocol::Code {
+                // Tried, as FedScale registers a straggler: the round's mean utility (client
+                // 1's 10·0.5 = 5, the one that completed), stamped with round 2 (1-based)
+                // and counted.
+                for k in [0, 2, 3] {
+                    assert_eq!(s.state.reward[k], 5.0, "{k}");
+                    assert_eq!(s.state.stamp[k], 2, "{k}");
+                    assert!(s.state.reported[k], "{k}");
+                }
+                assert_eq!(s.state.count, [2, 1, 1, 1]);
+            } else {
+                // Alg. 1 updates the clients that completed: a dropped one's utility,
+                // stamp and count are those of before.
+                for k in [0, 2, 3] {
+                    assert_eq!(s.state.reward[k], before.reward[k]);
+                    assert_eq!(s.state.stamp[k], before.stamp[k]);
+                    assert_eq!(s.state.count[k], before.count[k]);
+                }
+                assert_eq!(s.state.count, [1, 1, 0, 0]);
             }
-            assert_eq!(s.state.count, [1, 1, 0, 0]);
             // Once known slower than T, the straggler is penalised: a bound of 60 s on
             // client 0 leaves T at 6 s under both (sorted (6, 6, 30, 60) or (6, 6, 6, 60),
             // element 1) and makes its system utility (6/60)² = 1/100.
