@@ -29,9 +29,9 @@ FedScale the same four, so that what remains is what fedsel got wrong:
 - when fewer clients are left unexplored than exploration's share, FedScale returns fewer
   than the budget; fedsel's exploitation takes the slots, and so does the reference here
   (its exploration share is lowered to what is left for that call);
-- with over-commitment, a dropped straggler is not registered as a trial with the round's
-  mean utility and its exact duration; its known duration only rises to the round's cut
-  (`update_duration`).
+- with over-commitment, a dropped straggler is registered as a trial with the round's mean
+  utility, as FedScale does, but its known duration only rises to the round's cut (a server
+  that stopped waiting cannot know the exact one), stamped with the round it was tried in.
 The figures against FedScale as it is are printed too (`as is`, and as it is for each
 departure alone): their distance is the effect of the departures.
 
@@ -131,8 +131,9 @@ def fedscale_args(steps_batch: int) -> SimpleNamespace:
 # fedsel's deliberate departures from FedScale, each of which the reference can be given:
 # "first": the first round explored by exploration's prior, not uniformly; "stale": no
 # stale exploration list once nobody is left to explore; "fill": exploitation takes the
-# slots exploration cannot fill; "stragglers": a dropped straggler's duration rises to the
-# round's cut, and it is not registered as a trial.
+# slots exploration cannot fill; "stragglers": a dropped straggler is registered as a trial
+# with the round's mean utility, its duration the larger of the known one and the round's
+# cut (not the exact one), stamped with the round it was tried in.
 DEPARTURES = frozenset({"first", "stale", "fill", "stragglers"})
 
 
@@ -223,7 +224,8 @@ def run_fedscale(oort, fed: Federation, seed: int, rounds: int, k: int, overcomm
         mean = sum(utils) / max(1, len(utils))
         for c in dropped:
             if "stragglers" in departures:
-                sel.update_duration(c, max(sel.totalArms[c]["duration"], cut))
+                known = max(sel.totalArms[c]["duration"], cut)
+                sel.update_client_util(c, {"reward": mean, "duration": known, "time_stamp": r, "status": True})
             else:
                 sel.update_client_util(c, {"reward": mean, "duration": fed.durations[c], "time_stamp": r + 1, "status": True})
     return counts, short
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped: {e}")
             return 0
         worst = 0.0
-        named = {"first": "the uniform first round", "stale": "stale exploration list", "fill": "fewer than the budget", "stragglers": "stragglers as trials"}
+        named = {"first": "the uniform first round", "stale": "stale exploration list", "fill": "fewer than the budget", "stragglers": "stragglers' exact durations"}
         relevant = DEPARTURES if a.overcommit else DEPARTURES - {"stragglers"}
         for f in a.federations:
             # The fair comparison, then FedScale as it is for one departure at a time, then
