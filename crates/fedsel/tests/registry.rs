@@ -144,3 +144,56 @@ fn the_table_refuses_what_it_cannot_hold_by_name() {
     }
     assert!(registry::names().iter().any(|n| n == "rotate"));
 }
+
+/// Every available client from round 2 on: more than the budget, as a sampler that draws
+/// each client independently can.
+struct Overshoot;
+
+impl Selector for Overshoot {
+    fn name(&self) -> &'static str {
+        "overshoot"
+    }
+
+    fn select(
+        &mut self,
+        ctx: &RoundContext<'_>,
+        _: &mut dyn ClientQuery,
+        _: &mut Rng,
+    ) -> Result<Selection, Error> {
+        let take = if ctx.round < 2 {
+            ctx.budget
+        } else {
+            ctx.available.len()
+        };
+        Ok(Selection {
+            clients: ctx.available[..take].to_vec(),
+            weights: None,
+        })
+    }
+}
+
+/// A Rust selector is held to the budget as one written in Python is: more distinct clients
+/// than K_t stop the run, naming the strategy, the round and the count, and the rounds
+/// before it stand. Duplicates (sampling with replacement) count once.
+#[test]
+fn a_selection_over_the_budget_stops_the_run_naming_round_and_count() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        registry::register("overshoot", AggregationRule::DataSize, |_| {
+            Ok(Box::new(Overshoot))
+        })
+        .unwrap();
+    });
+    let exp = common::synthetic(&["rounds=5", "selection.strategy=\"overshoot\""]);
+    let mut rows = common::Collect::default();
+    let e = fedsel::engine::run(&exp, &mut rows)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("overshoot")
+            && e.contains("round 2")
+            && e.contains("chose 30 distinct clients, over the round's budget K_t = 6"),
+        "{e}"
+    );
+    assert_eq!(rows.0.len(), 2);
+}

@@ -16,8 +16,12 @@
 //! Departures, both for this example's brevity: w_i = n_i / Σ n over the round's
 //! available clients; and the norms come from `ClientQuery::local_updates`, booked as
 //! probe trainings of every available client, after which the engine trains the selected
-//! clients again (OCS's clients would send the update they computed). The number selected
-//! varies around m, as independent sampling does: m is met in expectation.
+//! clients again (OCS's clients would send the update they computed). The paper samples
+//! each client independently, so |S| varies around m; fedsel holds every strategy to at
+//! most K_t clients a round, so the example draws the same inclusion probabilities by
+//! systematic (Madow) sampling ([`systematic`]), which takes exactly m (each p_i ≤ 1, Σ p_i
+//! = m): every client is in S with probability p_i as in the paper, and the estimate stays
+//! unbiased; only the joint draw of two clients differs.
 //!
 //! `selection.params`: none.
 
@@ -73,15 +77,10 @@ impl Selector for Ocs {
             })
             .collect();
         let p = probabilities(&norms, ctx.budget);
-        let (mut clients, mut weights) = (Vec::new(), Vec::new());
-        for (i, &k) in available.iter().enumerate() {
-            // One draw per available client, in their order, from the round's stream.
-            let u: f64 = rng.random();
-            if u < p[i] {
-                clients.push(k);
-                weights.push(w[i] / p[i]);
-            }
-        }
+        // One draw from the round's stream places the m points.
+        let picked = systematic(&p, rng.random());
+        let clients = picked.iter().map(|&i| available[i]).collect();
+        let weights = picked.iter().map(|&i| w[i] / p[i]).collect();
         Ok(Selection {
             clients,
             weights: Some(weights),
@@ -120,6 +119,27 @@ pub fn probabilities(u: &[f64], m: usize) -> Vec<f64> {
         _ => p.fill(m as f64 / n as f64),
     }
     p
+}
+
+/// Systematic πps sampling (Madow, 1949): the indices i whose interval (C_{i−1}, C_i] of
+/// the cumulative probabilities holds one of the points u, u + 1, …, u + ⌈Σ p⌉ − 1 for the
+/// uniform `u` ∈ [0, 1). Each i is drawn with probability p_i (every p_i ≤ 1), and exactly
+/// Σ p_i indices when that sum is whole; in ascending order.
+pub fn systematic(p: &[f64], u: f64) -> Vec<usize> {
+    // The sum rounded, so that rounding in the cumulative sums cannot add a point.
+    let m = p.iter().sum::<f64>().round() as usize;
+    let mut out = Vec::with_capacity(m);
+    let (mut below, mut next) = (0.0, u);
+    for (i, &pi) in p.iter().enumerate() {
+        let above = below + pi;
+        // The points fall in intervals of length ≤ 1: at most one in each.
+        if next < above && out.len() < m {
+            out.push(i);
+            next += 1.0;
+        }
+        below = above;
+    }
+    out
 }
 
 /// Puts `ocs` in fedsel's strategy table, aggregated with its own weights.
@@ -161,5 +181,26 @@ mod tests {
         }
         assert_eq!(probabilities(&[0.0; 4], 2), [0.5; 4]);
         assert_eq!(probabilities(&[3.0, 1.0], 5), [1.0; 2]);
+    }
+
+    /// Probabilities 0.2, 0.4, 0.6, 0.8 (sum 2) lay out as (0, 0.2], (0.2, 0.6], (0.6, 1.2],
+    /// (1.2, 2.0]: u = 0.1 puts the points 0.1 and 1.1 in the first and third; u = 0.5 puts
+    /// 0.5 and 1.5 in the second and fourth. Over a grid of u each index is drawn in the
+    /// share p_i of it, and always exactly two.
+    #[test]
+    fn systematic_sampling_takes_exactly_m_with_each_probability() {
+        let p = [0.2, 0.4, 0.6, 0.8];
+        assert_eq!(super::systematic(&p, 0.1), [0, 2]);
+        assert_eq!(super::systematic(&p, 0.5), [1, 3]);
+        let grid = 10_000;
+        let mut drawn = [0usize; 4];
+        for g in 0..grid {
+            let s = super::systematic(&p, (g as f64 + 0.5) / grid as f64);
+            assert_eq!(s.len(), 2);
+            s.iter().for_each(|&i| drawn[i] += 1);
+        }
+        for (d, pi) in drawn.iter().zip(p) {
+            assert!((*d as f64 / grid as f64 - pi).abs() < 1e-3, "{drawn:?}");
+        }
     }
 }

@@ -221,6 +221,20 @@ impl<'a> Run<'a> {
                 reason,
             })?;
         }
+        let mut distinct = selection.clients.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() > ctx.budget {
+            return Err(Error::Selection {
+                selector: name.into(),
+                round: t,
+                reason: format!(
+                    "chose {} distinct clients, over the round's budget K_t = {}",
+                    distinct.len(),
+                    ctx.budget
+                ),
+            });
+        }
         if let Some(&k) = selection
             .clients
             .iter()
