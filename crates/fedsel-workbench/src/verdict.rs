@@ -557,6 +557,8 @@ pub fn claim(
         (true, true) => Bound::Neither,
     };
     let interval = t_interval(&d).map(|(_, i)| i);
+    // NaN for no pair, as the effect then reads.
+    let (point, spread) = mean_std(&d);
     let mut judged = None;
     let outcome = match interval {
         _ if n < MIN_SEEDS && both_censored > 0 => ClaimOutcome::TooFewInformative,
@@ -583,8 +585,7 @@ pub fn claim(
             } else if !claimed {
                 ClaimOutcome::NotReproduced
             } else {
-                let (point, s) = mean_std(&d);
-                judged = size.map(|sz| judge_size(sz, point, (lo, hi), s, n, bound, effect));
+                judged = size.map(|sz| judge_size(sz, point, (lo, hi), spread, n, bound, effect));
                 match judged {
                     None | Some(SizeJudgement::Met) => ClaimOutcome::Reproduced,
                     Some(SizeJudgement::Missed(_)) => ClaimOutcome::DirectionOnly,
@@ -599,7 +600,7 @@ pub fn claim(
         a_censored,
         b_censored,
         bound,
-        effect: if n == 0 { f64::NAN } else { mean_std(&d).0 },
+        effect: point,
         interval,
         wilcoxon_p: wilcoxon(&d),
         outcome,

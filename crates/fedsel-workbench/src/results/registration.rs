@@ -13,8 +13,9 @@
 //! the files the command read cannot be rewritten without rewriting every later commit.
 //! This room reads the history and the rows; it renders nothing and judges no claim.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use fedsel::error::ConfigError;
 
@@ -59,6 +60,82 @@ pub trait History {
         commit: &str,
         paths: &[String],
     ) -> std::result::Result<Vec<String>, String>;
+}
+
+/// A [`History`] that asks its inner one each question once: the claims of a file share its
+/// versions, and claims on one section share their run commits, base files and ranges.
+struct Remembered<'h> {
+    inner: &'h dyn History,
+    versions: RefCell<BTreeMap<PathBuf, Answer<Versions>>>,
+    ancestors: RefCell<BTreeMap<(String, String), Answer<bool>>>,
+    files: RefCell<BTreeMap<(String, String), Option<String>>>,
+    changed: RefCell<BTreeMap<Range, Answer<Vec<String>>>>,
+}
+
+/// A file's committed versions: (commit, its text there).
+type Versions = Vec<(String, Option<String>)>;
+
+/// (since, commit, paths): one question of [`History::changed`].
+type Range = (String, String, Vec<String>);
+
+type Answer<T> = std::result::Result<T, String>;
+
+impl<'h> Remembered<'h> {
+    fn new(inner: &'h dyn History) -> Self {
+        Remembered {
+            inner,
+            versions: RefCell::default(),
+            ancestors: RefCell::default(),
+            files: RefCell::default(),
+            changed: RefCell::default(),
+        }
+    }
+}
+
+/// The answer `map` holds for `key`, asked of `ask` the first time.
+fn remember<K: Ord, V: Clone>(map: &RefCell<BTreeMap<K, V>>, key: K, ask: impl FnOnce() -> V) -> V {
+    if let Some(v) = map.borrow().get(&key) {
+        return v.clone();
+    }
+    let v = ask();
+    map.borrow_mut().insert(key, v.clone());
+    v
+}
+
+impl History for Remembered<'_> {
+    fn first_adding(&self, needle: &str) -> Answer<Option<String>> {
+        self.inner.first_adding(needle)
+    }
+
+    fn is_ancestor(&self, ancestor: &str, commit: &str) -> Answer<bool> {
+        remember(&self.ancestors, (ancestor.into(), commit.into()), || {
+            self.inner.is_ancestor(ancestor, commit)
+        })
+    }
+
+    fn versions(&self, file: &Path) -> Answer<Versions> {
+        remember(&self.versions, file.to_path_buf(), || {
+            self.inner.versions(file)
+        })
+    }
+
+    fn file_at(&self, commit: &str, path: &str) -> Option<String> {
+        remember(&self.files, (commit.into(), path.into()), || {
+            self.inner.file_at(commit, path)
+        })
+    }
+
+    fn first_recorded(&self) -> Answer<BTreeMap<String, String>> {
+        self.inner.first_recorded()
+    }
+
+    fn changed(&self, since: &str, commit: &str, paths: &[String]) -> Answer<Vec<String>> {
+        remember(
+            &self.changed,
+            (since.into(), commit.into(), paths.to_vec()),
+            || self.inner.changed(since, commit, paths),
+        )
+    }
 }
 
 /// When a claim (or its confirmatory set) was registered, beside when its rows ran.
@@ -225,7 +302,6 @@ fn register(
     let mut after = BTreeMap::new();
     let mut changed = BTreeMap::new();
     let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut before: BTreeMap<&str, bool> = BTreeMap::new();
     for (run, commands) in runs {
         let is_after = match history.is_ancestor(&commit, run) {
             Ok(a) => a,
@@ -242,14 +318,9 @@ fn register(
                 Err(e) => return Provenance::Unknown(format!("run commit {}: {e}", short(run))),
             }
             for first in hashes.iter().filter_map(|h| recorded.get(*h)) {
-                let earlier = match before.get(first.as_str()) {
-                    Some(&b) => b,
-                    None => match history.is_ancestor(&commit, first) {
-                        Ok(a) => *before.entry(first).or_insert(!a),
-                        Err(e) => {
-                            return Provenance::Unknown(format!("commit {}: {e}", short(first)));
-                        }
-                    },
+                let earlier = match history.is_ancestor(&commit, first) {
+                    Ok(a) => !a,
+                    Err(e) => return Provenance::Unknown(format!("commit {}: {e}", short(first))),
                 };
                 if earlier {
                     seen.entry((*run).to_string())
@@ -372,6 +443,8 @@ pub fn provenance(
     rows: &[Row],
     history: &dyn History,
 ) -> BTreeMap<String, ClaimProvenance> {
+    let remembered = Remembered::new(history);
+    let history: &dyn History = &remembered;
     let mut out = BTreeMap::new();
     let recorded = match history.first_recorded() {
         Ok(r) => r,

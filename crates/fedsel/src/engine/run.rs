@@ -221,16 +221,21 @@ impl<'a> Run<'a> {
                 reason,
             })?;
         }
-        let mut distinct = selection.clients.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        if distinct.len() > ctx.budget {
+        // Within the budget as listed, or (with clients drawn more than once) as distinct.
+        let distinct = if selection.clients.len() <= ctx.budget {
+            selection.clients.len()
+        } else {
+            let mut d = selection.clients.clone();
+            d.sort_unstable();
+            d.dedup();
+            d.len()
+        };
+        if distinct > ctx.budget {
             return Err(Error::Selection {
                 selector: name.into(),
                 round: t,
                 reason: format!(
-                    "chose {} distinct clients, over the round's budget K_t = {}",
-                    distinct.len(),
+                    "chose {distinct} distinct clients, over the round's budget K_t = {}",
                     ctx.budget
                 ),
             });
