@@ -336,8 +336,8 @@ mod tests {
 
     /// [`sample`] with a late update and a FedBuff flight in its book.
     fn sample_in_flight() -> Checkpoint {
-        use crate::system::clock::Flight;
         use crate::system::inflight::{Flying, LateUpdate};
+        use crate::system::round::Flight;
         let mut cp = sample();
         cp.in_flight.late.push(LateUpdate {
             client: 2,

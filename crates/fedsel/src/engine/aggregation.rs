@@ -89,7 +89,7 @@ impl<'a> Run<'a> {
     /// entries and the folded updates weighted by the run's rule over all of them (the
     /// mean and data-size rules renormalised over them; a selector's weights as given, a
     /// late update's from its own round), each folded one's weight times REFL's staleness
-    /// factor ([`clock::stale_factors`]), and the mean and data-size weights normalised
+    /// factor ([`round::stale_factors`]), and the mean and data-size weights normalised
     /// again to sum to 1, as REFL's `normalize_importance` divides by the importances' sum
     /// (ahmedcs/REFL @ aa7e642, `core/aggregator.py` lines 1162-1175). The late model
     /// enters as a model, Δ = Σ w (x − w_now), as REFL averages models (its
@@ -129,14 +129,14 @@ impl<'a> Run<'a> {
             }
             stale
                 .iter()
-                .map(|(u, _)| clock::refl_ratio(&sum, n, &u.params))
+                .map(|(u, _)| round::refl_ratio(&sum, n, &u.params))
                 .collect()
         } else {
             vec![1.0; stale.len()]
         };
         let taus: Vec<usize> = stale.iter().map(|(_, tau)| *tau).collect();
-        let factors = clock::stale_factors(&cfg, &taus, &ratio);
-        clock::fold_weights(&mut w, n, &factors, self.rule != AggregationRule::Selector);
+        let factors = round::stale_factors(&cfg, &taus, &ratio);
+        round::fold_weights(&mut w, n, &factors, self.rule != AggregationRule::Selector);
         let mut all: Vec<&[f32]> = entries.iter().map(|&i| locals[i]).collect();
         all.extend(stale.iter().map(|(u, _)| u.params.as_slice()));
         check_finite(
@@ -149,7 +149,7 @@ impl<'a> Run<'a> {
     }
 
     /// The late updates round `t` folds or lets expire (`[system.stale]`,
-    /// [`clock::stale_due`]), taken out of the waiting list: the folded ones are returned
+    /// [`round::stale_due`]), taken out of the waiting list: the folded ones are returned
     /// with their staleness and booked as `stale_trainings`, the expired ones as wasted.
     pub(super) fn fold_stale(
         &mut self,
@@ -164,31 +164,17 @@ impl<'a> Run<'a> {
         let close_s = self.start_s + timing.round_s;
         let fresh = timing.kept.iter().any(|&k| k);
         // A client sent this round's model drops the task it was still on (inflight's doc).
-        cost.wasted_trainings += self.book.supersede(selected, self.broadcast_s) as u64;
-        let pending: Vec<(usize, f64)> = self
-            .book
-            .late
-            .iter()
-            .map(|u| (u.origin, u.arrival_s))
-            .collect();
-        let (folded, expired) = clock::stale_due(&pending, t, close_s, fresh, cfg.stale_update);
-        cost.wasted_trainings += expired.len() as u64;
-        cost.stale_trainings += folded.len() as u64;
-        let mut tau_of: Vec<Option<usize>> = vec![None; self.book.late.len()];
-        for &(i, tau) in &folded {
-            tau_of[i] = Some(tau);
-        }
-        let mut out = Vec::new();
-        let mut keep = Vec::new();
-        for (i, u) in std::mem::take(&mut self.book.late).into_iter().enumerate() {
-            match tau_of[i] {
-                Some(tau) => out.push((u, tau)),
-                None if expired.contains(&i) => {}
-                None => keep.push(u),
-            }
-        }
-        self.book.late = keep;
-        out
+        let due = self.book.fold_due(
+            t,
+            selected,
+            self.broadcast_s,
+            close_s,
+            fresh,
+            cfg.stale_update,
+        );
+        cost.wasted_trainings += (due.superseded + due.expired) as u64;
+        cost.stale_trainings += due.folded.len() as u64;
+        due.folded
     }
 
     /// Puts the round's late entries (set by [`Run::time`]) on the waiting list.
@@ -196,7 +182,7 @@ impl<'a> Run<'a> {
         // `fresh_late` stays for `on_time`, which does not book these as wasted.
         for &(i, arrival_s) in &self.fresh_late {
             let client = selection.clients[i];
-            self.book.late.push(LateUpdate {
+            self.book.hold(LateUpdate {
                 client,
                 origin: t,
                 arrival_s,

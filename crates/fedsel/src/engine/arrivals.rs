@@ -37,7 +37,7 @@ impl<'a> Run<'a> {
         let mut timing = match (clock.policy(), own_deadline) {
             (RoundPolicy::Deadline { .. }, Some(deadline_s)) => {
                 let arrives = clock.arrives(self.start_s, query_s, selected, &finish);
-                let mut r = clock::deadline(&finish, &arrives, deadline_s);
+                let mut r = round::deadline(&finish, &arrives, deadline_s);
                 r.round_s += query_s;
                 r
             }
@@ -187,7 +187,7 @@ impl<'a> Run<'a> {
         active.retain(|k| !busy.contains(k));
     }
 
-    /// One FedBuff round ([`clock::fedbuff_round`]): the selection's trainings (done from
+    /// One FedBuff round ([`round::fedbuff_round`]): the selection's trainings (done from
     /// this round's model, version `t`) join the clients in flight, the server waits for
     /// `buffer_size` arrivals and aggregates them, each weighted by the run's rule over the
     /// buffer times 1/√(1 + staleness), not renormalised (FedBuff Alg. 1: Δ̄ = Σ s(τ) Δ / K
@@ -208,72 +208,45 @@ impl<'a> Run<'a> {
         let clock = exp.clock.as_ref().expect("FedBuff runs on a clock");
         let before_s = self.summary.clock.as_ref().map_or(0.0, |c| c.clock_s);
         let batch = exp.config.train.batch_size as u64;
-        let free = self
-            .fedbuff()
-            .map_or(0, |(c, _)| c.saturating_sub(self.book.flights.len()));
-        let mut queue = Vec::with_capacity(selection.clients.len());
-        for (i, &k) in selection.clients.iter().enumerate() {
-            let u = trained.of(k);
-            let id = self.book.next_flight;
-            self.book.next_flight += 1;
-            let delta: Vec<f32> = u
-                .params
-                .iter()
-                .zip(&self.global)
-                .map(|(a, b)| a - b)
-                .collect();
-            self.book.flying.insert(
-                id,
-                Flying {
+        let departing: Vec<(Flying, f64)> = selection
+            .clients
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| {
+                let u = trained.of(k);
+                let flying = Flying {
                     client: k,
-                    delta,
+                    delta: u
+                        .params
+                        .iter()
+                        .zip(&self.global)
+                        .map(|(a, b)| a - b)
+                        .collect(),
                     loss: trained.losses[i],
                     weight: selection.weights.as_ref().map(|w| w[i]),
                     report: trained.samples.as_ref().map(|s| s[i].clone()),
-                },
-            );
-            let finish = clock.finish_sending_s(k, u.steps as u64 * batch, trained.sent_of(k));
-            queue.push((id, trained.pass_s(clock, k).map_or(finish, |p| p + finish)));
-        }
-        for (k, u) in trained.distinct.iter().zip(trained.updates) {
-            self.states[*k] = u.state;
-        }
-        let InFlight {
-            flights, flying, ..
-        } = &mut self.book;
-        let flying = &*flying;
-        let r = clock::fedbuff_round(
-            flights,
-            &queue,
-            free,
-            self.start_s + query_s,
-            t,
-            buffer_size,
-            |id, at| clock.online_at(flying[&id].client, at),
-        );
-        let mut r = r;
-        if r.buffer.is_empty() && r.lost.is_empty() {
-            // Nobody trains or arrives: the round lasts until the server's next decision.
-            r.close_s += clock.idle_s(r.close_s, None);
-        }
-        cost.wasted_trainings += r.lost.len() as u64;
-        for f in &r.lost {
-            self.book.flying.remove(&f.id);
-        }
-        let items: Vec<(Flying, Flight, usize)> = r
-            .buffer
-            .iter()
-            .map(|&(f, s)| {
+                };
+                let finish = clock.finish_sending_s(k, u.steps as u64 * batch, trained.sent_of(k));
                 (
-                    self.book
-                        .flying
-                        .remove(&f.id)
-                        .expect("a buffered update flew"),
-                    f,
-                    s,
+                    flying,
+                    trained.pass_s(clock, k).map_or(finish, |p| p + finish),
                 )
             })
             .collect();
+        for (k, u) in trained.distinct.iter().zip(trained.updates) {
+            self.states[*k] = u.state;
+        }
+        let concurrency = self.fedbuff().map_or(0, |(c, _)| c);
+        let r = self.book.fedbuff_round(
+            clock,
+            departing,
+            concurrency,
+            self.start_s + query_s,
+            t,
+            buffer_size,
+        );
+        cost.wasted_trainings += r.lost as u64;
+        let items = r.buffer;
         let clients: Vec<usize> = items.iter().map(|(x, _, _)| x.client).collect();
         let own: Option<Vec<f64>> = (self.rule == AggregationRule::Selector).then(|| {
             items
@@ -283,7 +256,7 @@ impl<'a> Run<'a> {
         });
         let mut w = aggregate::weights(self.rule, &clients, &self.sizes, own.as_deref());
         for (x, (_, _, s)) in w.iter_mut().zip(&items) {
-            *x *= clock::fedbuff_weight(*s);
+            *x *= round::fedbuff_weight(*s);
         }
         check_finite(
             t,

@@ -62,7 +62,8 @@ use crate::select::{
 
 use crate::summary::{ClockSummary, RunSummary};
 
-use crate::system::clock::{self, Clock, Flight, QueryWork, RoundClock, RoundTiming};
+use crate::system::clock::{self, Clock, QueryWork, RoundClock};
+use crate::system::round::{self, RoundTiming};
 
 use crate::system::inflight::{Flying, InFlight, LateUpdate};
 

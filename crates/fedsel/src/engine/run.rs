@@ -335,7 +335,7 @@ impl<'a> Run<'a> {
             available: active,
             budget: match fedbuff {
                 Some((c, k)) => {
-                    clock::fedbuff_budget(c, k, self.book.flights.len()).min(active.len())
+                    round::fedbuff_budget(c, k, self.book.flights.len()).min(active.len())
                 }
                 None => self.selection_budget(budget, active.len()),
             },

@@ -25,7 +25,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::system::clock::Flight;
+use crate::system::clock::Clock;
+use crate::system::round::{self, Flight};
 
 /// An update that missed its round's cut and waits, under `[system.stale]`, to be folded
 /// into a later round when it arrives.
@@ -72,6 +73,28 @@ pub struct InFlight {
     pub flying: BTreeMap<usize, Flying>,
     /// The id the next FedBuff flight gets.
     pub next_flight: usize,
+}
+
+/// What [`InFlight::fold_due`] takes out of the book for one round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Due {
+    /// The late updates folded into this round, each with its staleness τ.
+    pub folded: Vec<(LateUpdate, usize)>,
+    /// Tasks dropped because their client was sent this round's model: wasted trainings.
+    pub superseded: usize,
+    /// Late updates past `stale_update`: wasted trainings.
+    pub expired: usize,
+}
+
+/// What one FedBuff round ([`InFlight::fedbuff_round`]) aggregates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Buffered {
+    /// The buffer, in arrival order: each update, its flight and its staleness.
+    pub buffer: Vec<(Flying, Flight, usize)>,
+    /// Updates lost because their client was offline when they arrived: wasted trainings.
+    pub lost: usize,
+    /// Virtual second of the aggregation.
+    pub close_s: f64,
 }
 
 impl InFlight {
@@ -158,6 +181,103 @@ impl InFlight {
             .iter()
             .map(|f| self.flying[&f.id].client)
             .collect()
+    }
+
+    /// Puts an update that missed its round's cut on the waiting list (`[system.stale]`).
+    pub fn hold(&mut self, update: LateUpdate) {
+        self.late.push(update);
+    }
+
+    /// The late updates round `t` folds or lets expire ([`round::stale_due`]), after the
+    /// clients of `selected` drop the tasks still on their way at `broadcast_s`
+    /// ([`InFlight::supersede`]); the round closes at `close_s`, with a fresh update if
+    /// `fresh`. The folded updates leave the book with their staleness; the others stay.
+    pub fn fold_due(
+        &mut self,
+        t: usize,
+        selected: &[usize],
+        broadcast_s: f64,
+        close_s: f64,
+        fresh: bool,
+        stale_update: i64,
+    ) -> Due {
+        let superseded = self.supersede(selected, broadcast_s);
+        let pending: Vec<(usize, f64)> =
+            self.late.iter().map(|u| (u.origin, u.arrival_s)).collect();
+        let (folded, expired) = round::stale_due(&pending, t, close_s, fresh, stale_update);
+        let mut tau_of: Vec<Option<usize>> = vec![None; self.late.len()];
+        for &(i, tau) in &folded {
+            tau_of[i] = Some(tau);
+        }
+        let mut due = Due {
+            folded: Vec::with_capacity(folded.len()),
+            superseded,
+            expired: expired.len(),
+        };
+        let mut keep = Vec::with_capacity(self.late.len() - folded.len() - expired.len());
+        for (i, u) in std::mem::take(&mut self.late).into_iter().enumerate() {
+            match tau_of[i] {
+                Some(tau) => due.folded.push((u, tau)),
+                None if expired.contains(&i) => {}
+                None => keep.push(u),
+            }
+        }
+        self.late = keep;
+        due
+    }
+
+    /// One FedBuff round ([`round::fedbuff_round`]) from `now_s`, at model version
+    /// `version`: the `departing` trainings (each update and its seconds until it
+    /// arrives) join the flights as the `concurrency` leaves room, the server waits for
+    /// `buffer_size` arrivals, and an arrival while its client is offline is lost. The
+    /// buffered updates leave the book with their flights and staleness; a round in which
+    /// nothing trains or arrives lasts until the server's next decision point.
+    pub fn fedbuff_round(
+        &mut self,
+        clock: &Clock,
+        departing: Vec<(Flying, f64)>,
+        concurrency: usize,
+        now_s: f64,
+        version: usize,
+        buffer_size: usize,
+    ) -> Buffered {
+        let free = concurrency.saturating_sub(self.flights.len());
+        let mut queue = Vec::with_capacity(departing.len());
+        for (flying, finish_s) in departing {
+            let id = self.next_flight;
+            self.next_flight += 1;
+            self.flying.insert(id, flying);
+            queue.push((id, finish_s));
+        }
+        let flying = &self.flying;
+        let mut r = round::fedbuff_round(
+            &mut self.flights,
+            &queue,
+            free,
+            now_s,
+            version,
+            buffer_size,
+            |id, at| clock.online_at(flying[&id].client, at),
+        );
+        if r.buffer.is_empty() && r.lost.is_empty() {
+            r.close_s += clock.idle_s(r.close_s, None);
+        }
+        for f in &r.lost {
+            self.flying.remove(&f.id);
+        }
+        let buffer = r
+            .buffer
+            .into_iter()
+            .map(|(f, staleness)| {
+                let update = self.flying.remove(&f.id).expect("a buffered update flew");
+                (update, f, staleness)
+            })
+            .collect();
+        Buffered {
+            buffer,
+            lost: r.lost.len(),
+            close_s: r.close_s,
+        }
     }
 }
 

@@ -11,6 +11,7 @@ pub mod fedscale;
 pub mod inflight;
 mod pickle;
 pub mod profile;
+pub mod round;
 
 use std::path::PathBuf;
 
@@ -60,7 +61,7 @@ pub enum RoundPolicy {
     /// `concurrency` clients train at once, each from the model it pulled; the server
     /// aggregates every `buffer_size` arrivals, each update weighted by 1/√(1 + staleness),
     /// staleness being the server model versions since the client pulled. A round is one
-    /// aggregation ([`clock::fedbuff_round`]).
+    /// aggregation ([`round::fedbuff_round`]).
     Fedbuff {
         /// C: clients training at once (FedBuff's concurrency). Required: left out (0), the
         /// config is refused with an error that says what to give.
