@@ -204,6 +204,20 @@ def test_an_unknown_client_or_option_is_an_error():
         fedsel.Selector("nope", sizes=SIZES, per_round=M, rounds=ROUNDS)
 
 
+def test_the_system_strategies_take_their_options_by_their_config_names():
+    # Each reaches its own `[selection.<name>]` table: a known key is taken, a misspelt
+    # one is refused naming the table, as in a config file.
+    for strategy, good, bad in [
+        ("tifl", {"protocol": "code", "T": 2}, "tiers"),
+        ("refl", {"prohibit_reselect": 3}, "prohibit"),
+        ("fedbalancer", {"fb_w": 5}, "fb_ww"),
+    ]:
+        sel = fedsel.Selector(strategy, sizes=SIZES, per_round=M, rounds=ROUNDS, **good)
+        assert sel.strategy == strategy
+        with pytest.raises(fedsel.FedselError, match=f"selection.{strategy}"):
+            fedsel.Selector(strategy, sizes=SIZES, per_round=M, rounds=ROUNDS, **{bad: 1})
+
+
 def test_updates_are_required_where_the_strategy_learns_from_them():
     sel = make("hics")
     assert sel.updates == "output_layer"

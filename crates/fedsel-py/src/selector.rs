@@ -41,6 +41,9 @@ fn options_table(strategy: &str) -> Option<&'static str> {
         "divfl" => Some("divfl"),
         "oort" => Some("oort"),
         "fedcs" => Some("fedcs"),
+        "tifl" => Some("tifl"),
+        "refl" => Some("refl"),
+        "fedbalancer" => Some("fedbalancer"),
         _ => None,
     }
 }

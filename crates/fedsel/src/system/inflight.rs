@@ -309,6 +309,28 @@ mod tests {
         assert_eq!(book.unused(), 2);
     }
 
+    /// Round 2 closes at 10 s with a fresh update, `stale_update = 1`, and client 3 is
+    /// sent the new model at 8 s: client 1's round-0 update (arrived at 4.3 s, τ = 2,
+    /// τ − 1 = 1) folds; client 2's (arriving at 20 s) waits; client 3's (arriving at 9 s,
+    /// after the broadcast) is superseded. At round 3 client 2's has τ − 1 = 2 > 1 and
+    /// expires before it arrives.
+    #[test]
+    fn the_book_folds_what_arrived_keeps_what_waits_and_drops_the_superseded_and_expired() {
+        let mut book = InFlight {
+            late: vec![late(1, 0, 4.3), late(2, 0, 20.0), late(3, 1, 9.0)],
+            ..InFlight::default()
+        };
+        let due = book.fold_due(2, &[3], 8.0, 10.0, true, 1);
+        let folded: Vec<(usize, usize)> = due.folded.iter().map(|(u, t)| (u.client, *t)).collect();
+        assert_eq!(folded, [(1, 2)]);
+        assert_eq!(due.folded[0].0.params, [1.0; 3]);
+        assert_eq!((due.superseded, due.expired), (1, 0));
+        assert_eq!(book.late.iter().map(|u| u.client).collect::<Vec<_>>(), [2]);
+        let due = book.fold_due(3, &[], 30.0, 30.0, true, 1);
+        assert_eq!((due.folded.len(), due.superseded, due.expired), (0, 0, 1));
+        assert!(book.late.is_empty());
+    }
+
     #[test]
     fn the_models_round_trip_through_arrays_and_refill_in_order() {
         let mut flying = BTreeMap::new();
