@@ -25,13 +25,14 @@ is the same for every seed and both sides; only the selectors' seeds vary.
   client is on in round t and off in round t + 1 (`isActive`'s bounds are inclusive, hence
   the tick). The driver checks both on every round of the first seed. Selection runs as
   their aggregator runs it with `avail_priority = 1`, `sample_mode = random`,
-  `prohibit_reselect = 5` and `avail_probability` = `--avail-probability` (0.9, their
-  `run_exps.sh`'s value): `resampleClients(K, cur_time, window)`, sorted, every picked
+  `prohibit_reselect` = `--prohibit-reselect` (5, their default, `argParser.py:57`) and
+  `avail_probability` = `--avail-probability` (0.9, their `run_exps.sh`'s value): `resampleClients(K, cur_time, window)`, sorted, every picked
   client completing (equal costs, no deadline, no dropouts: `tictak_client_tasks` then
   returns the sorted picks), then the aggregator's block above with no stale update
   pending. Their client manager's stream is `Random(233 + seed)` as they seed it; their
   aggregator's `Random()` is unseeded in their code and gets `Random(seed)` here.
-- fedsel's side: `fedsel.Selector("refl", per_round=K, ...)`, `select(t, available=<the
+- fedsel's side: `fedsel.Selector("refl", per_round=K, ..., prohibit_reselect=P)` with the
+  same P, `select(t, available=<the
   trace's online clients in round t>, budget=K, query=None)` every round in order (its
   predictor counts the pairs of consecutive rounds it is shown), then `observe(picked)`;
   REFL learns nothing else from the feedback.
@@ -69,12 +70,8 @@ the rounds run with fewer than K clients while more than K were online. Exits 1 
 distance to the authors' code with fedsel's departures exceeds `--ratio` times the authors'
 own on any federation.
 
-fedsel's Python `Selector` takes no options for `refl` (`options_table` in
-crates/fedsel-py/src/selector.rs has no `refl` entry), so `prohibit_reselect` cannot be set
-from Python: the driver asks for 5 and, when refused, runs fedsel's default, which is 5.
-
     git clone https://github.com/ahmedcs/REFL /tmp/REFL && git -C /tmp/REFL checkout aa7e6425fe8b888bccfcc722a086df120cbd833e
-    python scripts/reference/refl_authors.py --checkout /tmp/REFL [--seeds 30] [--rounds 100] [--per-round 10] [--clients 100] [--federations 1 2 3] [--avail-probability 0.9] [--json FILE]
+    python scripts/reference/refl_authors.py --checkout /tmp/REFL [--prohibit-reselect 5] [--seeds 30] [--rounds 100] [--per-round 10] [--clients 100] [--federations 1 2 3] [--avail-probability 0.9] [--json FILE]
 """
 
 from __future__ import annotations
@@ -98,7 +95,7 @@ from stand_ins import import_over
 
 T = 1000  # seconds a round
 WINDOW = T - 2  # their moving-average deadline: the round, less the ticks isActive's bounds need
-PROHIBIT = 5  # prohibit_reselect: their default (argParser.py:57) and fedsel's
+PROHIBIT = 5  # prohibit_reselect's default: theirs (argParser.py:57) and fedsel's
 DEPARTURES = frozenset({"predictor", "k", "prohibit"})
 NAMED = {"predictor": "the trace oracle", "k": "min(K, len - 1)", "prohibit": "prohibit_reselect after the priority"}
 PERSISTENCE = {1: ("persistent", (0.85, 0.99), (0.05, 0.3)), 2: ("mixed", (0.2, 0.95), (0.2, 0.6)), 3: ("fleeting", (0.1, 0.6), (0.3, 0.8))}
@@ -269,6 +266,7 @@ def manager_class(cm_module, departures):
 @dataclass
 class Tally:
     counts: np.ndarray
+    prohibit: int = PROHIBIT
     picks: int = 0
     leaving: int = 0
     recent: int = 0
@@ -281,7 +279,7 @@ class Tally:
             self.counts[c] += 1
         self.picks += len(picked)
         self.leaving += len(fed.leaving(t) & set(picked))
-        recent = {c for c in online if last_run.get(c) is not None and t - last_run[c] < PROHIBIT}
+        recent = {c for c in online if last_run.get(c) is not None and t - last_run[c] < self.prohibit}
         if len(online) - len(recent) >= k:
             self.recent += len(recent & set(picked))
         self.short += len(online) > k and len(picked) < k
@@ -294,12 +292,13 @@ class Tally:
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
 
-def run_authors(cm_module, block, fed: Federation, seed: int, k: int, avail_probability: float, departures, check=False) -> Tally:
+def run_authors(cm_module, block, fed: Federation, seed: int, k: int, avail_probability: float, departures,
+                prohibit: int = PROHIBIT, check=False) -> Tally:
     n = fed.on.shape[1]
     rounds = fed.on.shape[0] - 1
     args = SimpleNamespace(
         filter_less=0, filter_more=10**12, used_samples=-1, sample_seed=seed, device_avail_file=None,
-        random_behv=0, avail_priority=1, prohibit_reselect=PROHIBIT, stale_update=-1,
+        random_behv=0, avail_priority=1, prohibit_reselect=prohibit, stale_update=-1,
         avail_probability=0.0 if "predictor" in departures else avail_probability,
     )
     cm = manager_class(cm_module, departures)("random", args)
@@ -312,11 +311,11 @@ def run_authors(cm_module, block, fed: Federation, seed: int, k: int, avail_prob
     agg = SimpleNamespace(args=args, epoch=0, staleWeights={}, last_run_round={c: 0 for c in range(n)},
                           client_manager=cm, rng=Counting(seed), total_worker=k, sampled_participants=[])
     fill = random.Random(10**6 + seed)
-    tally, last_run = Tally(np.zeros(n)), {}
+    tally, last_run = Tally(np.zeros(n), prohibit), {}
     for t in range(rounds):
         agg.epoch = t + 1  # their advance_round comes first: the first selection is epoch 1
         cm.round = t
-        cm.recent = {c for c in range(n) if agg.last_run_round[c] != 0 and agg.epoch - agg.last_run_round[c] < PROHIBIT}
+        cm.recent = {c for c in range(n) if agg.last_run_round[c] != 0 and agg.epoch - agg.last_run_round[c] < prohibit}
         picked, priority = cm.resampleClients(k, cur_time=t * T, time_window=WINDOW)
         picked = sorted(picked)
         if check:
@@ -357,20 +356,13 @@ def run_authors(cm_module, block, fed: Federation, seed: int, k: int, avail_prob
 # fedsel
 
 
-def run_fedsel(fed: Federation, seed: int, k: int, check=False) -> Tally:
+def run_fedsel(fed: Federation, seed: int, k: int, prohibit: int = PROHIBIT, check=False) -> Tally:
     import fedsel
 
     n = fed.on.shape[1]
     rounds = fed.on.shape[0] - 1
-    try:
-        sel = fedsel.Selector("refl", sizes=fed.sizes, per_round=k, rounds=rounds, seed=seed, prohibit_reselect=PROHIBIT)
-    except fedsel.FedselError as e:
-        if "takes no options" not in str(e):
-            raise
-        # The Python binding passes no options to `refl` (crates/fedsel-py/src/selector.rs,
-        # `options_table`); prohibit_reselect = 5 is its default, so nothing is lost here.
-        sel = fedsel.Selector("refl", sizes=fed.sizes, per_round=k, rounds=rounds, seed=seed)
-    tally, last_run, pred = Tally(np.zeros(n)), {}, Predictor(n)
+    sel = fedsel.Selector("refl", sizes=fed.sizes, per_round=k, rounds=rounds, seed=seed, prohibit_reselect=prohibit)
+    tally, last_run, pred = Tally(np.zeros(n), prohibit), {}, Predictor(n)
     for t in range(rounds):
         online = fed.online(t)
         picked = [int(c) for c in sel.select(t, available=online, budget=k, query=None)]
@@ -384,12 +376,13 @@ def run_fedsel(fed: Federation, seed: int, k: int, check=False) -> Tally:
     return tally
 
 
-def compare(cm_module, block, fed: Federation, seeds: int, k: int, avail_probability: float, departures, ours: Tally) -> dict:
+def compare(cm_module, block, fed: Federation, seeds: int, k: int, avail_probability: float, departures, ours: Tally,
+            prohibit: int = PROHIBIT) -> dict:
     n = fed.on.shape[1]
-    ref, other = Tally(np.zeros(n)), Tally(np.zeros(n))
+    ref, other = Tally(np.zeros(n), prohibit), Tally(np.zeros(n), prohibit)
     for s in range(1, seeds + 1):
-        ref.merge(run_authors(cm_module, block, fed, s, k, avail_probability, departures, check=s == 1))
-        other.merge(run_authors(cm_module, block, fed, seeds + s, k, avail_probability, departures))
+        ref.merge(run_authors(cm_module, block, fed, s, k, avail_probability, departures, prohibit, check=s == 1))
+        other.merge(run_authors(cm_module, block, fed, seeds + s, k, avail_probability, departures, prohibit))
     return {"tv_fedsel": tv(ours.counts, ref.counts), "tv_reference": tv(other.counts, ref.counts), "ref": ref}
 
 
@@ -401,28 +394,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-round", type=int, default=10)
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--federations", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--prohibit-reselect", type=int, default=PROHIBIT,
+                   help="rounds a run client sits out, both sides (their default and fedsel's: 5)")
     p.add_argument("--avail-probability", type=float, default=0.9, help="their oracle's accuracy in the `as is` runs (run_exps.sh: 0.9)")
     p.add_argument("--ratio", type=float, default=1.5)
     p.add_argument("--json", type=Path, help="also write the figures and the selection frequencies")
     a = p.parse_args(argv)
+    if a.prohibit_reselect < 0:
+        p.error("--prohibit-reselect must be at least 0")
     cm_module = load_client_manager(a.checkout)
     block = prohibit_block(a.checkout)
     worst, out = 0.0, []
     for f in a.federations:
         fed = Federation.build(f, a.clients, a.rounds)
-        ours = Tally(np.zeros(a.clients))
+        ours = Tally(np.zeros(a.clients), a.prohibit_reselect)
         for s in range(1, a.seeds + 1):
-            ours.merge(run_fedsel(fed, s, a.per_round, check=s == 1))
+            ours.merge(run_fedsel(fed, s, a.per_round, a.prohibit_reselect, check=s == 1))
         online = fed.on[:-1].sum(1)
         base = np.mean([len(fed.leaving(t)) / max(1, len(fed.online(t))) for t in range(a.rounds)])
-        print(f"federation {f} ({fed.name}): {online.mean():.1f} online a round ({online.min()}-{online.max()}), "
+        print(f"federation {f} ({fed.name}), prohibit_reselect {a.prohibit_reselect}: {online.mean():.1f} online a round ({online.min()}-{online.max()}), "
               f"{base:.1%} of them leaving; fedsel: leaving {ours.leaving / ours.picks:.1%} of picks, recent "
               f"{ours.recent / ours.picks:.2%}, short rounds {ours.short / a.seeds:.1f} per run")
         cases = [("with fedsel's departures", DEPARTURES)]
         cases += [(f"as is for {NAMED[d]}", DEPARTURES - {d}) for d in sorted(DEPARTURES)]
         cases += [("as is", frozenset())]
         for label, given in cases:
-            r = compare(cm_module, block, fed, a.seeds, a.per_round, a.avail_probability, given, ours)
+            r = compare(cm_module, block, fed, a.seeds, a.per_round, a.avail_probability, given, ours, a.prohibit_reselect)
             ref = r["ref"]
             ratio = r["tv_fedsel"] / r["tv_reference"]
             if given == DEPARTURES:
@@ -432,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"authors {ref.leaving / ref.picks:.1%}; authors recent {ref.recent / ref.picks:.2%}, short rounds "
                   f"{ref.short / a.seeds:.1f} per run, picks a round {ref.picks / a.seeds / a.rounds:.2f}"
                   + (f", replacement hangs {ref.hangs}" if ref.hangs else ""))
-            out.append({"federation": f, "name": fed.name, "case": label, "departures": sorted(given),
+            out.append({"federation": f, "name": fed.name, "prohibit_reselect": a.prohibit_reselect, "case": label, "departures": sorted(given),
                         "tv_fedsel": r["tv_fedsel"], "tv_reference": r["tv_reference"], "ratio": ratio,
                         "leaving_fedsel": ours.leaving / ours.picks, "leaving_authors": ref.leaving / ref.picks,
                         "recent_authors": ref.recent / ref.picks, "short_authors": ref.short / a.seeds,

@@ -16,33 +16,25 @@ the module's `np.random.choice` returns its (unchanged) draw as an array whose o
 int() works as under NumPy 1.x.
 
 fedsel's side is `fedsel.Selector("tifl", sizes=, per_round=K, rounds=R, seed=s,
-durations=)`. **What the Python API lacks.** `Selector` refuses every option for `tifl`
-("strategy `tifl` takes no options": `options_table` in crates/fedsel-py/src/selector.rs has
-no `"tifl"` entry), so neither `protocol = "code"` nor `T`, `I`, `C` can be set: the
-selector runs `protocol = "paper"` with T = 5, I = 10, C = 0 (FLGo's defaults, which this
-driver keeps). The driver makes `paper` take `code`'s path through its checkpoint state
-(`state()` / `load_state()`), in three places, without touching fedsel's code:
-- *latency*: before round 0 each client is loaded as timed once at its registered round
-  trip (`timed = 1`, `timed_sum = durations`), so `paper`'s profiling is already done and
-  the tiers are built at round 0 from exactly the latencies `code` reads;
-- *when the probabilities change*: before each round r ≥ I with r mod I = 0 the last drawn
-  tier is cleared (`current = None`), so `paper`'s "did not improve" test finds no earlier
-  value and the probabilities change at every evaluation, as under `code`; `paper`'s extra
-  evaluation at round 0 only records (its first), and is overwritten at round I;
-- *a tier's accuracy*: every client has the same size (100), so `paper`'s size-weighted
-  mean of a tier's losses is `code`'s plain mean (TiFL uses the sizes for nothing else; FLGo
-  not at all).
-What cannot be reached: `paper` draws a tier's clients without replacement
-(min(K, pool) distinct), `code` with replacement, deduplicated, as FLGo does (`TiFL.py:66`).
-Within a tier both are uniform, so the per-client selection frequencies agree in law when the
-tiers (or their available pools) have equal sizes; the distinct picks per round differ and
-are printed. The credit skew C > 0 cannot be compared (C = 0 gives R/T credits each, exact).
+durations=, protocol="code", T=5, I=10, C=--C)`, FLGo's defaults T, I (`TiFL.py:16`) and the
+credit skew `--C` (0, FLGo's default). `code` is the protocol that follows FLGo: the tiers
+are built before round 0 from the round trips given as `durations` (FLGo's `c._latency`),
+the probabilities change at every evaluation (rounds r ≥ I with r mod I = 0), a tier's
+accuracy is the plain mean of its clients' values (the sizes, all 100, are used for
+nothing), and a tier's clients are min(K, |tier|) uniform draws with replacement among its
+available ones, deduplicated (tifl.rs `select`), as FLGo draws (`TiFL.py:66`) and trains
+(`fedbase.py:379`): the distinct picks per round are compared like for like, by the
+distribution of their count. FLGo's `init_algo_para` casts an option to its default's type
+(`fedbase.py:703`: C's default is the int 0, so any C < 1 given through `algo_para` becomes
+0); the harness sets the server's `C` after `initialize()` instead. Under C > 0 the credits
+are drawn (a Dirichlet) by each side's own generator, so the lockstep is not run and the
+credits are compared by their mean per tier.
 
 The feedback: client k's accuracy is a0_k + (0.95 − a0_k)(1 − 0.97^m), a0_k ~ U(0.1, 0.6)
 fixed per federation and m the number of rounds in which some client of k's latency group
 (the T groups np.array_split makes of the clients sorted by latency) trained (`--feedback
 tier`, the default), or k's own participations (`--feedback client`, where the
-within-tier draw above changes the feedback too). fedsel's query answers `losses(clients)`
+within-tier draw changes the feedback too). fedsel's query answers `losses(clients)`
 with 1 − accuracy (its tiers rank by held-out loss descending for FLGo's accuracy
 ascending; the tier mean of 1 − a is 1 − the tier mean of a).
 
@@ -59,29 +51,34 @@ what fedsel got wrong:
   view of the eligible tiers (their probabilities renormalised, their clients the available
   ones; FLGo's redraw-until-credit loop is the same law) and by its module's `np.array`
   masking the unavailable clients' accuracies (NaN) so that `TiFL.py:56` averages the rest.
-  (FLGo then draws min(K, pool) times, fedsel min(K, |tier|): equal while pools hold ≥ K.)
+  (FLGo then draws min(K, pool) times, fedsel min(K, |tier|), as FLGo as it is does: equal
+  while the pools hold ≥ K; the lockstep counts the rounds where they do not.)
 The figures against FLGo as it is are printed too (`as is`, and as is for each departure
 alone; "split" as is refuses N not divisible by T, which is printed as such).
 
 Compared, on each federation (N clients with log-normal round trips, median 50 s, σ 0.8;
 each client available with probability q each round, the same draw for both):
-  - lockstep, every seed: FLGo (given the departures) is handed fedsel's draws as the
-    results of its `np.random.choice` (the tier, after checking FLGo still has credit for
-    it; the clients, after checking FLGo asked for that many of that tier's pool); then the
+  - lockstep, every seed (C = 0 only): FLGo (given the departures) is handed fedsel's draws
+    as the results of its `np.random.choice` (the tier, after checking FLGo still has credit
+    for it; the clients, fedsel's distinct picks repeated up to the number of draws FLGo asks
+    for, after checking they are in that tier's pool and no more than that number); then the
     tiers (clients, exactly; mean latencies to 1e-12), the credits after every round and the
     tier probabilities every round must be equal;
   - free running, over S seeds × R rounds: the total-variation distance (TV) between
     fedsel's (seeds 1..S) and FLGo's (1..S) per-client selection counts, against FLGo's own
     (S+1..2S against 1..S); the same for the tier schedule (how often each tier was drawn in
     each interval of I rounds: with C = 0 every tier is drawn exactly R/T times, so only the
-    order, which the probabilities set, can differ); each tier's share of the picks, and the
-    distinct picks per round.
-Exits 1 when either TV of fedsel exceeds `--ratio` × FLGo's own on any federation (FLGo
-given the departures), or when a lockstep comparison differs. (How sensitive: FLGo against
+    order, which the probabilities set, can differ); the same for the number of distinct
+    picks per round (its histogram over 0..K: printed, not judged, its floor is small and
+    noisy); the mean distinct picks per round, in standard errors apart; each tier's share of
+    the picks, and under C > 0 each tier's mean credits.
+Exits 1 when the clients' or the schedule's TV of fedsel exceeds `--ratio` × FLGo's own, or
+the mean distinct picks per round differ by more than `--z` (4) standard errors, on any
+federation (FLGo given the departures), or when a lockstep comparison differs. (How sensitive: FLGo against
 itself with its ranking reversed gives a schedule ratio of 1.8, with its probabilities left
 uniform 1.2, which only the lockstep catches.)
 
-    python scripts/reference/tifl_flgo.py [--seeds 30] [--rounds 200] [--clients 150 153] [--availability 1.0 0.8] [--feedback tier|client]
+    python scripts/reference/tifl_flgo.py [--seeds 30] [--rounds 200] [--per-round 10] [--clients 150 153] [--availability 1.0 0.8] [--feedback tier|client] [--C 0] [--ratio 1.5] [--z 4]
 """
 
 from __future__ import annotations
@@ -103,7 +100,7 @@ from stand_ins import import_over
 
 WHEEL = "flgo==0.4.4"
 SOURCE = "flgo/algorithm/TiFL.py"
-T, I, C = 5, 10, 0.0  # FLGo's defaults (TiFL.py:16), fedsel's, the only ones its Python API runs
+T, I = 5, 10  # FLGo's defaults (TiFL.py:16) and fedsel's; C is `--C`
 DEPARTURES = frozenset({"split", "availability"})
 
 
@@ -237,11 +234,12 @@ def harness(module, departures):
     departure in `sample`."""
 
     class Harness(module.Server):
-        def setup(self, fed: Federation, k: int, rounds: int, acc: Accuracy):
+        def setup(self, fed: Federation, k: int, rounds: int, acc: Accuracy, c: float):
             self.clients = [types.SimpleNamespace(_latency=d) for d in fed.durations]
             self.num_rounds, self.clients_per_round = rounds, k
             self.fed, self.acc = fed, acc
             self.initialize()
+            self.C = c  # not through `algo_para`, which would cast it to int (fedbase.py:703)
             self.trained_now: list[int] = []
             return self
 
@@ -299,24 +297,18 @@ class Losses:
         return [float(1.0 - v[c]) for c in clients]
 
 
-def run_fedsel(fed: Federation, seed: int, rounds: int, k: int, feedback: str):
+def run_fedsel(fed: Federation, seed: int, rounds: int, k: int, feedback: str, c: float):
     """fedsel's picks, and per round the drawn tier, the tier probabilities and credits."""
     import fedsel
 
-    n = len(fed.durations)
-    sel = fedsel.Selector("tifl", sizes=fed.sizes, per_round=k, rounds=rounds, seed=seed, durations=fed.durations)
-    st = sel.state()
-    st["selector"]["timed"] = [1] * n
-    st["selector"]["timed_sum"] = list(fed.durations)
-    sel.load_state(st)
+    sel = fedsel.Selector(
+        "tifl", sizes=fed.sizes, per_round=k, rounds=rounds, seed=seed, durations=fed.durations,
+        protocol="code", T=T, I=I, C=c,
+    )
     acc = Accuracy(fed, feedback)
     q = Losses(acc)
     log = []
     for r in range(rounds):
-        if r >= I and r % I == 0:
-            st = sel.state()
-            st["selector"]["current"] = None
-            sel.load_state(st)
         available = [int(c) for c in np.flatnonzero(fed.available[r])]
         picked = [int(c) for c in sel.select(r, available=available, budget=k, query=q)]
         s = sel.state()["selector"]
@@ -327,13 +319,14 @@ def run_fedsel(fed: Federation, seed: int, rounds: int, k: int, feedback: str):
             "prob": [t["prob"] for t in tiers],
             "credit": [t["credit"] for t in tiers],
             "tiers": [(t["clients"], t["latency"]) for t in tiers] if r == 0 else None,
+            "draws": min(k, len(tiers[s["current"]]["clients"])) if picked else 0,
         })
         acc.trained(picked)
         sel.observe(picked)
     return log
 
 
-def run_flgo(module, fed: Federation, seed: int, rounds: int, k: int, feedback: str, departures, fedsel_log=None):
+def run_flgo(module, fed: Federation, seed: int, rounds: int, k: int, feedback: str, c: float, departures, fedsel_log=None):
     """FLGo's picks per round, free running (seeded) or handed fedsel's draws (`fedsel_log`);
     in lockstep also the mismatches."""
     np.random.seed(seed)
@@ -347,15 +340,18 @@ def run_flgo(module, fed: Federation, seed: int, rounds: int, k: int, feedback: 
                 raise Mismatch(f"round {script_state['round']}: FLGo draws among tiers {list(a)}, fedsel drew {entry['tier']}")
             return np.array([entry["tier"]])
         if script_state["calls"] == 2:
-            if size != len(entry["picked"]) or not set(entry["picked"]) <= set(int(c) for c in a):
-                raise Mismatch(f"round {script_state['round']}: FLGo asks {size} of its pool, fedsel picked {entry['picked']}")
-            return np.array(entry["picked"])
+            picked = entry["picked"]
+            if size < len(picked) or not set(picked) <= set(int(x) for x in a):
+                raise Mismatch(f"round {script_state['round']}: FLGo draws {size} of its pool, fedsel picked {picked}")
+            mism["count"] += size != entry["draws"]
+            # fedsel's distinct picks, as `size` draws with replacement.
+            return np.array(picked + picked[:1] * (size - len(picked)))
         raise Mismatch(f"round {script_state['round']}: FLGo redraws a tier (no credit left for fedsel's)")
 
     module.np = numpy_for(departures, script if fedsel_log is not None else None)
     acc = Accuracy(fed, feedback)
-    server = harness(module, departures)().setup(fed, k, rounds, acc)
-    out, drawn, mism = [], [], {"tiers": 0, "credit": 0, "prob": 0, "draw": 0, "max_prob_diff": 0.0}
+    server = harness(module, departures)().setup(fed, k, rounds, acc, c)
+    out, drawn, mism = [], [], {"tiers": 0, "credit": 0, "prob": 0, "draw": 0, "count": 0, "max_prob_diff": 0.0}
     for r in range(rounds):
         server.current_round = r + 1
         script_state.update(round=r, calls=0)
@@ -372,7 +368,7 @@ def run_flgo(module, fed: Federation, seed: int, rounds: int, k: int, feedback: 
             server.iterate()
         except Mismatch:
             mism["draw"] += 1
-            return out, drawn, mism
+            return out, drawn, mism, None
         out.append(server.trained_now)
         drawn.append(int(server.current_tier) if server.trained_now or server.selected_clients else None)
         if fedsel_log is not None:
@@ -388,7 +384,7 @@ def run_flgo(module, fed: Federation, seed: int, rounds: int, k: int, feedback: 
             probs = [tiers[t]["prob"] for t in tiers]
             mism["prob"] += probs != e["prob"]
             mism["max_prob_diff"] = max(mism["max_prob_diff"], max(abs(a - b) for a, b in zip(probs, e["prob"])))
-    return out, drawn, mism
+    return out, drawn, mism, credits_at_start(server.tiers, drawn)
 
 
 def counts_of(n: int, rounds_picks) -> np.ndarray:
@@ -408,38 +404,73 @@ def schedule(drawn, rounds: int) -> np.ndarray:
     return d.reshape(-1)
 
 
+def credits_at_start(tiers, drawn) -> np.ndarray | None:
+    """Each tier's credits when built: what is left after the run plus its draws."""
+    if not tiers:
+        return None
+    left = np.array([tiers[t]["credit"] for t in sorted(tiers)], dtype=float)
+    return left + np.bincount([t for t in drawn if t is not None], minlength=len(left))
+
+
+def picks_histogram(rounds_picks, k: int) -> np.ndarray:
+    """How many rounds had 0..K distinct picks."""
+    return np.bincount([len(set(p)) for p in rounds_picks], minlength=k + 1)[: k + 1].astype(float)
+
+
+def picks_z(a: np.ndarray, b: np.ndarray) -> float:
+    """How many standard errors apart the mean distinct picks per round of two histograms are."""
+    d = np.arange(len(a))
+    mean = [(h * d).sum() / h.sum() for h in (a, b)]
+    var = [(h * (d - m) ** 2).sum() / (h.sum() - 1) / h.sum() for h, m in zip((a, b), mean)]
+    se = math.sqrt(sum(var))
+    return abs(mean[0] - mean[1]) / se if se > 0 else (0.0 if mean[0] == mean[1] else math.inf)
+
+
 def tier_shares(fed: Federation, counts: np.ndarray) -> list[float]:
     return [float(counts[fed.group == g].sum() / counts.sum()) for g in range(T)]
 
 
-def compare(module, fed: Federation, seeds: int, rounds: int, k: int, feedback: str, departures, lockstep: bool):
+def compare(module, fed: Federation, seeds: int, rounds: int, k: int, feedback: str, c: float, departures, lockstep: bool):
     n = len(fed.durations)
     ours, ref, other = np.zeros(n), np.zeros(n), np.zeros(n)
     sched = [np.zeros(math.ceil(rounds / I) * T) for _ in range(3)]
+    hist = [np.zeros(k + 1) for _ in range(3)]
+    credits = [np.zeros(T) for _ in range(2)]
     picks_ours = picks_ref = 0
-    mism = {"tiers": 0, "credit": 0, "prob": 0, "draw": 0, "max_prob_diff": 0.0}
+    mism = {"tiers": 0, "credit": 0, "prob": 0, "draw": 0, "count": 0, "max_prob_diff": 0.0}
     for s in range(1, seeds + 1):
-        log = run_fedsel(fed, s, rounds, k, feedback)
+        log = run_fedsel(fed, s, rounds, k, feedback, c)
         ours += counts_of(n, [e["picked"] for e in log])
         sched[0] += schedule([e["tier"] for e in log], rounds)
+        hist[0] += picks_histogram([e["picked"] for e in log], k)
         picks_ours += sum(len(e["picked"]) for e in log)
+        drawn = np.bincount([e["tier"] for e in log if e["tier"] is not None], minlength=T)
+        credits[0] += np.array(log[-1]["credit"], dtype=float) + drawn
         if lockstep:
-            _, _, m = run_flgo(module, fed, s, rounds, k, feedback, departures, log)
-            for key in ("tiers", "credit", "prob", "draw"):
+            _, _, m, _ = run_flgo(module, fed, s, rounds, k, feedback, c, departures, log)
+            for key in ("tiers", "credit", "prob", "draw", "count"):
                 mism[key] += m[key]
             mism["max_prob_diff"] = max(mism["max_prob_diff"], m["max_prob_diff"])
-        a, d, _ = run_flgo(module, fed, s, rounds, k, feedback, departures)
+        a, d, _, cr = run_flgo(module, fed, s, rounds, k, feedback, c, departures)
         ref += counts_of(n, a)
         sched[1] += schedule(d, rounds)
+        hist[1] += picks_histogram(a, k)
         picks_ref += sum(len(p) for p in a)
-        a, d, _ = run_flgo(module, fed, seeds + s, rounds, k, feedback, departures)
+        credits[1] += cr
+        a, d, _, _ = run_flgo(module, fed, seeds + s, rounds, k, feedback, c, departures)
         other += counts_of(n, a)
         sched[2] += schedule(d, rounds)
+        hist[2] += picks_histogram(a, k)
     return {
         "tv_fedsel": tv(ours, ref),
         "tv_reference": tv(other, ref),
         "tv_sched_fedsel": tv(sched[0], sched[1]),
         "tv_sched_reference": tv(sched[2], sched[1]),
+        "tv_picks_fedsel": tv(hist[0], hist[1]),
+        "tv_picks_reference": tv(hist[2], hist[1]),
+        "z_picks": picks_z(hist[0], hist[1]),
+        "credits_fedsel": (credits[0] / seeds).tolist(),
+        "credits_flgo": (credits[1] / seeds).tolist(),
         "shares_fedsel": tier_shares(fed, ours),
         "shares_flgo": tier_shares(fed, ref),
         "per_round_fedsel": picks_ours / (seeds * rounds),
@@ -456,8 +487,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, nargs="+", default=[150, 153])
     p.add_argument("--availability", type=float, nargs="+", default=[1.0, 0.8], help="per-round availability q of each federation")
     p.add_argument("--feedback", choices=["tier", "client"], default="tier")
+    p.add_argument("--C", type=float, default=0.0, help="credit skew C in [0, 1), both sides (FLGo's default 0)")
     p.add_argument("--ratio", type=float, default=1.5)
+    p.add_argument("--z", type=float, default=4.0, help="standard errors the mean distinct picks per round may differ by")
     a = p.parse_args(argv)
+    if not 0.0 <= a.C < 1.0:
+        p.error("--C must be in [0, 1)")
     if len(a.availability) == 1:
         a.availability *= len(a.clients)
     if len(a.availability) != len(a.clients):
@@ -476,31 +511,41 @@ def main(argv: list[str] | None = None) -> int:
             cases += [(f"as is for {d}", DEPARTURES - {d}) for d in sorted(relevant)]
             if len(relevant) > 1:
                 cases += [("as is", frozenset())]
-            head = f"N={n}, q={q:g}, K={a.per_round}, T={T}, I={I}, R={a.rounds}, S={a.seeds}, feedback {a.feedback}"
+            head = f"N={n}, q={q:g}, K={a.per_round}, T={T}, I={I}, C={a.C:g}, R={a.rounds}, S={a.seeds}, feedback {a.feedback}"
             for label, given in cases:
                 try:
-                    r = compare(module, fed, a.seeds, a.rounds, a.per_round, a.feedback, given, lockstep=given == DEPARTURES)
+                    r = compare(module, fed, a.seeds, a.rounds, a.per_round, a.feedback, a.C, given,
+                                lockstep=given == DEPARTURES and a.C == 0)
                 except ValueError as e:
                     print(f"{head}; FLGo {label}: refused ({e})")
                     continue
                 ratio = r["tv_fedsel"] / r["tv_reference"]
                 ratio_s = r["tv_sched_fedsel"] / r["tv_sched_reference"]
+                ratio_p = r["tv_picks_fedsel"] / r["tv_picks_reference"]
                 line = (
                     f"{head}; FLGo {label}: clients TV(fedsel, FLGo) {r['tv_fedsel']:.3f}, FLGo seed to seed "
                     f"{r['tv_reference']:.3f} (ratio {ratio:.2f}); tiers by interval TV {r['tv_sched_fedsel']:.3f}, "
                     f"FLGo {r['tv_sched_reference']:.3f} (ratio {ratio_s:.2f}); tier shares fastest first fedsel "
                     f"{' '.join(f'{x:.3f}' for x in r['shares_fedsel'])}, FLGo "
                     f"{' '.join(f'{x:.3f}' for x in r['shares_flgo'])}; distinct picks per round fedsel "
-                    f"{r['per_round_fedsel']:.2f}, FLGo {r['per_round_flgo']:.2f}"
+                    f"{r['per_round_fedsel']:.2f}, FLGo {r['per_round_flgo']:.2f} ({r['z_picks']:.1f} s.e.), their histogram TV "
+                    f"{r['tv_picks_fedsel']:.3f}, FLGo {r['tv_picks_reference']:.3f} (ratio {ratio_p:.2f})"
                 )
+                if a.C > 0:
+                    line += (
+                        f"; mean credits fastest first fedsel {' '.join(f'{x:.1f}' for x in r['credits_fedsel'])}, "
+                        f"FLGo {' '.join(f'{x:.1f}' for x in r['credits_flgo'])}"
+                    )
                 if given == DEPARTURES:
                     m = r["mismatch"]
-                    line += (
-                        f"; lockstep over {a.seeds} seeds: tiers differ {m['tiers']}, credits differ "
-                        f"{m['credit']} rounds, probabilities differ {m['prob']} rounds (max {m['max_prob_diff']:.1e}), "
-                        f"draws FLGo could not make {m['draw']}"
-                    )
-                    failed |= max(ratio, ratio_s) > a.ratio or any(m[x] for x in ("tiers", "credit", "prob", "draw"))
+                    if a.C == 0:
+                        line += (
+                            f"; lockstep over {a.seeds} seeds: tiers differ {m['tiers']}, credits differ "
+                            f"{m['credit']} rounds, probabilities differ {m['prob']} rounds (max {m['max_prob_diff']:.1e}), "
+                            f"draws FLGo could not make {m['draw']}, rounds with a pool under K {m['count']}"
+                        )
+                    failed |= max(ratio, ratio_s) > a.ratio or r["z_picks"] > a.z
+                    failed |= any(m[x] for x in ("tiers", "credit", "prob", "draw"))
                 print(line, flush=True)
     return 1 if failed else 0
 
