@@ -113,6 +113,9 @@ fn oracle_rows<'py, T: FromPyObjectOwned<'py>>(
     Ok(rows)
 }
 
+/// One selected entry's order as Python sees it: its work multiplier and dropout fraction.
+type Order = (f64, Option<f64>);
+
 /// Strategies that rank clients by their devices (they refuse to select without
 /// [`DeviceReport`]s).
 fn needs_devices(strategy: &str) -> bool {
@@ -542,7 +545,7 @@ impl PySelector {
     /// mini-batch steps, E its steps of the run's own work, and leaves the fraction
     /// `dropout` of its update out of its upload (`None`: it uploads it whole).
     #[getter]
-    fn orders(&self) -> PyResult<Option<Vec<(f64, Option<f64>)>>> {
+    fn orders(&self) -> PyResult<Option<Vec<Order>>> {
         Ok(self.lock()?.orders.as_ref().map(|o| {
             o.iter()
                 .map(|c| (c.work, c.dropout.map(|d| d.rate())))
