@@ -1,7 +1,7 @@
 """Type stubs of the Rust extension; `fedsel/__init__.py` wraps the functions."""
 
 import os
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 VERSION: str
 
@@ -104,6 +104,10 @@ class Selector:
     (`[selection.<strategy>]`), e.g. `d=10` for powd, or a Python class's arguments. `classes` is the output layer's width (HiCS-FL). The oracle arguments are only
     for strategies defined with oracle knowledge. `durations`: each client's round trip in
     seconds as its device reports it at registration (Oort's `code` protocol reads it).
+    `devices`: one dict per client of what its device reports at registration
+    (`download_s`, `compute_s`, `upload_s` in seconds, `steps` of the run's own work,
+    `epoch_steps` a pass over its data, `batch`), needed by strategies that rank devices
+    (PyramidFL), which then give `orders`.
     """
 
     def __init__(
@@ -118,6 +122,7 @@ class Selector:
         oracle_features: Sequence[Sequence[float]] | None = None,
         oracle_label_histograms: Sequence[Sequence[int]] | None = None,
         durations: Sequence[float] | None = None,
+        devices: Sequence[Mapping[str, float | int]] | None = None,
         **options: Any,
     ) -> None: ...
     @property
@@ -133,6 +138,12 @@ class Selector:
     @property
     def weights(self) -> list[float] | None:
         """The last selection's aggregation weights when the rule is "selector" (F3AST)."""
+    @property
+    def orders(self) -> list[tuple[float, float | None]] | None:
+        """The last selection's orders, one (work, dropout) per selected entry, when the
+        strategy gives them (PyramidFL): the entry trains floor(steps * work) mini-batch
+        steps and leaves the fraction `dropout` of its update out of its upload (None: the
+        whole update)."""
     def select(
         self, round: int, available: Sequence[int], budget: int, query: Query | object
     ) -> list[int]:

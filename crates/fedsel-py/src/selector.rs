@@ -19,8 +19,8 @@ use fedsel::error::Error;
 use fedsel::rng::{Purpose, stream};
 use fedsel::select::guard::{self, AvailableOnly};
 use fedsel::select::{
-    self, ClientQuery, Dropped, Feedback, GradientScope, Needs, RoundContext, Selector, Setup,
-    UpdateKind,
+    self, ClientOrder, ClientQuery, DeviceReport, Dropped, Feedback, GradientScope, Needs,
+    RoundContext, Selector, Setup, UpdateKind,
 };
 
 use crate::{FedselError, convert, py_err};
@@ -44,6 +44,7 @@ fn options_table(strategy: &str) -> Option<&'static str> {
         "tifl" => Some("tifl"),
         "refl" => Some("refl"),
         "fedbalancer" => Some("fedbalancer"),
+        "pyramidfl" => Some("pyramidfl"),
         _ => None,
     }
 }
@@ -115,6 +116,82 @@ fn oracle_rows<'py, T: FromPyObjectOwned<'py>>(
     Ok(rows)
 }
 
+/// One selected entry's order as Python sees it: its work multiplier and dropout fraction.
+type Order = (f64, Option<f64>);
+
+/// Strategies that rank clients by their devices (they refuse to select without
+/// [`DeviceReport`]s).
+fn needs_devices(strategy: &str) -> bool {
+    strategy == "pyramidfl"
+}
+
+/// One [`DeviceReport`] per client from `devices`, a list of dicts with the keys
+/// `download_s`, `compute_s`, `upload_s` (seconds) and `steps`, `epoch_steps`, `batch`.
+fn device_reports(value: &Bound<'_, PyAny>, clients: usize) -> PyResult<Vec<DeviceReport>> {
+    let rows: Vec<Bound<'_, PyDict>> = arg("devices", value)?;
+    if rows.len() != clients {
+        return Err(py_err(format!(
+            "`devices` has {} entries for {clients} clients: give one dict per client",
+            rows.len()
+        )));
+    }
+    const KEYS: [&str; 6] = [
+        "download_s",
+        "compute_s",
+        "upload_s",
+        "steps",
+        "epoch_steps",
+        "batch",
+    ];
+    rows.iter()
+        .enumerate()
+        .map(|(i, row)| {
+            for key in row.keys() {
+                let key: String = key.extract()?;
+                if !KEYS.contains(&key.as_str()) {
+                    return Err(py_err(format!(
+                        "`devices[{i}]` has the key `{key}`; a device has {}",
+                        KEYS.join(", ")
+                    )));
+                }
+            }
+            let get = |key: &str| {
+                row.get_item(key)?
+                    .ok_or_else(|| py_err(format!("`devices[{i}]` has no `{key}`")))
+            };
+            let seconds = |key: &str| -> PyResult<f64> {
+                let v: f64 = arg(&format!("devices[{i}][\"{key}\"]"), &get(key)?)?;
+                if v.is_finite() && v >= 0.0 {
+                    Ok(v)
+                } else {
+                    Err(py_err(format!(
+                        "`devices[{i}][\"{key}\"]` is {v}: a time is finite and non-negative, in seconds"
+                    )))
+                }
+            };
+            let steps = |key: &str| -> PyResult<usize> {
+                let name = format!("devices[{i}][\"{key}\"]");
+                count(&name, arg(&name, &get(key)?)?)
+            };
+            let report = DeviceReport {
+                download_s: seconds("download_s")?,
+                compute_s: seconds("compute_s")?,
+                upload_s: seconds("upload_s")?,
+                steps: steps("steps")?,
+                epoch_steps: steps("epoch_steps")?,
+                batch: steps("batch")?,
+            };
+            if report.steps == 0 || report.batch == 0 {
+                return Err(py_err(format!(
+                    "`devices[{i}]` has steps = {} and batch = {}: both must be at least 1",
+                    report.steps, report.batch
+                )));
+            }
+            Ok(report)
+        })
+        .collect()
+}
+
 /// What the selector learned and what the caller must report back; behind a mutex because
 /// Python may share the object between threads, while a selector is `Send` only.
 struct State {
@@ -129,6 +206,8 @@ struct State {
     observed: Option<usize>,
     /// The last selection's aggregation weights, when the strategy gives its own (F3AST).
     weights: Option<Vec<f64>>,
+    /// The last selection's orders, when the strategy gives them (PyramidFL).
+    orders: Option<Vec<ClientOrder>>,
     /// The last selection, which `observe` may report on in part, never beyond.
     last_selection: Vec<usize>,
     /// The update length of every report so far, fixed by the first one.
@@ -146,7 +225,10 @@ struct State {
 /// d=10)`, or a Python class's constructor arguments. `classes` is the output layer's width, needed by
 /// strategies that read output-layer updates (HiCS-FL). `oracle_features` and
 /// `oracle_label_histograms` are only for strategies defined with oracle knowledge (FedGS's
-/// oracle graph).
+/// oracle graph). `devices`, one dict per client (`download_s`, `compute_s`, `upload_s`,
+/// `steps`, `epoch_steps`, `batch`: fedsel's `DeviceReport`), is what each client reports of
+/// its device at registration, for the strategies that rank devices (PyramidFL); its
+/// `orders` then say what each selected client is to do.
 #[pyclass(name = "Selector", module = "fedsel")]
 pub struct PySelector {
     state: Mutex<State>,
@@ -205,7 +287,7 @@ impl PySelector {
 #[pymethods]
 impl PySelector {
     #[new]
-    #[pyo3(signature = (strategy, *, sizes, per_round, rounds, seed=None, classes=None, oracle_features=None, oracle_label_histograms=None, durations=None, **options))]
+    #[pyo3(signature = (strategy, *, sizes, per_round, rounds, seed=None, classes=None, oracle_features=None, oracle_label_histograms=None, durations=None, devices=None, **options))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         strategy: &Bound<'_, PyAny>,
@@ -217,6 +299,7 @@ impl PySelector {
         oracle_features: Option<&Bound<'_, PyAny>>,
         oracle_label_histograms: Option<&Bound<'_, PyAny>>,
         durations: Option<&Bound<'_, PyAny>>,
+        devices: Option<&Bound<'_, PyAny>>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         // A strategy's name, or a selector object written in Python (docs/your-selector.md).
@@ -277,6 +360,13 @@ impl PySelector {
                 )));
             }
         }
+        let devices = devices.map(|d| device_reports(d, n)).transpose()?;
+        if devices.is_none() && needs_devices(strategy) {
+            return Err(py_err(format!(
+                "strategy `{strategy}` ranks clients by their devices: give `devices`, one dict \
+                 per client with download_s, compute_s, upload_s, steps, epoch_steps and batch"
+            )));
+        }
         let mut selection = toml::Table::new();
         selection.insert("strategy".into(), strategy.into());
         selection.insert("clients_per_round".into(), (per_round as i64).into());
@@ -312,6 +402,13 @@ impl PySelector {
             train.insert("persistent_state".into(), true.into());
             train.insert("momentum".into(), 0.9.into());
             root.insert("train".into(), train.into());
+        }
+        // The config checks that a strategy that ranks devices runs with a clock; here the
+        // caller's `devices` are the clock's reports, so the check is given one.
+        if needs_devices(strategy) {
+            let mut system = toml::Table::new();
+            system.insert("kind".into(), "lognormal".into());
+            root.insert("system".into(), system.into());
         }
         root.insert("rounds".into(), (rounds as i64).into());
         root.insert("selection".into(), selection.into());
@@ -388,6 +485,9 @@ impl PySelector {
         let name = inner.name();
         no_panic(name, "setup", || {
             inner.setup(&setup);
+            if let Some(d) = &devices {
+                inner.register_devices(d);
+            }
             Ok(())
         })?;
         Ok(Self {
@@ -399,6 +499,7 @@ impl PySelector {
                 last_round: None,
                 observed: None,
                 weights: None,
+                orders: None,
                 last_selection: Vec::new(),
                 update_len: None,
                 rejected: 0,
@@ -440,6 +541,19 @@ impl PySelector {
     #[getter]
     fn weights(&self) -> PyResult<Option<Vec<f64>>> {
         Ok(self.lock()?.weights.clone())
+    }
+
+    /// The last selection's orders, one `(work, dropout)` per selected entry, when the
+    /// strategy gives them (PyramidFL); otherwise `None`. The entry trains ⌊E·`work`⌋
+    /// mini-batch steps, E its steps of the run's own work, and leaves the fraction
+    /// `dropout` of its update out of its upload (`None`: it uploads it whole).
+    #[getter]
+    fn orders(&self) -> PyResult<Option<Vec<Order>>> {
+        Ok(self.lock()?.orders.as_ref().map(|o| {
+            o.iter()
+                .map(|c| (c.work, c.dropout.map(|d| d.rate())))
+                .collect()
+        }))
     }
 
     /// Chooses the clients of `round` among `available`, at most `budget` of them.
@@ -502,11 +616,12 @@ impl PySelector {
                 ))
             })
         })?;
-        let selection = match (result, q.error) {
+        let planned = match (result, q.error) {
             (Err(_), Some(e)) => return Err(e),
             (Err(e), None) => return Err(py_err(e)),
             (Ok(s), _) => s,
         };
+        let selection = planned.selection;
         if let Some(&k) = selection
             .clients
             .iter()
@@ -520,6 +635,7 @@ impl PySelector {
         }
         state.last_round = Some(round);
         state.weights = selection.weights;
+        state.orders = planned.orders;
         state.last_selection.clone_from(&selection.clients);
         Ok(selection.clients)
     }
@@ -807,7 +923,7 @@ fn select_round(
     round: usize,
     available: &[usize],
     budget: usize,
-) -> Result<select::Selection, Error> {
+) -> Result<select::Planned, Error> {
     if !st.initialised {
         let all: Vec<usize> = (0..clients).collect();
         st.inner.initial_phase(&mut AvailableOnly {
@@ -831,7 +947,7 @@ fn select_round(
         round,
     };
     let mut rng = stream(seed, Purpose::Selection, round as u64, 0);
-    st.inner.select(&ctx, &mut guarded, &mut rng)
+    st.inner.plan(&ctx, &mut guarded, &mut rng)
 }
 
 /// The selector's requests, answered by methods of a Python object.

@@ -1068,6 +1068,25 @@ impl Config {
             "selection.strategy",
             "pyramidfl ranks clients by their devices' round trips: it needs a [system] clock (system.kind)",
         )?;
+        // PyramidFL over-commits inside itself (⌊K·overcommit⌋ picked, the K fastest run);
+        // the engine's over-commitment on top would ask it for ⌈1.3K⌉ and prune twice.
+        check(
+            !(sel.strategy == "pyramidfl"
+                && sel.pyramidfl.overcommit > 1.0
+                && matches!(
+                    self.system.as_ref().map(|s| s.round),
+                    Some(RoundPolicy::Overcommit { .. })
+                )),
+            "system.round.overcommit",
+            format!(
+                "over-commits pyramidfl a second time: it already picks ⌊K·{}⌋ \
+                 (selection.pyramidfl.overcommit) and runs the K of shortest round trip; use \
+                 system.round.policy = \"wait_all\" (PyramidFL's own over-commitment, as its \
+                 code runs), or selection.pyramidfl.overcommit = 1 to over-commit in the engine \
+                 instead",
+                sel.pyramidfl.overcommit
+            ),
+        )?;
         sel.fedbalancer.validate()?;
         self.validate_availability()?;
         if let Some(system) = &self.system {

@@ -211,6 +211,7 @@ fn asynchronous_runs_killed_anywhere_resume_exactly() {
             vec![
                 "selection.strategy=\"pyramidfl\"",
                 "system.round.policy=\"overcommit\"",
+                "selection.pyramidfl.overcommit=1.0",
             ],
             false,
         ),

@@ -246,6 +246,10 @@ fn pyramidfl_runs_under_every_round_policy() {
         let mut set: Vec<&str> = base.to_vec();
         let parts: Vec<&str> = policy.split('\n').collect();
         set.extend(parts);
+        // The engine's over-commitment replaces PyramidFL's own (both are refused).
+        if policy.contains("overcommit") {
+            set.push("selection.pyramidfl.overcommit=1.0");
+        }
         let exp = synthetic(&set);
         let rows = run(&exp);
         set.push("selection.pyramidfl.enable_adapt_local_epoch=false");
@@ -285,6 +289,31 @@ fn pyramidfl_runs_under_every_round_policy() {
         };
         assert_eq!(strip(&rows), strip(&again), "{policy}");
     }
+}
+
+/// PyramidFL under the engine's over-commitment, with its own on too, is a config error
+/// naming the key; with its own off (`overcommit = 1`) it is run.
+#[test]
+fn pyramidfl_is_not_over_committed_twice() {
+    let load = |extra: &[&str]| {
+        let mut set: Vec<String> = [
+            "selection.strategy=\"pyramidfl\"",
+            "system.kind=\"lognormal\"",
+            "system.round.policy=\"overcommit\"",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
+        set.dedup();
+        Config::load(None, &set).and_then(|c| c.validate().map(|_| c))
+    };
+    let e = load(&[]).unwrap_err().to_string();
+    assert!(
+        e.contains("system.round.overcommit") && e.contains("selection.pyramidfl.overcommit"),
+        "{e}"
+    );
+    assert!(load(&["selection.pyramidfl.overcommit=1.0"]).is_ok());
 }
 
 /// PyramidFL without a clock is a config error naming the key.

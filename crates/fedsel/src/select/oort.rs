@@ -333,6 +333,10 @@ struct State {
     exploited: Vec<usize>,
     /// Which clients reported since the last selection.
     reported: Vec<bool>,
+    /// PyramidFL's copy only: a round found no never-tried client, after which its
+    /// `getTopK` keeps ε at 0 (`exploration_min = 0`; its oort/oort.py lines 380-383).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    exhausted: bool,
 }
 
 /// The min-max normalisation and clip value of the feasible utilities (the code's
@@ -367,21 +371,101 @@ impl Norm {
     }
 }
 
+/// Which copy of Oort's training selector [`Oort`] follows under `code`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum OortCopy {
+    /// FedScale's `thirdparty/oort/oort.py`, with fedsel's departures (the module doc):
+    /// the `oort` strategy.
+    #[default]
+    FedScale,
+    /// PyramidFL's own copy (liecn/PyramidFL @ dd1d143, `oort/oort.py`), which PyramidFL's
+    /// `code` protocol runs as its server drives it ([`super::pyramidfl`]). Where it
+    /// differs from FedScale's:
+    /// - the first round is uniform over the available clients (its `clientSampler.py`
+    ///   lines 190-195 shuffle when `count == 1`);
+    /// - exploitation takes min(⌊K(1 − ε)⌋, |explored| − 1) (oort.py line 317) and admits
+    ///   only the clients at or above `cut_off_util` × the next utility, without FedScale's
+    ///   floor of ten times the share (lines 323-329);
+    /// - slots neither exploitation nor exploration fill are drawn uniformly from the
+    ///   feasible clients not yet picked (lines 385-388, `rng.choice` until K are picked);
+    /// - once a round finds no never-tried client, ε stays 0 (lines 380-383);
+    /// - round index t is stamped t + 2, the server's `epoch_count` (its first epoch is a
+    ///   warm-up, param_server.py lines 119-127, and its round of index 0 is epoch 2),
+    ///   while it ranks with R = t (`getTopK`'s count of calls), as FedScale's does.
+    ///
+    /// Its statistical utilities and durations are set by PyramidFL
+    /// ([`Oort::register_trials`]), not by [`Selector::observe`].
+    PyramidFl,
+}
+
 /// The Oort selector.
 #[derive(Debug, Clone)]
 pub struct Oort {
     cfg: OortConfig,
+    copy: OortCopy,
     sizes: Vec<usize>,
     state: State,
+}
+
+/// A client the server registers as tried ([`Oort::register_trials`]): its statistical
+/// utility and the duration it is known by.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Trial {
+    pub(crate) client: usize,
+    pub(crate) reward: f64,
+    pub(crate) duration_s: f64,
 }
 
 impl Oort {
     /// A selector with the given options.
     pub fn new(cfg: OortConfig) -> Self {
+        Self::with_copy(cfg, OortCopy::FedScale)
+    }
+
+    /// A selector of the given options following `copy` of the code.
+    pub(crate) fn with_copy(cfg: OortConfig, copy: OortCopy) -> Self {
         Self {
             cfg,
+            copy,
             sizes: Vec::new(),
             state: State::default(),
+        }
+    }
+
+    /// Sets every client's known duration to its registered round trip (the code's
+    /// `registerDuration` at registration, from the device profile).
+    pub(crate) fn register_durations(&mut self, durations: &[f64]) {
+        for (d, &t) in self.state.duration.iter_mut().zip(durations) {
+            *d = Some(t);
+        }
+    }
+
+    /// Registers each of `trials` as trained in round index `round`, as the code's
+    /// `update_client_util` does: its reward and duration replaced, stamped, counted and
+    /// reported to the pacer.
+    pub(crate) fn register_trials(&mut self, round: usize, trials: &[Trial]) {
+        let stamp = self.stamp(round);
+        let s = &mut self.state;
+        for t in trials {
+            s.reward[t.client] = t.reward;
+            s.duration[t.client] = Some(t.duration_s);
+            s.stamp[t.client] = stamp;
+            s.count[t.client] += 1;
+            s.reported[t.client] = true;
+        }
+    }
+
+    /// Raises client `k`'s known duration to at least `bound` (a censored observation).
+    pub(crate) fn censor(&mut self, k: usize, bound: f64) {
+        let d = &mut self.state.duration[k];
+        *d = Some(d.map_or(bound, |t| t.max(bound)));
+    }
+
+    /// L(i) of a client trained in round index `round` (see [`OortCopy`]).
+    fn stamp(&self, round: usize) -> usize {
+        match self.copy {
+            OortCopy::FedScale => round + 1,
+            OortCopy::PyramidFl => round + 2,
         }
     }
 
@@ -516,6 +600,10 @@ impl Oort {
                 let cut = order[take - 1].1 * (1.0 - self.cfg.cut_off_util);
                 order.iter().take_while(|c| c.1 >= cut).count()
             }
+            Protocol::Code if self.copy == OortCopy::PyramidFl => {
+                let cut = order[take.min(order.len() - 1)].1 * self.cfg.cut_off_util;
+                order.iter().take_while(|c| c.1 >= cut).count()
+            }
             Protocol::Code => {
                 let cut = order[take.min(order.len() - 1)].1 * self.cfg.cut_off_util;
                 let floor = 10 * take;
@@ -546,6 +634,60 @@ impl Oort {
                 let (ids, w): (Vec<usize>, Vec<f64>) = prior.into_iter().unzip();
                 weighted_without_replacement(&ids, &w, take, rng)
             }
+        }
+    }
+}
+
+impl Oort {
+    /// The steps of PyramidFL's `getTopK` after the utilities (see [`OortCopy`]): ε
+    /// decays (to 0 once nobody was left to explore), exploitation takes
+    /// min(⌊K(1 − ε)⌋, |explored| − 1), exploration the never-tried clients it leaves room
+    /// for, and uniform draws from the feasible rest fill what remains, in that order.
+    fn select_pyramidfl(
+        &mut self,
+        budget: usize,
+        feasible: &[usize],
+        scored: &[(usize, f64)],
+        fresh: &[usize],
+        preferred: f64,
+        rng: &mut Rng,
+    ) -> Selection {
+        let floor = if self.state.exhausted {
+            0.0
+        } else {
+            self.cfg.exploration_min
+        };
+        let s = &mut self.state;
+        s.exploration = (s.exploration * self.cfg.exploration_decay).max(floor);
+        let exploit_len = ((budget as f64 * (1.0 - s.exploration)) as usize)
+            .min(budget)
+            .min(scored.len().saturating_sub(1));
+        let exploited = self.exploit(scored, exploit_len, rng);
+        let explored = if fresh.is_empty() {
+            self.state.exhausted = true;
+            self.state.exploration = 0.0;
+            Vec::new()
+        } else {
+            let take = fresh.len().min(budget - exploited.len());
+            self.explore(fresh, take, preferred, rng)
+        };
+        self.state.exploited.clone_from(&exploited);
+        let mut clients = [exploited, explored].concat();
+        let rest: Vec<usize> = feasible
+            .iter()
+            .copied()
+            .filter(|k| !clients.contains(k))
+            .collect();
+        let fill = budget.saturating_sub(clients.len());
+        clients.extend(weighted_without_replacement(
+            &rest,
+            &vec![1.0; rest.len()],
+            fill,
+            rng,
+        ));
+        Selection {
+            clients,
+            weights: None,
         }
     }
 }
@@ -585,6 +727,7 @@ impl Selector for Oort {
             exploit_history: Vec::new(),
             exploited: Vec::new(),
             reported: vec![false; n],
+            exhausted: false,
         };
     }
 
@@ -598,7 +741,17 @@ impl Selector for Oort {
             // The code's first round (see `ranked_round`): every available client is
             // never tried, and exploration takes the whole budget.
             let take = ctx.budget.min(ctx.available.len());
-            let clients = self.explore(ctx.available, take, self.preferred_duration(), rng);
+            let clients = match self.copy {
+                OortCopy::FedScale => {
+                    self.explore(ctx.available, take, self.preferred_duration(), rng)
+                }
+                OortCopy::PyramidFl => weighted_without_replacement(
+                    ctx.available,
+                    &vec![1.0; ctx.available.len()],
+                    take,
+                    rng,
+                ),
+            };
             return Ok(Selection {
                 clients,
                 weights: None,
@@ -629,6 +782,11 @@ impl Selector for Oort {
             .copied()
             .filter(|&k| self.state.count[k] == 0)
             .collect();
+        if self.copy == OortCopy::PyramidFl {
+            return Ok(
+                self.select_pyramidfl(ctx.budget, &feasible, &scored, &fresh, preferred, rng)
+            );
+        }
         let s = &mut self.state;
         s.exploration = (s.exploration * self.cfg.exploration_decay).max(self.cfg.exploration_min);
         let budget = ctx.budget;
@@ -658,6 +816,7 @@ impl Selector for Oort {
     /// being explored, and dropped, again. Under `paper` (Alg. 1 updates the clients that
     /// completed) only its duration moves.
     fn observe(&mut self, f: &Feedback<'_>) {
+        let stamp = self.stamp(f.round);
         let s = &mut self.state;
         let mut utilities = 0.0;
         for (i, (&k, &loss)) in f.selected.iter().zip(f.train_losses).enumerate() {
@@ -666,7 +825,7 @@ impl Selector for Oort {
             if let Some(d) = f.durations {
                 s.duration[k] = Some(d[i]);
             }
-            s.stamp[k] = f.round + 1;
+            s.stamp[k] = stamp;
             s.count[k] += 1;
             s.reported[k] = true;
         }
@@ -679,7 +838,7 @@ impl Selector for Oort {
             s.duration[k] = Some(s.duration[k].map_or(bound, |d| d.max(bound)));
             if self.cfg.protocol == Protocol::Code {
                 s.reward[k] = mean;
-                s.stamp[k] = f.round + 1;
+                s.stamp[k] = stamp;
                 s.count[k] += 1;
                 s.reported[k] = true;
             }
@@ -724,6 +883,35 @@ mod tests {
             ..setup(&vec![1.0 / sizes.len() as f64; sizes.len()])
         });
         s
+    }
+
+    /// PyramidFL's copy admits only the clients at or above `cut_off_util` × the utility
+    /// after the share (0.7 × 0.5 = 0.35: clients 0, 1, 2 of 33); FedScale's keeps
+    /// admitting below it to ten times the share (21 here).
+    #[test]
+    fn pyramidfl_s_copy_has_no_ten_fold_admission_floor() {
+        let cfg = OortConfig {
+            cut_off_util: 0.7,
+            ..OortConfig::default()
+        };
+        let mut scored = vec![(0, 1.0), (1, 0.9), (2, 0.5)];
+        scored.extend((3..33).map(|k| (k, 0.1)));
+        let copy = Oort::with_copy(cfg.clone(), OortCopy::PyramidFl);
+        let fedscale = Oort::new(cfg);
+        let (mut ours, mut theirs) = (vec![false; 33], vec![false; 33]);
+        for seed in 0..200 {
+            let mut rng = stream(seed, Purpose::Selection, 0, 0);
+            for k in copy.exploit(&scored, 2, &mut rng) {
+                ours[k] = true;
+            }
+            for k in fedscale.exploit(&scored, 2, &mut rng) {
+                theirs[k] = true;
+            }
+        }
+        assert_eq!(ours.iter().filter(|&&x| x).count(), 3);
+        assert!(ours[..3].iter().all(|&x| x));
+        assert!(theirs.iter().filter(|&&x| x).count() > 3);
+        assert!(!theirs[21..].iter().any(|&x| x));
     }
 
     fn report(s: &mut Oort, round: usize, selected: &[usize], losses: &[f64], durations: &[f64]) {
