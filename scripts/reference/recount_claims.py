@@ -21,7 +21,9 @@ states, following the rule of docs/reproducing.md ("Claims"):
    history) is taken from the page, every outcome is recomputed;
 3. the count table at the top (evidence x variant by outcome, and "all"), and the header's
    "N claims counted of M", from the recomputed counted verdicts (claims not testable and
-   claims the page marks "not counted" are left out).
+   claims the page marks "not counted" are left out, and so is a claim whose counted test
+   reads an arm that `results/sections.toml` marks `not_current` in that section: the page
+   must then say it awaits a rerun).
 
 Run it from the repository root:
 
@@ -127,6 +129,14 @@ def load_rows():
                     raise SystemExit(f"duplicate row {key} {cell} in {path}")
                 arm[cell] = (float(r["value"]), r["censored"] == "true")
     return rows
+
+
+def load_not_current():
+    """Each section's methods whose rows `results/sections.toml` marks not current: a claim
+    reading them is shown awaiting a rerun and counted nowhere."""
+    with open("results/sections.toml", "rb") as f:
+        sections = tomllib.load(f)
+    return {name: set(info.get("not_current", [])) for name, info in sections.items()}
 
 
 def load_claims():
@@ -293,8 +303,11 @@ def parse_page():
         elif mode == "per_claim":
             cid, variant, written, verdict = unticked(c[0]), c[1], c[2], c[3]
             m = re.match(r"\*\*(.+?)\*\*( — not counted: .*)?$", verdict)
+            plain = re.match(r"(.+?) — not counted: (.*)$", verdict)
             if m:
                 label, not_counted = m.group(1), m.group(2) is not None
+            elif plain:
+                label, not_counted = plain.group(1), True
             else:
                 label, not_counted = verdict, verdict != NOT_TESTABLE
             per_claim[cid] = {
@@ -426,6 +439,7 @@ def main():
         raise SystemExit("run from the repository root (docs/results.md not found)")
     rows = load_rows()
     claims = load_claims()
+    not_current = load_not_current()
     header, page_counts, page_claims, page_tests = parse_page()
     mismatches = []
 
@@ -504,8 +518,13 @@ def main():
                 f"claim {cid}: counted verdict ({evidence}, {kind}): page {pc['verdict']!r}, recount {verdict!r}"
             )
             ok = False
+        read = claim.get("confirmatory_section", claim["section"]) if evidence == "fresh" else claim["section"]
+        stale = not_current.get(read, set()) & {claim["a"], claim["b"]}
+        if stale and not pc["not_counted"]:
+            mismatches.append(f"claim {cid}: reads rows marked not current in {read}, yet counted on the page")
+            ok = False
         claims_ok += ok
-        if pc["not_counted"]:
+        if pc["not_counted"] or stale:
             continue
         n_counted += 1
         label = EVIDENCE_LABEL[evidence] + (PAPER_SUFFIX if claim.get("variant") == "paper" else "")
