@@ -388,7 +388,9 @@ pub(crate) enum OortCopy {
     ///   floor of ten times the share (lines 323-329);
     /// - slots neither exploitation nor exploration fill are drawn uniformly from the
     ///   feasible clients not yet picked (lines 385-388, `rng.choice` until K are picked);
-    /// - once a round finds no never-tried client, ε stays 0 (lines 380-383);
+    /// - once a round finds no never-tried client, ε stays 0 (lines 380-383), and the
+    ///   exploitation list the pacer averages next round holds that round's uniform fills
+    ///   too (line 340 keeps the very list lines 385-388 append to);
     /// - round index t is stamped t + 2, the server's `epoch_count` (its first epoch is a
     ///   warm-up, param_server.py lines 119-127, and its round of index 0 is epoch 2),
     ///   while it ranks with R = t (`getTopK`'s count of calls), as FedScale's does.
@@ -671,6 +673,7 @@ impl Oort {
             let take = fresh.len().min(budget - exploited.len());
             self.explore(fresh, take, preferred, rng)
         };
+        let nobody_fresh = fresh.is_empty();
         self.state.exploited.clone_from(&exploited);
         let mut clients = [exploited, explored].concat();
         let rest: Vec<usize> = feasible
@@ -685,6 +688,13 @@ impl Oort {
             fill,
             rng,
         ));
+        if nobody_fresh {
+            // With nobody to explore, the code's exploitation list is the list the uniform
+            // draws extend (oort.py line 340 keeps `pickedClients` itself as
+            // `exploitClients`, lines 385-388 append to it), so the pacer's next record
+            // averages over the fills too.
+            self.state.exploited.clone_from(&clients);
+        }
         Selection {
             clients,
             weights: None,
