@@ -924,6 +924,27 @@ mod tests {
         assert!(!theirs[21..].iter().any(|&x| x));
     }
 
+    /// With nobody left to explore, PyramidFL's copy records the uniform fills as exploited
+    /// too (oort.py line 340 keeps the list lines 385-388 extend), so the pacer's next
+    /// record averages over all K; while someone is fresh, only the exploitation picks.
+    #[test]
+    fn pyramidfl_s_copy_counts_the_fills_as_exploited_once_nobody_is_fresh() {
+        let mut s = oort(OortConfig::default(), &[10; 8]);
+        s.copy = OortCopy::PyramidFl;
+        let feasible: Vec<usize> = (0..8).collect();
+        let scored = [(0, 1.0), (1, 0.9), (2, 0.8)];
+        let mut rng = stream(0, Purpose::Selection, 0, 0);
+        let picked = s.select_pyramidfl(5, &feasible, &scored, &[], f64::INFINITY, &mut rng);
+        assert_eq!(picked.clients.len(), 5);
+        assert_eq!(s.state.exploited, picked.clients);
+        s.state.exhausted = false;
+        s.state.exploration = 0.9;
+        let picked = s.select_pyramidfl(5, &feasible, &scored, &[7], f64::INFINITY, &mut rng);
+        assert_eq!(picked.clients.len(), 5);
+        assert!(s.state.exploited.len() < 5);
+        assert!(!s.state.exploited.contains(&7));
+    }
+
     fn report(s: &mut Oort, round: usize, selected: &[usize], losses: &[f64], durations: &[f64]) {
         s.observe(&Feedback {
             round,
