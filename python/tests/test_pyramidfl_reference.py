@@ -32,7 +32,9 @@ def authors():
 
 
 # Federation 1: 0.010 against the code's own 0.011, the fastest fifth 94.0 % of fedsel's
-# trained picks and 93.9 % of the code's; federation 3: 0.009 against 0.009.
+# trained picks and 93.9 % of the code's; federation 3: 0.009 against 0.009. Federation 2
+# (0.012 against 0.008 at these 20 seeds) is left out: its pacer moves T in about half the
+# seeds, so 20 seeds are too few (over 400, 0.0036 against 0.0029; see pyramidfl.rs).
 @pytest.mark.parametrize("federation", [1, 3])
 def test_selection_frequencies_are_within_the_code_s_own_seed_spread(authors, federation):
     r = ref.compare(authors, federation, n=200, seeds=20, rounds=300, k=20, warmup=False)

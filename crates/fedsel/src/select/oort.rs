@@ -388,7 +388,9 @@ pub(crate) enum OortCopy {
     ///   floor of ten times the share (lines 323-329);
     /// - slots neither exploitation nor exploration fill are drawn uniformly from the
     ///   feasible clients not yet picked (lines 385-388, `rng.choice` until K are picked);
-    /// - once a round finds no never-tried client, ε stays 0 (lines 380-383);
+    /// - once a round finds no never-tried client, ε stays 0 (lines 380-383), and the
+    ///   exploitation list the pacer averages next round holds that round's uniform fills
+    ///   too (line 340 keeps the very list lines 385-388 append to);
     /// - round index t is stamped t + 2, the server's `epoch_count` (its first epoch is a
     ///   warm-up, param_server.py lines 119-127, and its round of index 0 is epoch 2),
     ///   while it ranks with R = t (`getTopK`'s count of calls), as FedScale's does.
@@ -671,6 +673,7 @@ impl Oort {
             let take = fresh.len().min(budget - exploited.len());
             self.explore(fresh, take, preferred, rng)
         };
+        let nobody_fresh = fresh.is_empty();
         self.state.exploited.clone_from(&exploited);
         let mut clients = [exploited, explored].concat();
         let rest: Vec<usize> = feasible
@@ -685,6 +688,13 @@ impl Oort {
             fill,
             rng,
         ));
+        if nobody_fresh {
+            // With nobody to explore, the code's exploitation list is the list the uniform
+            // draws extend (oort.py line 340 keeps `pickedClients` itself as
+            // `exploitClients`, lines 385-388 append to it), so the pacer's next record
+            // averages over the fills too.
+            self.state.exploited.clone_from(&clients);
+        }
         Selection {
             clients,
             weights: None,
@@ -912,6 +922,27 @@ mod tests {
         assert!(ours[..3].iter().all(|&x| x));
         assert!(theirs.iter().filter(|&&x| x).count() > 3);
         assert!(!theirs[21..].iter().any(|&x| x));
+    }
+
+    /// With nobody left to explore, PyramidFL's copy records the uniform fills as exploited
+    /// too (oort.py line 340 keeps the list lines 385-388 extend), so the pacer's next
+    /// record averages over all K; while someone is fresh, only the exploitation picks.
+    #[test]
+    fn pyramidfl_s_copy_counts_the_fills_as_exploited_once_nobody_is_fresh() {
+        let mut s = oort(OortConfig::default(), &[10; 8]);
+        s.copy = OortCopy::PyramidFl;
+        let feasible: Vec<usize> = (0..8).collect();
+        let scored = [(0, 1.0), (1, 0.9), (2, 0.8)];
+        let mut rng = stream(0, Purpose::Selection, 0, 0);
+        let picked = s.select_pyramidfl(5, &feasible, &scored, &[], f64::INFINITY, &mut rng);
+        assert_eq!(picked.clients.len(), 5);
+        assert_eq!(s.state.exploited, picked.clients);
+        s.state.exhausted = false;
+        s.state.exploration = 0.9;
+        let picked = s.select_pyramidfl(5, &feasible, &scored, &[7], f64::INFINITY, &mut rng);
+        assert_eq!(picked.clients.len(), 5);
+        assert!(s.state.exploited.len() < 5);
+        assert!(!s.state.exploited.contains(&7));
     }
 
     fn report(s: &mut Oort, round: usize, selected: &[usize], losses: &[f64], durations: &[f64]) {
