@@ -247,6 +247,8 @@ pub struct DivFl {
     /// The stale refresh's distances between every pair of clients with a gradient,
     /// rebuilt from `state` when absent (after `setup` or `load`).
     cache: Option<Cache>,
+    /// The ideal refresh's distances, rewritten every round in memory kept between rounds.
+    distances: Vec<Vec<f64>>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -330,6 +332,7 @@ impl DivFl {
             cfg,
             state: State::default(),
             cache: None,
+            distances: Vec::new(),
         }
     }
 
@@ -374,7 +377,8 @@ impl Selector for DivFl {
                     fresh = sketch.apply(&fresh);
                 }
                 let g: Vec<&[f32]> = fresh.iter().map(Vec::as_slice).collect();
-                facility_location(&gradient_distances(&g), ctx.budget, subsample, rng)
+                distances::gradient_distances_into(&g, &mut self.distances);
+                facility_location(&self.distances, ctx.budget, subsample, rng)
             }
             DivflRefresh::Stale => {
                 let missing: Vec<usize> = a

@@ -28,6 +28,12 @@ impl PairSums {
     pub(crate) fn get(&self, i: usize, j: usize) -> f64 {
         self.sums[i / PANEL][(j / PANEL - i / PANEL) * BLOCK + i % PANEL * PANEL + j % PANEL]
     }
+
+    /// The sums of row panel `p` against column panel `q`, `p ≤ q`: entry r·PANEL + l that
+    /// of vectors p·PANEL + r and q·PANEL + l (lanes past the last vector unspecified).
+    pub(crate) fn tile(&self, p: usize, q: usize) -> &[f64] {
+        &self.sums[p][(q - p) * BLOCK..(q - p + 1) * BLOCK]
+    }
 }
 
 /// Every pair's sum over the features of `points` (all of one length), starting at −0.0 as

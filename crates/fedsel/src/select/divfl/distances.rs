@@ -59,30 +59,92 @@ pub fn gradient_distances(g: &[&[f32]]) -> Vec<Vec<f64>> {
     distances_with(g, Kernel::detect())
 }
 
+/// [`gradient_distances`] into `out`, reusing its rows' memory: the ideal refresh fills
+/// an N × N matrix every round (800 MB at 10,000 clients), which, allocated afresh, is
+/// faulted in page by page every round.
+pub(super) fn gradient_distances_into(g: &[&[f32]], out: &mut Vec<Vec<f64>>) {
+    distances_into(g, Kernel::detect(), out);
+}
+
 /// [`gradient_distances`] with the given kernel.
 pub(super) fn distances_with(g: &[&[f32]], kernel: Kernel) -> Vec<Vec<f64>> {
+    let mut out = Vec::new();
+    distances_into(g, kernel, &mut out);
+    out
+}
+
+/// [`gradient_distances_into`] with the given kernel.
+fn distances_into(g: &[&[f32]], kernel: Kernel, out: &mut Vec<Vec<f64>>) {
     let n = g.len();
     let dots = pair_sums(g, DEPTH, GROUP, |tile, rows, cols, depth| {
         accumulate(kernel, tile, rows, cols, depth)
     });
-    let sq: Vec<f64> = (0..n).map(|i| dots.get(i, i)).collect();
-    // Row by row, side by side: entry (i, j) is pair (min, max)'s one expression, and
-    // floating-point addition commutes, so both halves hold the same bits.
-    (0..n)
-        .into_par_iter()
-        .map(|i| {
-            (0..n)
-                .map(|j| {
-                    let (a, b) = if i < j { (i, j) } else { (j, i) };
-                    if a == b {
-                        0.0
+    let panels = n.div_ceil(PANEL);
+    // Lanes past the last vector: their entries are never written out.
+    let mut sq: Vec<f64> = (0..n).map(|i| dots.get(i, i)).collect();
+    sq.resize(panels * PANEL, 0.0);
+    let isa = crate::cpu::isa();
+    out.resize_with(n, Vec::new);
+    // A row panel at a time, a tile at a time: entry (i, j) is pair (min, max)'s one
+    // expression (floating-point addition commutes, so both halves hold the same bits),
+    // vectorised over a tile, whose sums are read whole for the rows of its row panel and,
+    // transposed, for those of its column panel; read entry by entry, each of the lower
+    // triangle's was a cache line of its own.
+    out.par_chunks_mut(PANEL).enumerate().for_each(|(q, rows)| {
+        for row in rows.iter_mut() {
+            row.resize(n, 0.0);
+        }
+        let mut roots = [0.0; BLOCK];
+        for p in 0..panels {
+            let (lo, hi) = (p.min(q), p.max(q));
+            tile_distances(
+                isa,
+                &mut roots,
+                dots.tile(lo, hi),
+                &sq[lo * PANEL..],
+                &sq[hi * PANEL..],
+            );
+            let width = PANEL.min(n - p * PANEL);
+            for (r, row) in rows.iter_mut().enumerate() {
+                let row = &mut row[p * PANEL..p * PANEL + width];
+                for (l, d) in row.iter_mut().enumerate() {
+                    *d = if p >= q {
+                        roots[r * PANEL + l]
                     } else {
-                        (sq[a] + sq[b] - 2.0 * dots.get(a, b)).max(0.0).sqrt()
-                    }
-                })
-                .collect()
-        })
-        .collect()
+                        roots[l * PANEL + r]
+                    };
+                }
+                if p == q {
+                    row[r] = 0.0;
+                }
+            }
+        }
+    });
+}
+
+/// `roots[r·PANEL + l]` = √max(0, ‖g_a‖² + ‖g_b‖² − 2 g_a·g_b) for a the row panel's vector
+/// r and b the column panel's vector l, from their tile of dot products and squared norms.
+fn tile_distances(
+    isa: crate::cpu::Isa,
+    roots: &mut [f64],
+    dots: &[f64],
+    sq_a: &[f64],
+    sq_b: &[f64],
+) {
+    crate::cpu::on_isa!(
+        isa,
+        fn fill(roots: &mut [f64], dots: &[f64], sq_a: &[f64], sq_b: &[f64]) {
+            for ((out, dots), &a) in roots
+                .chunks_exact_mut(PANEL)
+                .zip(dots.chunks_exact(PANEL))
+                .zip(sq_a)
+            {
+                for ((d, &dot), &b) in out.iter_mut().zip(dots).zip(&sq_b[..PANEL]) {
+                    *d = (a + b - 2.0 * dot).max(0.0).sqrt();
+                }
+            }
+        }
+    )
 }
 
 /// ‖v‖² as [`gradient_distances`] sums it: the products in parameter order from −0.0.
