@@ -43,6 +43,7 @@ use rand::seq::index::sample;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+pub(crate) use distances::dots_with_all;
 pub use distances::gradient_distances;
 
 use super::{ClientQuery, GradientScope, RoundContext, Selection, Selector, Setup};
@@ -246,6 +247,8 @@ pub struct DivFl {
     /// The stale refresh's distances between every pair of clients with a gradient,
     /// rebuilt from `state` when absent (after `setup` or `load`).
     cache: Option<Cache>,
+    /// The ideal refresh's distances, rewritten every round in memory kept between rounds.
+    distances: Vec<Vec<f64>>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -310,8 +313,10 @@ impl Cache {
         for &k in &changed {
             self.sq[k] = distances::squared_norm(&gradients[k]);
         }
-        for &k in &changed {
-            let row = distances::distances_from(&g, &self.sq, k);
+        for (&k, row) in changed
+            .iter()
+            .zip(distances::distances_from(&g, &self.sq, &changed))
+        {
             for (j, &d) in row.iter().enumerate() {
                 self.dist[j][k] = d;
             }
@@ -327,6 +332,7 @@ impl DivFl {
             cfg,
             state: State::default(),
             cache: None,
+            distances: Vec::new(),
         }
     }
 
@@ -371,7 +377,8 @@ impl Selector for DivFl {
                     fresh = sketch.apply(&fresh);
                 }
                 let g: Vec<&[f32]> = fresh.iter().map(Vec::as_slice).collect();
-                facility_location(&gradient_distances(&g), ctx.budget, subsample, rng)
+                distances::gradient_distances_into(&g, &mut self.distances);
+                facility_location(&self.distances, ctx.budget, subsample, rng)
             }
             DivflRefresh::Stale => {
                 let missing: Vec<usize> = a
@@ -780,7 +787,7 @@ mod tests {
         }
     }
 
-    /// One changed row, computed alone, equals the full matrix's row bit for bit, with
+    /// Changed rows, computed together, equal the full matrix's rows bit for bit, with
     /// clients that have no gradient yet left out.
     #[test]
     fn one_row_equals_the_full_matrix_row() {
@@ -793,8 +800,8 @@ mod tests {
             let sq: Vec<f64> = g.iter().map(|v| distances::squared_norm(v)).collect();
             let kg: Vec<&[f32]> = known.iter().map(|&k| g[k].as_slice()).collect();
             let full = gradient_distances(&kg);
-            for (a, &i) in known.iter().enumerate() {
-                let row = distances::distances_from(&refs, &sq, i);
+            let rows = distances::distances_from(&refs, &sq, &known);
+            for (a, (&i, row)) in known.iter().zip(&rows).enumerate() {
                 for (b, &j) in known.iter().enumerate() {
                     assert_eq!(
                         row[j].to_bits(),

@@ -28,6 +28,12 @@ impl PairSums {
     pub(crate) fn get(&self, i: usize, j: usize) -> f64 {
         self.sums[i / PANEL][(j / PANEL - i / PANEL) * BLOCK + i % PANEL * PANEL + j % PANEL]
     }
+
+    /// The sums of row panel `p` against column panel `q`, `p ≤ q`: entry r·PANEL + l that
+    /// of vectors p·PANEL + r and q·PANEL + l (lanes past the last vector unspecified).
+    pub(crate) fn tile(&self, p: usize, q: usize) -> &[f64] {
+        &self.sums[p][(q - p) * BLOCK..(q - p + 1) * BLOCK]
+    }
 }
 
 /// Every pair's sum over the features of `points` (all of one length), starting at −0.0 as
@@ -85,4 +91,84 @@ pub(crate) fn pair_sums<T: Copy + Into<f64> + Sync>(
         });
     }
     PairSums { sums }
+}
+
+/// Every sum of a row vector with a column vector over their features (all of one length),
+/// as [`pair_sums`] adds them (from −0.0, blocks of at most `depth` features, the same
+/// `tile`): `out[r][j]` for row `r` and column `j`, each the bits of a serial pass. For the
+/// few clients that reported in a round against all N: one pass over the columns, where a
+/// row at a time reads all of them once per row (K passes over N vectors). Groups of
+/// `group` column panels run in parallel, each with its own running sums, so the order of
+/// every sum is fixed whatever the thread count.
+pub(crate) fn cross_sums<T: Copy + Into<f64> + Sync>(
+    rows: &[&[T]],
+    cols: &[&[T]],
+    depth: usize,
+    group: usize,
+    tile: impl Fn(&mut [f64], &[f64], &[f64], usize) + Sync,
+) -> Vec<Vec<f64>> {
+    let dims = rows.first().or(cols.first()).map_or(0, |v| v.len());
+    assert!(
+        rows.iter().chain(cols).all(|v| v.len() == dims),
+        "cross sums over vectors of one length"
+    );
+    let (row_panels, col_panels) = (rows.len().div_ceil(PANEL), cols.len().div_ceil(PANEL));
+    // Lanes past the last vector keep what they hold: their sums are never read.
+    let pack = |vs: &[&[T]], first: usize, start: usize, depth: usize, panel: &mut [f64]| {
+        for l in 0..PANEL {
+            if let Some(v) = vs.get(first + l) {
+                for (t, &x) in v[start..start + depth].iter().enumerate() {
+                    panel[t * PANEL + l] = x.into();
+                }
+            }
+        }
+    };
+    let blocks: Vec<(usize, usize)> = (0..dims)
+        .step_by(depth.max(1))
+        .map(|start| (start, depth.min(dims - start)))
+        .collect();
+    // The rows' panels of every block, packed once.
+    let packed_rows: Vec<Vec<f64>> = blocks
+        .iter()
+        .map(|&(start, depth)| {
+            let mut p = vec![0.0; row_panels * depth * PANEL];
+            for (rp, panel) in p.chunks_mut(depth * PANEL).enumerate() {
+                pack(rows, rp * PANEL, start, depth, panel);
+            }
+            p
+        })
+        .collect();
+    let groups: Vec<Vec<f64>> = (0..col_panels.div_ceil(group))
+        .into_par_iter()
+        .map(|g| {
+            let first = g * group;
+            let width = group.min(col_panels - first);
+            let mut sums = vec![-0.0; row_panels * width * BLOCK];
+            let mut packed = vec![0.0; width * depth * PANEL];
+            for (&(start, depth), rows) in blocks.iter().zip(&packed_rows) {
+                let stride = depth * PANEL;
+                let packed = &mut packed[..width * stride];
+                for (c, panel) in packed.chunks_mut(stride).enumerate() {
+                    pack(cols, (first + c) * PANEL, start, depth, panel);
+                }
+                for (rp, tiles) in sums.chunks_mut(width * BLOCK).enumerate() {
+                    tile(tiles, &rows[rp * stride..(rp + 1) * stride], packed, depth);
+                }
+            }
+            sums
+        })
+        .collect();
+    (0..rows.len())
+        .map(|r| {
+            (0..cols.len())
+                .map(|j| {
+                    let (q, g) = (j / PANEL, j / PANEL / group);
+                    let width = group.min(col_panels - g * group);
+                    groups[g][(r / PANEL * width + q - g * group) * BLOCK
+                        + r % PANEL * PANEL
+                        + j % PANEL]
+                })
+                .collect()
+        })
+        .collect()
 }

@@ -12,14 +12,12 @@
 
 use rayon::prelude::*;
 
-use crate::select::panels::{BLOCK, PANEL, pair_sums};
+use crate::select::panels::{BLOCK, PANEL, cross_sums, pair_sums};
 
 /// Column panels per tile: 8 × 3 accumulator vectors fill 24 of AVX-512's 32 registers.
 const GROUP: usize = 3;
 /// Parameters per block: a block of 1,000 clients' gradients is 1 MB, within L2.
 const DEPTH: usize = 128;
-/// Dot products [`distances_from`] carries side by side.
-const ROW_LANES: usize = 8;
 
 /// The tile kernel a CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,30 +59,92 @@ pub fn gradient_distances(g: &[&[f32]]) -> Vec<Vec<f64>> {
     distances_with(g, Kernel::detect())
 }
 
+/// [`gradient_distances`] into `out`, reusing its rows' memory: the ideal refresh fills
+/// an N × N matrix every round (800 MB at 10,000 clients), which, allocated afresh, is
+/// faulted in page by page every round.
+pub(super) fn gradient_distances_into(g: &[&[f32]], out: &mut Vec<Vec<f64>>) {
+    distances_into(g, Kernel::detect(), out);
+}
+
 /// [`gradient_distances`] with the given kernel.
 pub(super) fn distances_with(g: &[&[f32]], kernel: Kernel) -> Vec<Vec<f64>> {
+    let mut out = Vec::new();
+    distances_into(g, kernel, &mut out);
+    out
+}
+
+/// [`gradient_distances_into`] with the given kernel.
+fn distances_into(g: &[&[f32]], kernel: Kernel, out: &mut Vec<Vec<f64>>) {
     let n = g.len();
     let dots = pair_sums(g, DEPTH, GROUP, |tile, rows, cols, depth| {
         accumulate(kernel, tile, rows, cols, depth)
     });
-    let sq: Vec<f64> = (0..n).map(|i| dots.get(i, i)).collect();
-    // Row by row, side by side: entry (i, j) is pair (min, max)'s one expression, and
-    // floating-point addition commutes, so both halves hold the same bits.
-    (0..n)
-        .into_par_iter()
-        .map(|i| {
-            (0..n)
-                .map(|j| {
-                    let (a, b) = if i < j { (i, j) } else { (j, i) };
-                    if a == b {
-                        0.0
+    let panels = n.div_ceil(PANEL);
+    // Lanes past the last vector: their entries are never written out.
+    let mut sq: Vec<f64> = (0..n).map(|i| dots.get(i, i)).collect();
+    sq.resize(panels * PANEL, 0.0);
+    let isa = crate::cpu::isa();
+    out.resize_with(n, Vec::new);
+    // A row panel at a time, a tile at a time: entry (i, j) is pair (min, max)'s one
+    // expression (floating-point addition commutes, so both halves hold the same bits),
+    // vectorised over a tile, whose sums are read whole for the rows of its row panel and,
+    // transposed, for those of its column panel; read entry by entry, each of the lower
+    // triangle's was a cache line of its own.
+    out.par_chunks_mut(PANEL).enumerate().for_each(|(q, rows)| {
+        for row in rows.iter_mut() {
+            row.resize(n, 0.0);
+        }
+        let mut roots = [0.0; BLOCK];
+        for p in 0..panels {
+            let (lo, hi) = (p.min(q), p.max(q));
+            tile_distances(
+                isa,
+                &mut roots,
+                dots.tile(lo, hi),
+                &sq[lo * PANEL..],
+                &sq[hi * PANEL..],
+            );
+            let width = PANEL.min(n - p * PANEL);
+            for (r, row) in rows.iter_mut().enumerate() {
+                let row = &mut row[p * PANEL..p * PANEL + width];
+                for (l, d) in row.iter_mut().enumerate() {
+                    *d = if p >= q {
+                        roots[r * PANEL + l]
                     } else {
-                        (sq[a] + sq[b] - 2.0 * dots.get(a, b)).max(0.0).sqrt()
-                    }
-                })
-                .collect()
-        })
-        .collect()
+                        roots[l * PANEL + r]
+                    };
+                }
+                if p == q {
+                    row[r] = 0.0;
+                }
+            }
+        }
+    });
+}
+
+/// `roots[r·PANEL + l]` = √max(0, ‖g_a‖² + ‖g_b‖² − 2 g_a·g_b) for a the row panel's vector
+/// r and b the column panel's vector l, from their tile of dot products and squared norms.
+fn tile_distances(
+    isa: crate::cpu::Isa,
+    roots: &mut [f64],
+    dots: &[f64],
+    sq_a: &[f64],
+    sq_b: &[f64],
+) {
+    crate::cpu::on_isa!(
+        isa,
+        fn fill(roots: &mut [f64], dots: &[f64], sq_a: &[f64], sq_b: &[f64]) {
+            for ((out, dots), &a) in roots
+                .chunks_exact_mut(PANEL)
+                .zip(dots.chunks_exact(PANEL))
+                .zip(sq_a)
+            {
+                for ((d, &dot), &b) in out.iter_mut().zip(dots).zip(&sq_b[..PANEL]) {
+                    *d = (a + b - 2.0 * dot).max(0.0).sqrt();
+                }
+            }
+        }
+    )
 }
 
 /// ‖v‖² as [`gradient_distances`] sums it: the products in parameter order from −0.0.
@@ -92,41 +152,55 @@ pub(super) fn squared_norm(v: &[f32]) -> f64 {
     v.iter().fold(-0.0, |s, &x| s + f64::from(x) * f64::from(x))
 }
 
-/// Row `i` of [`gradient_distances`] over `g`, bit for bit, given every ‖g_j‖² in `sq`
+/// Rows `rows` of [`gradient_distances`] over `g`, bit for bit, given every ‖g_j‖² in `sq`
 /// ([`squared_norm`]): the stale refresh's update when a few gradients change. A client
-/// with an empty gradient (none reported yet) gets 0.0, a value no pick reads. Each dot
-/// product is the same sequential sum as the full matrix's; [`ROW_LANES`] of them advance
-/// side by side so that their additions do not wait on one another.
-pub(super) fn distances_from(g: &[&[f32]], sq: &[f64], i: usize) -> Vec<f64> {
-    let x = g[i];
-    let mut row = vec![0.0; g.len()];
-    row.par_chunks_mut(ROW_LANES)
-        .enumerate()
-        .for_each(|(c, out)| {
-            let first = c * ROW_LANES;
-            // Lanes past the chunk, or of a client without a gradient, run on x itself:
-            // their sums are never read.
-            let mut cols = [x; ROW_LANES];
-            for (l, col) in cols.iter_mut().enumerate().take(out.len()) {
-                if g[first + l].len() == x.len() {
-                    *col = g[first + l];
-                }
-            }
-            let mut dots = [-0.0f64; ROW_LANES];
-            for (p, &xp) in x.iter().enumerate() {
-                let xp = f64::from(xp);
-                for (d, col) in dots.iter_mut().zip(&cols) {
-                    *d += xp * f64::from(col[p]);
-                }
-            }
-            for (l, d) in out.iter_mut().enumerate() {
-                let j = first + l;
-                if j != i && g[j].len() == x.len() {
-                    *d = (sq[i] + sq[j] - 2.0 * dots[l]).max(0.0).sqrt();
-                }
-            }
+/// with a gradient of another length (none reported yet) gets 0.0, a value no pick reads.
+pub(super) fn distances_from(g: &[&[f32]], sq: &[f64], rows: &[usize]) -> Vec<Vec<f64>> {
+    rows.iter()
+        .zip(dots_with_all(g, rows))
+        .map(|(&i, dots)| {
+            (0..g.len())
+                .map(|j| {
+                    if j != i && g[j].len() == g[i].len() {
+                        (sq[i] + sq[j] - 2.0 * dots[j]).max(0.0).sqrt()
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The dot product of `vectors[i]` with every vector, for each `i` in `rows`: entry `j` of
+/// row r is `vectors[rows[r]] · vectors[j]`, the sequential f64 sum in parameter order of
+/// [`gradient_distances`], bit for bit, where the two are of one length (unspecified
+/// otherwise). All of them come from one pass over the vectors ([`cross_sums`]): a row at
+/// a time read them all once per row, K passes over N gradients when K clients report.
+pub(crate) fn dots_with_all(vectors: &[&[f32]], rows: &[usize]) -> Vec<Vec<f64>> {
+    let kernel = Kernel::detect();
+    let mut out = vec![Vec::new(); rows.len()];
+    let mut lengths: Vec<usize> = rows.iter().map(|&i| vectors[i].len()).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    for len in lengths {
+        let group: Vec<usize> = (0..rows.len())
+            .filter(|&r| vectors[rows[r]].len() == len)
+            .collect();
+        let xs: Vec<&[f32]> = group.iter().map(|&r| vectors[rows[r]]).collect();
+        // A vector of another length is stood in for by a row: its sums are not used.
+        let cols: Vec<&[f32]> = vectors
+            .iter()
+            .map(|&v| if v.len() == len { v } else { xs[0] })
+            .collect();
+        let dots = cross_sums(&xs, &cols, DEPTH, GROUP, |tile, rows, cols, depth| {
+            accumulate(kernel, tile, rows, cols, depth)
         });
-    row
+        for (&r, row) in group.iter().zip(dots) {
+            out[r] = row;
+        }
+    }
+    out
 }
 
 /// Adds, for every parameter of the block in order, row r's value times column c's to
