@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import subprocess
 import sys
 import tempfile
 import types
@@ -62,14 +61,12 @@ from pathlib import Path
 import numpy as np
 
 from frequency import tv
+from wheels import Unavailable, download_wheel
 from stand_ins import import_over
 
 COMMIT = "5b721c61b8f6713b536be3a791ba98262db292aa"
 GUROBI = "gurobipy"
 
-
-class Unavailable(RuntimeError):
-    """The reference (checkout or solver) could not be had."""
 
 
 # --- the solver -------------------------------------------------------------------------
@@ -83,19 +80,7 @@ def load_gurobipy(into: Path, mipgap: float | None = None):
     try:
         import gurobipy as grb  # noqa: F401  (one already installed)
     except ImportError:
-        try:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(into), GUROBI],
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
-        except (subprocess.SubprocessError, OSError) as e:
-            detail = getattr(e, "stderr", b"") or b""
-            raise Unavailable(f"pip download {GUROBI} failed: {detail.decode(errors='replace')[-300:] or e}") from e
-        wheel = next(into.glob("gurobipy-*.whl"), None)
-        if wheel is None:
-            raise Unavailable(f"pip download {GUROBI} left no wheel in {into}")
+        wheel = download_wheel(GUROBI, into, "gurobipy-*.whl", timeout=300)
         with zipfile.ZipFile(wheel) as z:
             z.extractall(into / "grb")
         sys.path.insert(0, str(into / "grb"))

@@ -50,7 +50,6 @@ import builtins
 import importlib
 import math
 import random
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -61,29 +60,15 @@ from types import SimpleNamespace
 import numpy as np
 
 from frequency import tv
+from wheels import Unavailable, download_wheel
 
 WHEEL = "fedscale==1.0"
 
 
-class Unavailable(RuntimeError):
-    """The reference wheel could not be had (no network, no pip)."""
-
 
 def load_fedscale_oort(into: Path):
     """Downloads the FedScale 1.0 wheel into `into` and imports its Oort module."""
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(into), WHEEL],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    except (subprocess.SubprocessError, OSError) as e:
-        detail = getattr(e, "stderr", b"") or b""
-        raise Unavailable(f"pip download {WHEEL} failed: {detail.decode(errors='replace')[-300:] or e}") from e
-    wheel = next(into.glob("fedscale-*.whl"), None)
-    if wheel is None:
-        raise Unavailable(f"pip download {WHEEL} left no wheel in {into}")
+    wheel = download_wheel(WHEEL, into, "fedscale-*.whl")
     with zipfile.ZipFile(wheel) as z:
         z.extractall(into / "pkg", [n for n in z.namelist() if n.startswith("thirdparty/oort/")])
     (into / "pkg" / "thirdparty" / "__init__.py").touch()

@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import sys
 import tempfile
 import types
@@ -96,6 +95,7 @@ from pathlib import Path
 import numpy as np
 
 from frequency import tv
+from wheels import Unavailable, download_wheel
 from stand_ins import import_over
 
 WHEEL = "flgo==0.4.4"
@@ -104,9 +104,6 @@ T, I = 5, 10  # FLGo's defaults (TiFL.py:16) and fedsel's; C is `--C`
 DEPARTURES = frozenset({"split", "availability"})
 
 
-class Unavailable(RuntimeError):
-    """The reference wheel could not be had (no network, no pip)."""
-
 
 class Mismatch(RuntimeError):
     """FLGo, handed fedsel's draw, could not have made it."""
@@ -114,19 +111,7 @@ class Mismatch(RuntimeError):
 
 def load_flgo_tifl(into: Path):
     """Downloads the flgo 0.4.4 wheel into `into` and imports `flgo/algorithm/TiFL.py`."""
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(into), WHEEL],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    except (subprocess.SubprocessError, OSError) as e:
-        detail = getattr(e, "stderr", b"") or b""
-        raise Unavailable(f"pip download {WHEEL} failed: {detail.decode(errors='replace')[-300:] or e}") from e
-    wheel = next(into.glob("flgo-*.whl"), None)
-    if wheel is None:
-        raise Unavailable(f"pip download {WHEEL} left no wheel in {into}")
+    wheel = download_wheel(WHEEL, into, "flgo-*.whl")
     with zipfile.ZipFile(wheel) as z:
         z.extract(SOURCE, into / "pkg")
     # What TiFL.py imports: `from .fedbase import BasicServer, BasicClient`.
