@@ -1,0 +1,296 @@
+//! The convolutions' data movement around their products: the patch matrix (im2col),
+//! its adjoint (col2im), and the direct forward pass for small patches.
+
+use super::{glue_isa, zeros};
+use crate::cpu::Isa;
+
+/// Patch sizes (`cin·k·k`) up to which a convolution's forward pass is direct on
+/// AVX-512 ([`conv_direct_avx512`]): the first layers of the seed CNNs (25 and 27).
+pub(super) const DIRECT_PATCH: usize = 32;
+
+/// A convolution's forward pass without the patch matrix, for small patches: `out[co]`
+/// = `b[co]` + the sum over the patch, 16 output pixels a vector, eight channels at a
+/// time. Each sum runs as `gemm`'s does for the im2col product (a chain of fused
+/// multiply-adds from zero over the patch in `(ci, ky, kx)` order, one block since the
+/// patch is shorter than any block, then added to the bias), so the bits are the same;
+/// `gemm` spent most of those products' time on its setup and edges at k = 25, and
+/// im2col on a matrix 25 times the image.
+///
+/// # Safety
+/// The CPU has AVX-512F; `xp` holds `c·hp·wp` entries (`padded`), `w` holds
+/// `cout·c·k·k` and `b` `cout`, and `out` `cout·(hp + 1 − k)·(wp + 1 − k)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn conv_direct_avx512(
+    xp: &[f32],
+    padded: [usize; 3],
+    k: usize,
+    w: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+) {
+    let [c, hp, wp] = padded;
+    let (ho, wo, ckk) = (hp + 1 - k, wp + 1 - k, c * k * k);
+    let cout = b.len();
+    assert!(xp.len() >= c * hp * wp && w.len() == cout * ckk && out.len() == cout * ho * wo);
+    crate::model::matmul::count_flops(2 * cout * ho * wo * ckk);
+    assert!(ckk <= DIRECT_PATCH, "a small patch");
+    // Each patch entry's offset in `xp` from the output pixel's.
+    let mut offsets = [0; DIRECT_PATCH];
+    for (r, off) in offsets[..ckk].iter_mut().enumerate() {
+        *off = (r / (k * k) * hp + r / k % k) * wp + r % k;
+    }
+    let offsets = &offsets[..ckk];
+    let mut co = 0;
+    while co < cout {
+        let group = (cout - co).min(8);
+        // SAFETY: the caller's contract, for channels co..co + group.
+        unsafe {
+            if group == 8 {
+                conv_direct_group::<8>(xp, wp, [ho, wo], offsets, w, b, out, co);
+            } else {
+                for g in co..co + group {
+                    conv_direct_group::<1>(xp, wp, [ho, wo], offsets, w, b, out, g);
+                }
+            }
+        }
+        co += group;
+    }
+}
+
+/// Output channels `co..co + G` of [`conv_direct_avx512`].
+///
+/// # Safety
+/// As [`conv_direct_avx512`], with `co + G ≤ cout`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_direct_group<const G: usize>(
+    xp: &[f32],
+    wp: usize,
+    [ho, wo]: [usize; 2],
+    offsets: &[usize],
+    w: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    co: usize,
+) {
+    use std::arch::x86_64::{
+        _mm512_add_ps, _mm512_fmadd_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps,
+        _mm512_set1_ps, _mm512_setzero_ps,
+    };
+    let ckk = offsets.len();
+    let (x, o) = (xp.as_ptr(), out.as_mut_ptr());
+    for oy in 0..ho {
+        let mut ox = 0;
+        while ox < wo {
+            let mask = u16::MAX >> (16 - (wo - ox).min(16));
+            let at = oy * wp + ox;
+            // SAFETY: patch entry r of output pixels at..at + 16 (masked to the row)
+            // reads xp[at + offsets[r] ..], inside the padded image; channel co + g's
+            // weights and output row lie inside `w` and `out`.
+            unsafe {
+                let mut acc = [_mm512_setzero_ps(); G];
+                for (r, &off) in offsets.iter().enumerate() {
+                    let v = _mm512_maskz_loadu_ps(mask, x.add(at + off));
+                    for (g, a) in acc.iter_mut().enumerate() {
+                        let wt = _mm512_set1_ps(*w.get_unchecked((co + g) * ckk + r));
+                        *a = _mm512_fmadd_ps(wt, v, *a);
+                    }
+                }
+                for (g, a) in acc.iter().enumerate() {
+                    let sum = _mm512_add_ps(_mm512_set1_ps(b[co + g]), *a);
+                    _mm512_mask_storeu_ps(o.add(((co + g) * ho + oy) * wo + ox), mask, sum);
+                }
+            }
+            ox += 16;
+        }
+    }
+}
+
+/// Row stride of a patch matrix of `n` columns (an image's output pixels): `n` rounded
+/// up to 16 floats where that adds at most a sixteenth. `gemm` copies ("packs") an
+/// operand whose rows it cannot load as whole vectors; with the rows a multiple of the
+/// widest vector (16 `f32` with AVX-512, 8 with AVX2) it reads the patch matrix in
+/// place, which in the FMNIST CNNs' second convolution (14·14 = 196 columns, padded to
+/// 208) saves copying 0.6 MB per image. The padding columns are zeros and their outputs
+/// are dropped; every kept output is the same sum over the same k in the same order, so
+/// the bits do not change.
+pub(super) fn patch_stride(n: usize) -> usize {
+    let padded = n.next_multiple_of(16);
+    if (padded - n) * 16 <= n { padded } else { n }
+}
+
+/// `w` (`rows × cols`, row-major) transposed.
+pub(super) fn transposed(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0; w.len()];
+    for (r, row) in w.chunks_exact(cols).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            t[c * rows + r] = v;
+        }
+    }
+    t
+}
+
+/// The patch matrix of image `x` (`[c, h, w]`) for a `k × k` kernel with padding
+/// `pad`: row `(ci·k + ky)·k + kx`, column `oy·wo + ox` holds
+/// `x[ci, oy + ky − pad, ox + kx − pad]` (zero outside the image). Rows are `ld`
+/// apart ([`patch_stride`]); every entry of `col` is written, those past a row's
+/// `ho·wo` columns with zeros. `padded` is scratch for the zero-padded image.
+///
+/// Each patch row is a copy of `ho` rows of `wo` entries of the padded image: with
+/// AVX-512, one masked 16-lane move each ([`patch_rows_avx512`]); else 8-entry block
+/// moves ([`patch_rows`]). Copies give the same bits either way.
+pub(super) fn im2col(
+    x: &[f32],
+    shape: [usize; 3],
+    k: usize,
+    pad: usize,
+    padded: &mut Vec<f32>,
+    col: &mut [f32],
+    ld: usize,
+) {
+    let [c, h, w] = shape;
+    let (hp, wp) = (h + 2 * pad, w + 2 * pad);
+    let (ho, wo) = (hp + 1 - k, wp + 1 - k);
+    assert!(ld >= ho * wo, "patch rows hold a whole output");
+    assert_eq!(col.len(), c * k * k * ld, "patch matrix size");
+    assert_eq!(x.len(), c * h * w, "image size");
+    let xp: &[f32] = if pad == 0 {
+        x
+    } else {
+        pad_image(x, shape, pad, padded);
+        padded
+    };
+    #[cfg(target_arch = "x86_64")]
+    if glue_isa() == Isa::Avx512 {
+        // SAFETY: glue_isa found AVX-512F; the sizes of `xp` and `col` are those the
+        // function's contract asks for (asserted above and in `pad_image`).
+        unsafe { patch_rows_avx512(xp, [c, hp, wp], k, col, ld) };
+        return;
+    }
+    patch_rows(xp, [c, hp, wp], k, col, ld);
+}
+
+dispatch! {
+    /// `padded` = image `x` (`[c, h, w]`) with `pad` zeros around each channel.
+    pub(super) fn pad_image(x: &[f32], shape: [usize; 3], pad: usize, padded: &mut Vec<f32>) {
+        let [c, h, w] = shape;
+        let (hp, wp) = (h + 2 * pad, w + 2 * pad);
+        zeros(padded, c * hp * wp);
+        for (dst, src) in padded
+            .chunks_exact_mut(wp)
+            .enumerate()
+            .filter(|(r, _)| (pad..pad + h).contains(&(r % hp)))
+            .map(|(_, row)| row)
+            .zip(x.chunks_exact(w))
+        {
+            dst[pad..pad + w].copy_from_slice(src);
+        }
+    }
+}
+
+dispatch! {
+    /// The patch rows of [`im2col`] from the padded image `xp` (`[c, hp, wp]`), each
+    /// image row as 8-entry block moves: `copy_from_slice` on these short rows becomes
+    /// a libc call, which costs more than the copy.
+    fn patch_rows(xp: &[f32], padded: [usize; 3], k: usize, col: &mut [f32], ld: usize) {
+        let [_, hp, wp] = padded;
+        let (ho, wo) = (hp + 1 - k, wp + 1 - k);
+        for (r, row) in col.chunks_exact_mut(ld).enumerate() {
+            let (ci, ky, kx) = (r / (k * k), r / k % k, r % k);
+            let (row, tail) = row.split_at_mut(ho * wo);
+            for (oy, dst) in row.chunks_exact_mut(wo).enumerate() {
+                let src = &xp[(ci * hp + oy + ky) * wp + kx..][..wo];
+                copy_short(dst, src);
+            }
+            tail.fill(0.0);
+        }
+    }
+}
+
+/// [`patch_rows`] with AVX-512: each image row of a patch row is one masked 16-lane
+/// load and store per 16 entries. The block moves it replaces cost two loads, two
+/// stores and the slicing around them per row of 14 entries (the FMNIST CNNs' second
+/// convolution), which made im2col 8 % of a step.
+///
+/// # Safety
+/// The CPU has AVX-512F, `xp` holds `c·hp·wp` entries and `col` `c·k·k·ld`, with
+/// `ld ≥ (hp + 1 − k)·(wp + 1 − k)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn patch_rows_avx512(xp: &[f32], padded: [usize; 3], k: usize, col: &mut [f32], ld: usize) {
+    use std::arch::x86_64::{_mm512_mask_storeu_ps, _mm512_maskz_loadu_ps};
+    let [c, hp, wp] = padded;
+    let (ho, wo) = (hp + 1 - k, wp + 1 - k);
+    assert!(xp.len() >= c * hp * wp && col.len() >= c * k * k * ld && ld >= ho * wo);
+    let (src, dst) = (xp.as_ptr(), col.as_mut_ptr());
+    for r in 0..c * k * k {
+        let (ci, ky, kx) = (r / (k * k), r / k % k, r % k);
+        for oy in 0..ho {
+            let (from, to) = ((ci * hp + oy + ky) * wp + kx, r * ld + oy * wo);
+            let mut j = 0;
+            while j < wo {
+                let mask = u16::MAX >> (16 - (wo - j).min(16));
+                // SAFETY: entries from..from + wo of `xp` lie in image row
+                // ci·hp + oy + ky (kx + wo ≤ wp), and to..to + wo in patch row r
+                // (oy·wo + wo ≤ ho·wo ≤ ld); the masks touch no lane past them.
+                unsafe {
+                    let v = _mm512_maskz_loadu_ps(mask, src.add(from + j));
+                    _mm512_mask_storeu_ps(dst.add(to + j), mask, v);
+                }
+                j += 16;
+            }
+        }
+        // SAFETY: entries ho·wo..ld of patch row r lie inside `col`; all-zero bytes are 0.0.
+        unsafe { std::ptr::write_bytes(dst.add(r * ld + ho * wo), 0, ld - ho * wo) };
+    }
+}
+
+/// `dst = src` for rows of a few dozen entries, without a call: 8-entry block moves,
+/// the last ending at the row's end (overlapping the one before, with equal values).
+#[inline(always)]
+fn copy_short(dst: &mut [f32], src: &[f32]) {
+    const BLOCK: usize = 8;
+    let n = dst.len();
+    assert_eq!(src.len(), n, "row lengths");
+    if n < BLOCK {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s;
+        }
+        return;
+    }
+    for (d, s) in dst.chunks_exact_mut(BLOCK).zip(src.chunks_exact(BLOCK)) {
+        let s: &[f32; BLOCK] = s.try_into().expect("a block");
+        let d: &mut [f32; BLOCK] = d.try_into().expect("a block");
+        *d = *s;
+    }
+    let s: &[f32; BLOCK] = src[n - BLOCK..].try_into().expect("a block");
+    let d: &mut [f32; BLOCK] = (&mut dst[n - BLOCK..]).try_into().expect("a block");
+    *d = *s;
+}
+
+dispatch! {
+    /// The adjoint of [`im2col`]: adds each patch-matrix entry of `col` to the input
+    /// pixel it was read from.
+    pub(super) fn col2im(col: &[f32], shape: [usize; 3], k: usize, pad: usize, x: &mut [f32]) {
+        let [c, h, w] = shape;
+        let (ho, wo) = (h + 2 * pad + 1 - k, w + 2 * pad + 1 - k);
+        assert_eq!(x.len(), c * h * w, "image size");
+        for (r, row) in col.chunks_exact(ho * wo).enumerate() {
+            let (ci, ky, kx) = (r / (k * k), r / k % k, r % k);
+            let lo = pad.saturating_sub(kx);
+            let hi = (w + pad).saturating_sub(kx).min(wo);
+            for (oy, src) in row.chunks_exact(wo).enumerate() {
+                let iy = oy + ky;
+                if iy < pad || iy - pad >= h || lo >= hi {
+                    continue;
+                }
+                let dst = &mut x[(ci * h + iy - pad) * w..][..w];
+                for (d, s) in dst[lo + kx - pad..hi + kx - pad].iter_mut().zip(&src[lo..hi]) {
+                    *d += s;
+                }
+            }
+        }
+    }
+}
