@@ -374,10 +374,14 @@ impl Trainer<'_> {
         // The trainable parameters as contiguous spans, so the update runs over plain
         // slices: a per-element `trainable` test and indexing kept it from vectorising, at
         // about a seventh of the FedCor MLP round.
-        let spans: Vec<std::ops::Range<usize>> = (0..self.layout.specs.len())
-            .filter(|&i| self.layout.specs[i].trainable)
-            .map(|i| self.layout.range(i))
-            .collect();
+        let (spans, frozen): (Vec<usize>, Vec<usize>) =
+            (0..self.layout.specs.len()).partition(|&i| self.layout.specs[i].trainable);
+        let spans: Vec<std::ops::Range<usize>> =
+            spans.into_iter().map(|i| self.layout.range(i)).collect();
+        // The running statistics, whose new values the training pass returns in place
+        // of a gradient ([`LossGradient::train_loss_and_gradient`]).
+        let frozen: Vec<std::ops::Range<usize>> =
+            frozen.into_iter().map(|i| self.layout.range(i)).collect();
         let plan = batches(idx, cfg.work, cfg.batch_size, rng);
         let mut loss_sum = 0.0f32;
         for b in &plan {
@@ -388,6 +392,9 @@ impl Trainer<'_> {
             let (loss, mut grad) = f.train_loss_and_gradient(&params, self.data, b, &mut drop);
             loss_sum += loss;
             step += 1;
+            for r in &frozen {
+                params[r.clone()].copy_from_slice(&grad[r.clone()]);
+            }
             for r in &spans {
                 let r = r.clone();
                 rule.apply_pieces(
@@ -1195,6 +1202,74 @@ mod tests {
             u.params.iter().zip(&start).map(|(a, b)| a - b).collect()
         };
         assert!(relative_error(&delta(&fused), &delta(&slow)) < 1e-4);
+        assert!((fused.mean_loss - slow.mean_loss).abs() < 1e-5 * slow.mean_loss);
+        let gradient = |arch| {
+            trainer(arch)
+                .gradient(
+                    &start,
+                    &idx,
+                    GradientScope::Full,
+                    &mut stream(1, Purpose::Training, 0, 0),
+                )
+                .values
+        };
+        assert!(relative_error(&gradient(&net), &gradient(&reference)) < 1e-4);
+    }
+
+    /// The trainer takes the HiCS-FL code CNN's fused pass: its steps in the code's
+    /// regime (momentum, weight decay, proximal term) and the running statistics they
+    /// move follow the autodiff path's, and so does its one-step gradient (eval mode).
+    #[test]
+    fn the_fused_batch_norm_cnn_trains_like_autodiff() {
+        use crate::model::AutodiffOnly;
+        use crate::model::cnn_hics_code::CnnHicsCode;
+        let net = CnnHicsCode { classes: 10 };
+        let reference = AutodiffOnly(&net);
+        assert!(net.loss_gradient().is_some() && reference.loss_gradient().is_none());
+        let data = crate::bench::random_dataset(&[1, 28, 28], None, 12, 10);
+        let layout = ParamLayout::of(&net);
+        let cfg = TrainConfig {
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: 5e-4,
+            prox_mu: 0.5,
+            work: LocalWork::Steps(3),
+            batch_size: 4,
+            ..TrainConfig::default()
+        };
+        let device = Device::flex();
+        let trainer = |arch| Trainer {
+            arch,
+            layout: &layout,
+            data: &data,
+            cfg: &cfg,
+            dropout: 0.0,
+            device: &device,
+        };
+        let start = layout.init(5);
+        let idx: Vec<usize> = (0..12).collect();
+        let train = |arch| {
+            trainer(arch).train(
+                &start,
+                &idx,
+                cfg.lr,
+                &mut stream(1, Purpose::Training, 0, 0),
+                None,
+            )
+        };
+        let (fused, slow) = (train(&net), train(&reference));
+        let delta = |u: &LocalUpdate, r: std::ops::Range<usize>| -> Vec<f32> {
+            u.params[r.clone()]
+                .iter()
+                .zip(&start[r])
+                .map(|(a, b)| a - b)
+                .collect()
+        };
+        for (i, spec) in layout.specs.iter().enumerate() {
+            let r = layout.range(i);
+            let err = relative_error(&delta(&fused, r.clone()), &delta(&slow, r));
+            assert!(err < 1e-4, "{}: relative error {err:e}", spec.name);
+        }
         assert!((fused.mean_loss - slow.mean_loss).abs() < 1e-5 * slow.mean_loss);
         let gradient = |arch| {
             trainer(arch)

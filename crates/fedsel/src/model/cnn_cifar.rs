@@ -11,7 +11,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::module::{conv2d, max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 
-use super::cnn_fused::{Net, Stage};
+use super::cnn_fused::{Mode, Net, Stage};
 use super::{
     Architecture, Batch, Dropout, FusedLogits, LossGradient, ParamSpec, dense, dense_rows,
 };
@@ -29,6 +29,7 @@ const STAGES: [Stage; 8] = [
         cout: 32,
         k: 3,
         pad: 0,
+        bias: true,
     },
     Stage::Pool,
     Stage::Relu,
@@ -36,6 +37,7 @@ const STAGES: [Stage; 8] = [
         cout: 64,
         k: 3,
         pad: 0,
+        bias: true,
     },
     Stage::Pool,
     Stage::Relu,
@@ -43,6 +45,7 @@ const STAGES: [Stage; 8] = [
         cout: 64,
         k: 3,
         pad: 0,
+        bias: true,
     },
     Stage::Relu,
 ];
@@ -108,7 +111,8 @@ impl Architecture for CnnCifar {
 impl LossGradient for CnnCifar {
     fn loss_and_gradient(&self, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>) {
         let (x, labels) = dense_rows(data, idx);
-        self.net().loss_and_gradient(params, &x, &labels)
+        self.net()
+            .loss_and_gradient(params, &x, &labels, Mode::Train)
     }
 }
 

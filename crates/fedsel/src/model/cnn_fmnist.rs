@@ -11,7 +11,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::module::{conv2d, max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 
-use super::cnn_fused::{Net, Stage};
+use super::cnn_fused::{Mode, Net, Stage};
 use super::{
     Architecture, Batch, Dropout, FusedLogits, LossGradient, ParamSpec, dense, dense_rows,
 };
@@ -34,6 +34,7 @@ const STAGES: [Stage; 6] = [
         cout: 32,
         k: 5,
         pad: 2,
+        bias: true,
     },
     Stage::Relu,
     Stage::Pool,
@@ -41,6 +42,7 @@ const STAGES: [Stage; 6] = [
         cout: 64,
         k: 5,
         pad: 2,
+        bias: true,
     },
     Stage::Relu,
     Stage::Pool,
@@ -125,7 +127,8 @@ impl Architecture for CnnFmnist {
 impl LossGradient for CnnFmnist {
     fn loss_and_gradient(&self, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>) {
         let (x, labels) = dense_rows(data, idx);
-        self.net().loss_and_gradient(params, &x, &labels)
+        self.net()
+            .loss_and_gradient(params, &x, &labels, Mode::Train)
     }
 }
 

@@ -17,13 +17,21 @@
 //! stay last). Training mode normalises by the batch's mean and biased variance and moves
 //! the running statistics by momentum 0.1 towards the batch mean and the *unbiased*
 //! variance, as PyTorch does; eval mode normalises by the running statistics.
+//!
+//! Training and evaluation run [`super::cnn_fused`]'s hand-derived passes, BatchNorm's
+//! batch statistics included ([`super::cnn_fused`]'s `norm`); the burn pass below is
+//! the reference they are tested against, and the path on a GPU.
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
 use burn::tensor::module::{conv2d, max_pool2d};
 use burn::tensor::ops::{ConvOptions, MaxPoolOptions};
 
-use super::{Architecture, Batch, Dropout, Init, ParamSpec, dense};
+use super::cnn_fused::{Mode, Net, Stage};
+use super::{
+    Architecture, Batch, Dropout, FusedLogits, Init, LossGradient, ParamSpec, dense, dense_rows,
+};
+use crate::data::Dataset;
 
 /// PyTorch's BatchNorm momentum: the weight of the current batch in the running statistics.
 pub const BN_MOMENTUM: f64 = 0.1;
@@ -47,6 +55,31 @@ const BLOCKS: [(usize, usize, bool, bool); 3] = [
     (1, 32, false, false),
     (32, 32, true, true),
     (32, 64, true, true),
+];
+
+/// A 3×3 convolution with padding 1, as [`BLOCKS`] has them.
+const fn conv3(cout: usize, bias: bool) -> Stage {
+    Stage::Conv {
+        cout,
+        k: 3,
+        pad: 1,
+        bias,
+    }
+}
+
+/// [`BLOCKS`] as [`super::cnn_fused`]'s stages.
+const STAGES: [Stage; 11] = [
+    conv3(32, false),
+    Stage::Prelu,
+    Stage::BatchNorm,
+    conv3(32, true),
+    Stage::Prelu,
+    Stage::BatchNorm,
+    Stage::Pool,
+    conv3(64, true),
+    Stage::Prelu,
+    Stage::BatchNorm,
+    Stage::Pool,
 ];
 
 /// The new running statistics of one BatchNorm layer in training mode.
@@ -97,6 +130,15 @@ fn prelu(x: Tensor<4>, a: Tensor<1>) -> Tensor<4> {
 }
 
 impl CnnHicsCode {
+    /// The network as [`super::cnn_fused`] runs it.
+    pub(super) fn net(&self) -> Net {
+        Net {
+            input: [1, 28, 28],
+            stages: &STAGES,
+            dense: vec![HIDDEN, self.classes],
+        }
+    }
+
     /// Logits and, in training mode, the new running statistics by parameter index.
     fn run(&self, p: &[Tensor<1>], x: Batch, train: bool) -> (Tensor<2>, Vec<(usize, Tensor<1>)>) {
         let x = dense(x);
@@ -193,6 +235,46 @@ impl Architecture for CnnHicsCode {
         _: &mut Dropout<'_>,
     ) -> (Tensor<2>, Vec<(usize, Tensor<1>)>) {
         self.run(p, x, true)
+    }
+
+    /// The fused pass in training mode is the exact gradient of [`Self::forward_train`]
+    /// and returns the running statistics it moves ([`LossGradient`]).
+    fn loss_gradient(&self) -> Option<&dyn LossGradient> {
+        Some(self)
+    }
+
+    fn fused_logits(&self) -> Option<&dyn FusedLogits> {
+        Some(self)
+    }
+}
+
+impl LossGradient for CnnHicsCode {
+    /// Eval mode, as [`Architecture::forward`] without dropout: the gradient of the
+    /// model as received (the one-step gradients some selectors ask for).
+    fn loss_and_gradient(&self, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>) {
+        let (x, labels) = dense_rows(data, idx);
+        self.net()
+            .loss_and_gradient(params, &x, &labels, Mode::Eval)
+    }
+
+    /// Training mode: batch statistics, and the six running statistics' new values in
+    /// their entries of the returned vector.
+    fn train_loss_and_gradient(
+        &self,
+        params: &[f32],
+        data: &Dataset,
+        idx: &[usize],
+        _: &mut Dropout<'_>,
+    ) -> (f32, Vec<f32>) {
+        let (x, labels) = dense_rows(data, idx);
+        self.net()
+            .loss_and_gradient(params, &x, &labels, Mode::Train)
+    }
+}
+
+impl FusedLogits for CnnHicsCode {
+    fn logits(&self, params: &[f32], x: &[f32], batch: usize) -> Vec<f32> {
+        self.net().logits(params, x, batch)
     }
 }
 

@@ -197,8 +197,7 @@ pub trait Architecture: Send + Sync {
     /// [`Architecture::forward_train`] with autodiff. An architecture provides one
     /// only where it is the exact gradient of that training-mode pass: one with
     /// dropout must override [`LossGradient::train_loss_and_gradient`] to draw its
-    /// masks, and one with non-trainable parameters cannot, since [`LossGradient`] has
-    /// no way to return running statistics.
+    /// masks, and one with non-trainable parameters to return their new values.
     fn loss_gradient(&self) -> Option<&dyn LossGradient> {
         None
     }
@@ -233,11 +232,15 @@ pub trait FusedLogits: Sync {
 /// The training loss and its gradient without autodiff.
 pub trait LossGradient: Sync {
     /// Mean cross-entropy of examples `idx` of `data` at the flat parameters `params`,
-    /// and its flat gradient (same layout as `params`).
+    /// and its flat gradient (same layout as `params`, 0 at a non-trainable parameter),
+    /// of [`Architecture::forward`] without dropout.
     fn loss_and_gradient(&self, params: &[f32], data: &Dataset, idx: &[usize]) -> (f32, Vec<f32>);
 
-    /// The same in training mode, with dropout drawn from `dropout`. Only an
-    /// architecture with dropout overrides it; the default ignores `dropout`.
+    /// The same in training mode, with dropout drawn from `dropout`. A non-trainable
+    /// parameter has no gradient, so its entries of the returned vector hold instead the
+    /// value the pass gives it (BatchNorm's running statistics), which the trainer
+    /// copies as [`Architecture::forward_train`]'s. Only an architecture with dropout or
+    /// non-trainable parameters overrides it; the default ignores `dropout`.
     fn train_loss_and_gradient(
         &self,
         params: &[f32],

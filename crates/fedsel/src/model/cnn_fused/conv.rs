@@ -18,7 +18,7 @@ pub(super) const DIRECT_PATCH: usize = 32;
 ///
 /// # Safety
 /// The CPU has AVX-512F; `xp` holds `c·hp·wp` entries (`padded`), `w` holds
-/// `cout·c·k·k` and `b` `cout`, and `out` `cout·(hp + 1 − k)·(wp + 1 − k)`.
+/// `cout·c·k·k` and `b` (zeros where `None`) `cout`, and `out` `cout·(hp + 1 − k)·(wp + 1 − k)`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn conv_direct_avx512(
@@ -26,13 +26,14 @@ pub(super) unsafe fn conv_direct_avx512(
     padded: [usize; 3],
     k: usize,
     w: &[f32],
-    b: &[f32],
+    b: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let [c, hp, wp] = padded;
     let (ho, wo, ckk) = (hp + 1 - k, wp + 1 - k, c * k * k);
-    let cout = b.len();
+    let cout = w.len() / ckk;
     assert!(xp.len() >= c * hp * wp && w.len() == cout * ckk && out.len() == cout * ho * wo);
+    assert!(b.is_none_or(|b| b.len() == cout), "one bias per channel");
     crate::model::matmul::count_flops(2 * cout * ho * wo * ckk);
     assert!(ckk <= DIRECT_PATCH, "a small patch");
     // Each patch entry's offset in `xp` from the output pixel's.
@@ -71,7 +72,7 @@ unsafe fn conv_direct_group<const G: usize>(
     [ho, wo]: [usize; 2],
     offsets: &[usize],
     w: &[f32],
-    b: &[f32],
+    b: Option<&[f32]>,
     out: &mut [f32],
     co: usize,
 ) {
@@ -99,7 +100,8 @@ unsafe fn conv_direct_group<const G: usize>(
                     }
                 }
                 for (g, a) in acc.iter().enumerate() {
-                    let sum = _mm512_add_ps(_mm512_set1_ps(b[co + g]), *a);
+                    let bias = b.map_or(0.0, |b| b[co + g]);
+                    let sum = _mm512_add_ps(_mm512_set1_ps(bias), *a);
                     _mm512_mask_storeu_ps(o.add(((co + g) * ho + oy) * wo + ox), mask, sum);
                 }
             }

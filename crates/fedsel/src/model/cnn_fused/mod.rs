@@ -31,6 +31,7 @@
 //! `gemm` picks its kernels (and their blocking) by instruction set.
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -70,6 +71,7 @@ macro_rules! dispatch {
 
 mod conv;
 mod elementwise;
+mod norm;
 #[cfg(test)]
 mod tests;
 
@@ -80,22 +82,45 @@ use elementwise::{
     add_assign, add_row_sums, pool_backward, pool_forward, relu, relu_backward, relu_in_place,
     relu_into, relu_passes,
 };
+use norm::{Norm, prelu_backward, prelu_forward};
 
 /// One per-image stage.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Stage {
-    /// Stride-1 convolution to `cout` channels with a `k × k` kernel and zero padding `pad`.
-    Conv { cout: usize, k: usize, pad: usize },
+    /// Stride-1 convolution to `cout` channels with a `k × k` kernel and zero padding
+    /// `pad`, with a bias per channel or none.
+    Conv {
+        cout: usize,
+        k: usize,
+        pad: usize,
+        bias: bool,
+    },
     /// ReLU.
     Relu,
     /// 2×2 max-pool with stride 2; an odd last row or column is dropped.
     Pool,
+    /// PReLU with one slope for all channels (one parameter).
+    Prelu,
+    /// BatchNorm over the channels ([`norm`]): its scale, shift, running mean and running
+    /// variance, one per channel each; the running ones are not trained.
+    BatchNorm,
+}
+
+/// Which statistics BatchNorm normalises by; a net without BatchNorm runs the same
+/// either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// The batch's, moving the running statistics (PyTorch's `train()`).
+    Train,
+    /// The running statistics (PyTorch's `eval()`).
+    Eval,
 }
 
 /// A CNN: the image shape `[c, h, w]`, the per-image stages, and the widths of the
 /// dense layers after them (hidden widths, then the classes). Parameters are laid
-/// out as each convolution's weight `[cout, cin, k, k]` and bias, then each dense
-/// layer's weight `[fan_in, fan_out]` and bias, as the models' `params()`.
+/// out stage by stage (each convolution's weight `[cout, cin, k, k]` and bias, each
+/// PReLU's slope, each BatchNorm's four vectors), then each dense layer's weight
+/// `[fan_in, fan_out]` and bias, as the models' `params()`.
 pub(super) struct Net {
     pub input: [usize; 3],
     pub stages: &'static [Stage],
@@ -113,10 +138,10 @@ const SUM_BLOCK: usize = 1 << 13;
 struct Plan {
     /// Shape of the input of stage i, and last the output of the stages.
     shapes: Vec<[usize; 3]>,
-    /// Offset of each stage's weight (convolutions only; bias follows it).
-    conv_at: Vec<usize>,
-    /// Scalars of all convolution parameters (they come first in the flat vector).
-    conv_total: usize,
+    /// Offset of each stage's parameters (a convolution's bias follows its weight).
+    at: Vec<usize>,
+    /// Scalars of all stages' parameters (they come first in the flat vector).
+    stage_total: usize,
     /// Offsets of each dense layer's weight and bias.
     dense_at: Vec<(usize, usize)>,
     /// All parameters.
@@ -126,21 +151,29 @@ struct Plan {
 impl Net {
     fn plan(&self) -> Plan {
         let mut shapes = vec![self.input];
-        let mut conv_at = Vec::with_capacity(self.stages.len());
+        let mut stage_at = Vec::with_capacity(self.stages.len());
         let mut at = 0;
         for s in self.stages {
             let [c, h, w] = *shapes.last().expect("starts with the input");
-            conv_at.push(at);
+            stage_at.push(at);
             shapes.push(match *s {
-                Stage::Conv { cout, k, pad } => {
-                    at += cout * c * k * k + cout;
+                Stage::Conv { cout, k, pad, bias } => {
+                    at += cout * c * k * k + if bias { cout } else { 0 };
                     [cout, h + 2 * pad + 1 - k, w + 2 * pad + 1 - k]
                 }
                 Stage::Relu => [c, h, w],
                 Stage::Pool => [c, h / 2, w / 2],
+                Stage::Prelu => {
+                    at += 1;
+                    [c, h, w]
+                }
+                Stage::BatchNorm => {
+                    at += 4 * c;
+                    [c, h, w]
+                }
             });
         }
-        let conv_total = at;
+        let stage_total = at;
         let [c, h, w] = *shapes.last().expect("starts with the input");
         let mut fan_in = c * h * w;
         let mut dense_at = Vec::with_capacity(self.dense.len());
@@ -151,8 +184,8 @@ impl Net {
         }
         Plan {
             shapes,
-            conv_at,
-            conv_total,
+            at: stage_at,
+            stage_total,
             dense_at,
             total: at,
         }
@@ -162,7 +195,25 @@ impl Net {
         let [c, h, w] = *self.plan().shapes.last().expect("starts with the input");
         c * h * w
     }
+
+    /// The BatchNorm stages, in order.
+    fn norms(&self) -> impl DoubleEndedIterator<Item = usize> + '_ {
+        (0..self.stages.len()).filter(|&i| matches!(self.stages[i], Stage::BatchNorm))
+    }
+
+    /// Each BatchNorm's statistics from its running ones, by stage (eval mode).
+    fn running_norms(&self, plan: &Plan, params: &[f32]) -> Vec<Option<Norm>> {
+        let mut norms: Vec<Option<Norm>> = self.stages.iter().map(|_| None).collect();
+        for i in self.norms() {
+            let c = plan.shapes[i][0];
+            norms[i] = Some(Norm::running(&params[plan.at[i]..][..4 * c], c));
+        }
+        norms
+    }
 }
+
+/// A BatchNorm's stage and its batch sums (Σ δy, Σ δy·x̂) per channel.
+type NormSums = (usize, Vec<[f64; 2]>);
 
 /// What one image's forward pass keeps: each stage's output, and for each pool the
 /// index (into its input) of each window's maximum. Buffers are reused across images.
@@ -170,6 +221,9 @@ impl Net {
 struct Trace {
     outs: Vec<Vec<f32>>,
     argmax: Vec<Vec<u32>>,
+    /// In the backward pass of a net with BatchNorm, the image's gradient held while
+    /// the batch's sums are taken.
+    grad: Vec<f32>,
 }
 
 /// Scratch buffers of one thread, reused across its images and steps.
@@ -214,12 +268,15 @@ impl Net {
         matches!(self.stages[i], Stage::Relu) && matches!(self.stages.get(i + 1), Some(Stage::Pool))
     }
 
-    /// Runs the stages on image `x`, filling `tr` (a ReLU just before a pool leaves its
-    /// output empty, [`Net::relu_into_pool`]).
+    /// Runs stages `range` on image `x`, filling `tr` (a ReLU just before a pool leaves
+    /// its output empty, [`Net::relu_into_pool`]); a BatchNorm normalises by its `norms`.
+    #[allow(clippy::too_many_arguments)]
     fn forward_image(
         &self,
         plan: &Plan,
         params: &[f32],
+        norms: &[Option<Norm>],
+        range: Range<usize>,
         x: &[f32],
         tr: &mut Trace,
         s: &mut Scratch,
@@ -227,7 +284,8 @@ impl Net {
         let n = self.stages.len();
         tr.outs.resize_with(n, Vec::new);
         tr.argmax.resize_with(n, Vec::new);
-        for (i, stage) in self.stages.iter().enumerate() {
+        for i in range {
+            let stage = &self.stages[i];
             let shape = plan.shapes[i];
             let [co, ho, wo] = plan.shapes[i + 1];
             let (done, rest) = tr.outs.split_at_mut(i);
@@ -246,11 +304,11 @@ impl Net {
             }
             fit(out, co * ho * wo);
             match *stage {
-                Stage::Conv { cout, k, pad } => {
+                Stage::Conv { cout, k, pad, bias } => {
                     let ckk = shape[0] * k * k;
                     let (hw, ld) = (ho * wo, patch_stride(ho * wo));
-                    let w = &params[plan.conv_at[i]..][..cout * ckk];
-                    let b = &params[plan.conv_at[i] + cout * ckk..][..cout];
+                    let w = &params[plan.at[i]..][..cout * ckk];
+                    let b = bias.then(|| &params[plan.at[i] + cout * ckk..][..cout]);
                     #[cfg(target_arch = "x86_64")]
                     if ckk <= DIRECT_PATCH && glue_isa() == Isa::Avx512 {
                         let [c, h, w_in] = shape;
@@ -275,8 +333,13 @@ impl Net {
                         fit(&mut s.wide, cout * ld);
                         &mut s.wide[..]
                     };
-                    for (row, &bias) in wide.chunks_exact_mut(ld).zip(b) {
-                        row.fill(bias);
+                    match b {
+                        Some(b) => {
+                            for (row, &bias) in wide.chunks_exact_mut(ld).zip(b) {
+                                row.fill(bias);
+                            }
+                        }
+                        None => wide.fill(0.0),
                     }
                     gemm_into_padded(
                         wide,
@@ -301,36 +364,47 @@ impl Net {
                         relu_in_place(out);
                     }
                 }
+                Stage::Prelu => prelu_forward(out, input, params[plan.at[i]]),
+                Stage::BatchNorm => norms[i]
+                    .as_ref()
+                    .expect("a BatchNorm's statistics")
+                    .forward(out, input),
             }
         }
     }
 
-    /// Backward through the stages of one image: `s.grad` holds the loss gradient of
-    /// the stages' output; convolution gradients are added to `grad` (the convolution
-    /// part of the flat gradient, each weight transposed to `[cin·k·k, cout]`). `w_t`
-    /// holds each convolution's weight transposed the same way (empty for the first).
+    /// Backward through stages `range` of one image: `s.grad` holds the loss gradient
+    /// of the range's output, and leaves it holding the gradient of the range's input
+    /// (none when the range starts at the image). Parameter gradients are added to
+    /// `grad` (the stages' part of the flat gradient, each convolution weight transposed
+    /// to `[cin·k·k, cout]`). `w_t` holds each convolution's weight transposed the same
+    /// way (empty for the first).
+    #[allow(clippy::too_many_arguments)]
     fn backward_image(
         &self,
         plan: &Plan,
+        params: &[f32],
         w_t: &[Vec<f32>],
+        range: Range<usize>,
         x: &[f32],
         tr: &Trace,
         grad: &mut [f32],
         s: &mut Scratch,
     ) {
-        let mut i = self.stages.len();
-        while i > 0 {
+        let mut i = range.end;
+        while i > range.start {
             i -= 1;
             let shape = plan.shapes[i];
             let [ci, h, w] = shape;
             let [_, ho, wo] = plan.shapes[i + 1];
             let input: &[f32] = if i == 0 { x } else { &tr.outs[i - 1] };
             match self.stages[i] {
-                Stage::Conv { cout, k, pad } => {
+                Stage::Conv { cout, k, pad, bias } => {
                     let ckk = ci * k * k;
                     let (hw, ld) = (ho * wo, patch_stride(ho * wo));
-                    let at = plan.conv_at[i];
-                    let (gw_t, gb) = grad[at..at + cout * ckk + cout].split_at_mut(cout * ckk);
+                    let at = plan.at[i];
+                    let biases = if bias { cout } else { 0 };
+                    let (gw_t, gb) = grad[at..at + cout * ckk + biases].split_at_mut(cout * ckk);
                     fit(&mut s.col, ckk * ld);
                     im2col(input, shape, k, pad, &mut s.padded, &mut s.col, ld);
                     // ∂Wᵀ += col·δyᵀ: laid out this way, `gemm` reads the patch matrix in
@@ -343,7 +417,9 @@ impl Net {
                         cs: 1,
                     };
                     gemm_into(gw_t, cout, col, View::new(&s.grad, cout, hw).t(), true);
-                    add_row_sums(gb, &s.grad, hw);
+                    if bias {
+                        add_row_sums(gb, &s.grad, hw);
+                    }
                     if i == 0 {
                         return;
                     }
@@ -381,12 +457,24 @@ impl Net {
                         i -= 1;
                     }
                 }
+                Stage::Prelu => {
+                    fit(&mut s.grad_in, ci * h * w);
+                    let at = plan.at[i];
+                    let mut da = 0.0;
+                    prelu_backward(&mut s.grad_in, &s.grad, input, params[at], &mut da);
+                    grad[at] += da as f32;
+                }
+                Stage::BatchNorm => unreachable!("a BatchNorm bounds the backward ranges"),
             }
             std::mem::swap(&mut s.grad, &mut s.grad_in);
         }
     }
 
-    /// The stages' output of each image of `x` (`batch` images), one row each.
+    /// The stages' output of each image of `x` (`batch` images), one row each, and each
+    /// BatchNorm's statistics by stage. With `keep`, the images' traces stay there; a
+    /// BatchNorm in training mode then waits for every image's input to it, so the
+    /// stages run in ranges, each BatchNorm starting one once its statistics are known.
+    /// Without `keep` (evaluation), BatchNorm reads its running statistics.
     fn features_of(
         &self,
         plan: &Plan,
@@ -394,37 +482,67 @@ impl Net {
         x: &[f32],
         batch: usize,
         keep: Option<&mut Vec<Trace>>,
-    ) -> Vec<f32> {
+        mode: Mode,
+    ) -> (Vec<f32>, Vec<Option<Norm>>) {
         let pixels: usize = self.input.iter().product();
         assert_eq!(x.len(), batch * pixels, "input size");
         let d = self.features();
         let mut feats = vec![0.0; batch * d];
-        let last = self.stages.len() - 1;
+        let n = self.stages.len();
+        let last = n - 1;
+        let mut norms = match mode {
+            Mode::Eval => self.running_norms(plan, params),
+            Mode::Train => self.stages.iter().map(|_| None).collect(),
+        };
         match keep {
             Some(traces) => {
                 traces.resize_with(batch, Trace::default);
-                traces
-                    .par_iter_mut()
-                    .zip(feats.par_chunks_mut(d))
+                let starts: Vec<usize> = match mode {
+                    Mode::Train => self.norms().collect(),
+                    Mode::Eval => Vec::new(),
+                };
+                let mut from = 0;
+                for end in starts.iter().copied().chain([n]) {
+                    if from > 0 {
+                        let [c, h, w] = plan.shapes[from];
+                        let inputs = traces.par_iter().map(|tr| &tr.outs[from - 1][..]);
+                        let p = &params[plan.at[from]..][..4 * c];
+                        norms[from] = Some(Norm::of_batch(p, c, h * w, inputs));
+                    }
+                    let norms = &norms;
+                    traces
+                        .par_iter_mut()
+                        .zip(x.par_chunks(pixels))
+                        .for_each(|(tr, x)| {
+                            SCRATCH.with_borrow_mut(|s| {
+                                self.forward_image(plan, params, norms, from..end, x, tr, s);
+                            });
+                        });
+                    from = end;
+                }
+                feats
+                    .par_chunks_mut(d)
+                    .zip(traces.par_iter())
+                    .for_each(|(f, tr)| f.copy_from_slice(&tr.outs[last]));
+            }
+            None => {
+                assert!(
+                    mode == Mode::Eval || self.norms().next().is_none(),
+                    "batch statistics need the batch's traces"
+                );
+                let norms = &norms;
+                feats
+                    .par_chunks_mut(d)
                     .zip(x.par_chunks(pixels))
-                    .for_each(|((tr, f), x)| {
+                    .for_each_init(Trace::default, |tr, (f, x)| {
                         SCRATCH.with_borrow_mut(|s| {
-                            self.forward_image(plan, params, x, tr, s);
+                            self.forward_image(plan, params, norms, 0..n, x, tr, s);
                         });
                         f.copy_from_slice(&tr.outs[last]);
                     });
             }
-            None => feats
-                .par_chunks_mut(d)
-                .zip(x.par_chunks(pixels))
-                .for_each_init(Trace::default, |tr, (f, x)| {
-                    SCRATCH.with_borrow_mut(|s| {
-                        self.forward_image(plan, params, x, tr, s);
-                    });
-                    f.copy_from_slice(&tr.outs[last]);
-                }),
         }
-        feats
+        (feats, norms)
     }
 
     /// Dense layers on `feats`: each layer's input (the features, then the hidden
@@ -461,6 +579,85 @@ impl Net {
         acts
     }
 
+    /// Backward through the stages of every image, from `dz`, the loss gradient of the
+    /// features (`batch` rows); returns the stages' parameter gradients of each chunk of
+    /// [`CHUNK`] images (images in order within a chunk) and each BatchNorm's batch sums
+    /// (Σ δy, Σ δy·x̂) by stage. The BatchNorms bound the ranges the images run
+    /// through one at a time: at each, the batch's sums are taken and every image's
+    /// gradient passes it ([`Norm::backward`]).
+    #[allow(clippy::too_many_arguments)]
+    fn stages_backward(
+        &self,
+        plan: &Plan,
+        params: &[f32],
+        w_t: &[Vec<f32>],
+        norms: &[Option<Norm>],
+        x: &[f32],
+        dz: &[f32],
+        traces: &mut [Trace],
+    ) -> (Vec<Vec<f32>>, Vec<NormSums>) {
+        let pixels: usize = self.input.iter().product();
+        let width = dz.len() / traces.len();
+        let mut parts = vec![vec![0.0; plan.stage_total]; traces.len().div_ceil(CHUNK)];
+        let mut norm_sums = Vec::new();
+        let mut end = self.stages.len();
+        let bounds: Vec<usize> = self.norms().rev().collect();
+        for (r, start) in bounds.iter().map(|b| b + 1).chain([0]).enumerate() {
+            traces
+                .par_chunks_mut(CHUNK)
+                .zip(&mut parts)
+                .zip(dz.par_chunks(CHUNK * width))
+                .zip(x.par_chunks(CHUNK * pixels))
+                .for_each(|(((trs, g), dfeat), xs)| {
+                    // No rayon call runs inside (each GEMM is single-threaded), so no
+                    // other task of this thread can want the scratch while it is borrowed.
+                    SCRATCH.with_borrow_mut(|s| {
+                        for ((tr, df), x) in trs
+                            .iter_mut()
+                            .zip(dfeat.chunks_exact(width))
+                            .zip(xs.chunks_exact(pixels))
+                        {
+                            if r == 0 {
+                                s.grad.clear();
+                                s.grad.extend_from_slice(df);
+                            } else {
+                                std::mem::swap(&mut s.grad, &mut tr.grad);
+                            }
+                            self.backward_image(plan, params, w_t, start..end, x, tr, g, s);
+                            if start > 0 {
+                                std::mem::swap(&mut s.grad, &mut tr.grad);
+                            }
+                        }
+                    });
+                });
+            if start == 0 {
+                break;
+            }
+            let b = start - 1;
+            let norm = norms[b].as_ref().expect("a BatchNorm's statistics");
+            let per_image: Vec<Vec<[f64; 2]>> = traces
+                .par_iter()
+                .map(|tr| norm.sums(&tr.grad, &tr.outs[b - 1]))
+                .collect();
+            let mut sums = vec![[0.0f64; 2]; plan.shapes[b][0]];
+            for image in &per_image {
+                for (s, v) in sums.iter_mut().zip(image) {
+                    s[0] += v[0];
+                    s[1] += v[1];
+                }
+            }
+            let [_, h, w] = plan.shapes[b];
+            let n = traces.len() * h * w;
+            traces.par_iter_mut().for_each(|tr| {
+                let Trace { outs, grad, .. } = tr;
+                norm.backward(grad, &outs[b - 1], &sums, n);
+            });
+            norm_sums.push((b, sums));
+            end = b;
+        }
+        (parts, norm_sums)
+    }
+
     /// Lays each convolution weight's gradient in `grad` (the convolution part of the
     /// flat gradient) out as the parameters are, from the `[cin·k·k, cout]` layout the
     /// backward pass accumulates it in.
@@ -468,7 +665,7 @@ impl Net {
         for (i, stage) in self.stages.iter().enumerate() {
             if let Stage::Conv { cout, k, .. } = *stage {
                 let ckk = plan.shapes[i][0] * k * k;
-                let w = &mut grad[plan.conv_at[i]..][..cout * ckk];
+                let w = &mut grad[plan.at[i]..][..cout * ckk];
                 let t = transposed(w, ckk, cout);
                 w.copy_from_slice(&t);
             }
@@ -479,18 +676,22 @@ impl Net {
     pub(super) fn logits(&self, params: &[f32], x: &[f32], batch: usize) -> Vec<f32> {
         let plan = self.plan();
         assert_eq!(params.len(), plan.total, "parameter count");
-        let feats = self.features_of(&plan, params, x, batch, None);
+        let (feats, _) = self.features_of(&plan, params, x, batch, None, Mode::Eval);
         self.dense_forward(&plan, params, feats, batch)
             .pop()
             .expect("at least the output layer")
     }
 
-    /// Mean cross-entropy of the images `x` against `labels` and its flat gradient.
+    /// Mean cross-entropy of the images `x` against `labels` and its flat gradient, with
+    /// BatchNorm in `mode`. A running statistic has no gradient: its entry holds 0 in
+    /// eval mode, and in training mode the statistic's new value
+    /// ([`crate::model::LossGradient::train_loss_and_gradient`]).
     pub(super) fn loss_and_gradient(
         &self,
         params: &[f32],
         x: &[f32],
         labels: &[u32],
+        mode: Mode,
     ) -> (f32, Vec<f32>) {
         let plan = self.plan();
         assert_eq!(params.len(), plan.total, "parameter count");
@@ -499,7 +700,7 @@ impl Net {
         // Taken, not borrowed: a nested call on this thread (a rayon task stolen while
         // this one waits) finds an empty list and allocates its own.
         let mut traces = TRACES.take();
-        let feats = self.features_of(&plan, params, x, batch, Some(&mut traces));
+        let (feats, norms) = self.features_of(&plan, params, x, batch, Some(&mut traces), mode);
         let mut acts = self.dense_forward(&plan, params, feats, batch);
         let classes = *self.dense.last().expect("at least the output layer");
 
@@ -563,46 +764,42 @@ impl Net {
             .map(|(i, stage)| match *stage {
                 Stage::Conv { cout, k, .. } if i > 0 => {
                     let ckk = plan.shapes[i][0] * k * k;
-                    transposed(&params[plan.conv_at[i]..][..cout * ckk], cout, ckk)
+                    transposed(&params[plan.at[i]..][..cout * ckk], cout, ckk)
                 }
                 _ => Vec::new(),
             })
             .collect();
-        let pixels: usize = self.input.iter().product();
-        let conv_grads: Vec<Vec<f32>> = traces
-            .par_chunks(CHUNK)
-            .zip(dz.par_chunks(CHUNK * width))
-            .zip(x.par_chunks(CHUNK * pixels))
-            .map(|((trs, dfeat), xs)| {
-                let mut g = vec![0.0; plan.conv_total];
-                // No rayon call runs inside (each GEMM is single-threaded), so no other
-                // task of this thread can want the scratch while it is borrowed.
-                SCRATCH.with_borrow_mut(|s| {
-                    for ((tr, df), x) in trs
-                        .iter()
-                        .zip(dfeat.chunks_exact(width))
-                        .zip(xs.chunks_exact(pixels))
-                    {
-                        s.grad.clear();
-                        s.grad.extend_from_slice(df);
-                        self.backward_image(&plan, &w_t, x, tr, &mut g, s);
-                    }
-                });
-                g
-            })
-            .collect();
+        let (parts, norm_sums) =
+            self.stages_backward(&plan, params, &w_t, &norms, x, &dz, &mut traces);
         // The chunks' sums added in chunk order, entry by entry (the entries in blocks
         // side by side), each weight still in the backward pass's layout; then laid out
         // as the parameters, once.
-        grad[..plan.conv_total]
+        grad[..plan.stage_total]
             .par_chunks_mut(SUM_BLOCK)
             .enumerate()
             .for_each(|(b, dst)| {
-                for part in &conv_grads {
+                for part in &parts {
                     add_assign(dst, &part[b * SUM_BLOCK..][..dst.len()]);
                 }
             });
-        self.untranspose_weights(&plan, &mut grad[..plan.conv_total]);
+        self.untranspose_weights(&plan, &mut grad[..plan.stage_total]);
+        // BatchNorm's scale and shift take the batch's sums (the chunks left them 0), its
+        // running statistics their new values in training mode.
+        for (i, sums) in norm_sums {
+            let [c, h, w] = plan.shapes[i];
+            let at = plan.at[i];
+            let (gamma, rest) = grad[at..at + 4 * c].split_at_mut(c);
+            let (beta, running) = rest.split_at_mut(c);
+            for ((g, b), s) in gamma.iter_mut().zip(beta.iter_mut()).zip(&sums) {
+                *g = s[1] as f32;
+                *b = s[0] as f32;
+            }
+            let norm = norms[i].as_ref().expect("a BatchNorm's statistics");
+            if let Some((mean, var)) = norm.moved_running(&params[at..][..4 * c], batch * h * w) {
+                running[..c].copy_from_slice(&mean);
+                running[c..].copy_from_slice(&var);
+            }
+        }
         TRACES.set(traces);
         ((loss / batch as f64) as f32, grad)
     }

@@ -11,57 +11,100 @@ use crate::bench::random_dataset;
 use crate::data::Dataset;
 use crate::model::cnn_cifar::CnnCifar;
 use crate::model::cnn_fmnist::CnnFmnist;
+use crate::model::cnn_hics_code::{CnnHicsCode, batch_norm};
 use crate::model::{
-    Architecture, AutodiffOnly, Batch, ParamLayout, batch, cross_entropy, dense_rows,
+    Architecture, AutodiffOnly, Batch, Dropout, ParamLayout, batch, cross_entropy, dense_rows,
 };
 use crate::rng::{Purpose, stream};
 use crate::train::evaluate;
 
-/// The flat parameters split per tensor, in the order of the models' `params()`.
-fn split(net: &Net, flat: &[f32], device: &Device) -> Vec<Tensor<1>> {
+/// Each parameter tensor's entries in the flat vector, in the order of the models'
+/// `params()`, and whether it is trained.
+fn tensors(net: &Net) -> Vec<(Range<usize>, bool)> {
     let plan = net.plan();
     let mut bounds = Vec::new();
     for (i, s) in net.stages.iter().enumerate() {
-        if let Stage::Conv { cout, k, .. } = *s {
-            let at = plan.conv_at[i];
-            let w = cout * plan.shapes[i][0] * k * k;
-            bounds.extend([at..at + w, at + w..at + w + cout]);
+        let at = plan.at[i];
+        let c = plan.shapes[i][0];
+        match *s {
+            Stage::Conv { cout, k, bias, .. } => {
+                let w = cout * c * k * k;
+                bounds.push((at..at + w, true));
+                if bias {
+                    bounds.push((at + w..at + w + cout, true));
+                }
+            }
+            Stage::Prelu => bounds.push((at..at + 1, true)),
+            Stage::BatchNorm => {
+                for (j, trained) in [true, true, false, false].into_iter().enumerate() {
+                    bounds.push((at + j * c..at + (j + 1) * c, trained));
+                }
+            }
+            Stage::Relu | Stage::Pool => {}
         }
     }
     for (&(wa, ba), &width) in plan.dense_at.iter().zip(&net.dense) {
-        bounds.extend([wa..ba, ba..ba + width]);
+        bounds.extend([(wa..ba, true), (ba..ba + width, true)]);
     }
     bounds
+}
+
+/// The flat parameters split per tensor, in the order of the models' `params()`.
+fn split(net: &Net, flat: &[f32], device: &Device) -> Vec<Tensor<1>> {
+    tensors(net)
         .into_iter()
-        .map(|r| {
+        .map(|(r, _)| {
             let n = r.len();
             Tensor::<1>::from_data(TensorData::new(flat[r].to_vec(), [n]), device)
         })
         .collect()
 }
 
-/// The logits of `net` by burn's ops, stage by stage.
-fn burn_forward(net: &Net, p: &[Tensor<1>], x: Tensor<2>) -> Tensor<2> {
+/// The logits of `net` by burn's ops, stage by stage, with BatchNorm in `mode`, and in
+/// training mode the running statistics' new values by tensor index.
+fn burn_forward(
+    net: &Net,
+    p: &[Tensor<1>],
+    x: Tensor<2>,
+    mode: Mode,
+) -> (Tensor<2>, Vec<(usize, Tensor<1>)>) {
     let b = x.dims()[0];
     let [c, h, w] = net.input;
     let mut t = x.reshape([b, c, h, w]);
     let mut next = 0;
+    let mut running = Vec::new();
     for s in net.stages {
         t = match *s {
-            Stage::Conv { cout, k, pad } => {
+            Stage::Conv {
+                cout, k, pad, bias, ..
+            } => {
                 let cin = t.dims()[1];
                 let weight = p[next].clone().reshape([cout, cin, k, k]);
-                let bias = p[next + 1].clone();
-                next += 2;
+                let bias = bias.then(|| p[next + 1].clone());
+                next += 1 + usize::from(bias.is_some());
                 conv2d(
                     t,
                     weight,
-                    Some(bias),
+                    bias,
                     ConvOptions::new([1, 1], [pad, pad], [1, 1], 1),
                 )
             }
             Stage::Relu => burn_relu(t),
             Stage::Pool => max_pool2d(t, MaxPoolOptions::new([2, 2])),
+            Stage::Prelu => {
+                next += 1;
+                burn_relu(t.clone())
+                    - burn_relu(t.neg()) * p[next - 1].clone().reshape([1, 1, 1, 1])
+            }
+            Stage::BatchNorm => {
+                let q = |j: usize| p[next + j].clone();
+                let (y, moved) = batch_norm(t, q(0), q(1), q(2), q(3), mode == Mode::Train);
+                if let Some(r) = moved {
+                    running.extend([(next + 2, r.mean), (next + 3, r.var)]);
+                }
+                next += 4;
+                y
+            }
         };
     }
     let mut fan_in = net.features();
@@ -77,35 +120,49 @@ fn burn_forward(net: &Net, p: &[Tensor<1>], x: Tensor<2>) -> Tensor<2> {
         };
         fan_in = width;
     }
-    a
+    (a, running)
 }
 
-/// Loss and flat gradient by burn's autodiff through `forward`.
+/// Loss and flat gradient by burn's autodiff through `forward`, which returns the logits
+/// and the new values of the running statistics it moves (by tensor index). As the fused
+/// pass returns them, a non-trainable tensor's entries hold its new value where
+/// `forward` gives one, else 0.
 fn autodiff(
     params: Vec<Tensor<1>>,
+    trainable: &[bool],
     data: &Dataset,
     idx: &[usize],
-    forward: impl Fn(&[Tensor<1>], Batch) -> Tensor<2>,
+    forward: impl FnOnce(&[Tensor<1>], Batch) -> (Tensor<2>, Vec<(usize, Tensor<1>)>),
 ) -> (f32, Vec<f32>) {
     let device = Device::flex();
     let ad: Vec<Tensor<1>> = params
         .into_iter()
-        .map(|p| p.autodiff().require_grad())
-        .collect();
-    let (x, y) = batch(data, idx, &device);
-    let loss = cross_entropy(forward(&ad, x), y);
-    let grads = loss.backward();
-    let g: Vec<f32> = ad
-        .iter()
-        .flat_map(|p| {
-            p.grad(&grads)
-                .unwrap()
-                .into_data()
-                .try_into_vec::<f32>()
-                .unwrap()
+        .zip(trainable)
+        .map(|(p, &t)| {
+            if t {
+                p.autodiff().require_grad()
+            } else {
+                p.autodiff()
+            }
         })
         .collect();
-    (loss.inner().into_scalar::<f32>(), g)
+    let (x, y) = batch(data, idx, &device);
+    let (logits, running) = forward(&ad, x);
+    let loss = cross_entropy(logits, y);
+    let grads = loss.backward();
+    let values = |t: Tensor<1>| t.into_data().try_into_vec::<f32>().unwrap();
+    let mut parts: Vec<Vec<f32>> = ad
+        .iter()
+        .zip(trainable)
+        .map(|(p, &t)| match t {
+            true => values(p.grad(&grads).unwrap()),
+            false => vec![0.0; p.dims()[0]],
+        })
+        .collect();
+    for (i, v) in running {
+        parts[i] = values(v);
+    }
+    (loss.inner().into_scalar::<f32>(), parts.concat())
 }
 
 fn relative_error(a: &[f32], b: &[f32]) -> f64 {
@@ -114,38 +171,53 @@ fn relative_error(a: &[f32], b: &[f32]) -> f64 {
     (diff / norm).sqrt()
 }
 
-/// Each parameter tensor's fused gradient is within 1e-4 (relative, in norm) of
-/// `want`, and the losses agree to 1e-5.
+/// Each trained tensor's fused gradient is within 1e-4 (relative, in norm) of `want`,
+/// each running statistic's new value within 1e-5 (or both 0), and the losses agree to
+/// 1e-5.
 fn assert_close(net: &Net, got: (f32, Vec<f32>), want: (f32, Vec<f32>)) {
     let ((loss, grad), (want_loss, want)) = (got, want);
     assert!(
         (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
         "{loss} vs {want_loss}"
     );
-    let device = Device::flex();
-    let parts = |g: &[f32]| -> Vec<Vec<f32>> {
-        split(net, g, &device)
-            .into_iter()
-            .map(|t| t.into_data().try_into_vec::<f32>().unwrap())
-            .collect()
-    };
-    for (i, (g, w)) in parts(&grad).iter().zip(parts(&want)).enumerate() {
+    for (i, (r, trained)) in tensors(net).into_iter().enumerate() {
+        let (g, w) = (&grad[r.clone()], &want[r]);
+        if !trained && w.iter().all(|&v| v == 0.0) {
+            assert!(g.iter().all(|&v| v == 0.0), "running statistic {i}: {g:?}");
+            continue;
+        }
         assert!(w.iter().any(|&v| v != 0.0), "parameter {i} has no gradient");
-        let err = relative_error(g, &w);
-        assert!(err < 1e-4, "parameter {i}: relative error {err:e}");
+        let err = relative_error(g, w);
+        // A PReLU slope's gradient is one sum over every pixel of the batch, of terms of
+        // both signs after BatchNorm's centring: burn's `f32` sums carry more rounding.
+        let tol = match (trained, g.len()) {
+            (false, _) => 1e-5,
+            (true, 1) => 1e-3,
+            (true, _) => 1e-4,
+        };
+        assert!(err < tol, "parameter {i}: relative error {err:e}");
     }
 }
 
-/// Parameters of `net` drawn uniformly from ±0.5.
+/// Parameters of `net` drawn uniformly from ±0.5, a BatchNorm's running variances
+/// from 1 ± 0.5.
 fn random_params(net: &Net, seed: u64) -> Vec<f32> {
     let mut rng = stream(seed, Purpose::Init, 0, 0);
-    (0..net.plan().total)
+    let mut p: Vec<f32> = (0..net.plan().total)
         .map(|_| rng.random_range(-0.5..0.5))
-        .collect()
+        .collect();
+    let bounds = tensors(net);
+    for pair in bounds.windows(2) {
+        if let [(_, false), (var, false)] = pair {
+            p[var.clone()].iter_mut().for_each(|v| *v += 1.0);
+        }
+    }
+    p
 }
 
 /// Odd image sizes (pools drop a row and a column), padding on a non-square image,
-/// a pool before its ReLU and two dense layers.
+/// a pool before its ReLU, two dense layers, and PReLU and BatchNorm (a convolution
+/// without bias before them, a pool after the second) in training and eval mode.
 #[test]
 fn the_fused_gradient_matches_autodiff_on_small_cnns() {
     let nets = [
@@ -156,6 +228,7 @@ fn the_fused_gradient_matches_autodiff_on_small_cnns() {
                     cout: 3,
                     k: 3,
                     pad: 1,
+                    bias: true,
                 },
                 Stage::Relu,
                 Stage::Pool,
@@ -163,6 +236,7 @@ fn the_fused_gradient_matches_autodiff_on_small_cnns() {
                     cout: 4,
                     k: 2,
                     pad: 0,
+                    bias: true,
                 },
                 Stage::Pool,
                 Stage::Relu,
@@ -176,11 +250,35 @@ fn the_fused_gradient_matches_autodiff_on_small_cnns() {
                     cout: 2,
                     k: 5,
                     pad: 2,
+                    bias: true,
                 },
                 Stage::Relu,
                 Stage::Pool,
             ],
             dense: vec![4],
+        },
+        Net {
+            input: [2, 6, 5],
+            stages: &[
+                Stage::Conv {
+                    cout: 3,
+                    k: 3,
+                    pad: 1,
+                    bias: false,
+                },
+                Stage::Prelu,
+                Stage::BatchNorm,
+                Stage::Conv {
+                    cout: 4,
+                    k: 2,
+                    pad: 0,
+                    bias: true,
+                },
+                Stage::Prelu,
+                Stage::BatchNorm,
+                Stage::Pool,
+            ],
+            dense: vec![5, 3],
         },
     ];
     let device = Device::flex();
@@ -190,11 +288,15 @@ fn the_fused_gradient_matches_autodiff_on_small_cnns() {
         let params = random_params(net, seed as u64);
         let idx: Vec<usize> = (0..14).step_by(2).collect();
         let (x, labels) = dense_rows(&data, &idx);
-        let got = net.loss_and_gradient(&params, &x, &labels);
-        let want = autodiff(split(net, &params, &device), &data, &idx, |p, x| {
-            burn_forward(net, p, crate::model::dense(x))
-        });
-        assert_close(net, got, want);
+        let trained: Vec<bool> = tensors(net).into_iter().map(|t| t.1).collect();
+        for mode in [Mode::Train, Mode::Eval] {
+            let got = net.loss_and_gradient(&params, &x, &labels, mode);
+            let p = split(net, &params, &device);
+            let want = autodiff(p, &trained, &data, &idx, |p, x| {
+                burn_forward(net, p, crate::model::dense(x), mode)
+            });
+            assert_close(net, got, want);
+        }
     }
 }
 
@@ -211,12 +313,14 @@ fn a_step_counts_the_hand_counted_flops() {
                 cout: 2,
                 k: 3,
                 pad: 1,
+                bias: true,
             },
             Stage::Pool,
             Stage::Conv {
                 cout: 3,
                 k: 2,
                 pad: 0,
+                bias: true,
             },
         ],
         dense: vec![2],
@@ -238,6 +342,7 @@ fn a_step_counts_the_hand_counted_flops() {
             cout: 2,
             k: 3,
             pad: 1,
+            bias: true,
         }],
         dense: vec![2],
     };
@@ -260,7 +365,7 @@ fn counted_flops(net: &Net) -> u64 {
         .unwrap();
     pool.install(|| {
         let before = crate::model::matmul::flops_counted();
-        net.loss_and_gradient(&params, &x, &[0, 1]);
+        net.loss_and_gradient(&params, &x, &[0, 1], Mode::Train);
         crate::model::matmul::flops_counted() - before
     })
 }
@@ -287,7 +392,7 @@ fn row_sums_side_by_side_equal_sequential_sums() {
     }
 }
 
-/// The three seed models at their real shapes, against their own burn forward pass.
+/// The four seed CNNs at their real shapes, against their own burn forward pass.
 fn models() -> Vec<(Box<dyn Architecture>, Net, Dataset)> {
     let fmnist = |hidden| {
         let m = CnnFmnist {
@@ -302,6 +407,7 @@ fn models() -> Vec<(Box<dyn Architecture>, Net, Dataset)> {
         )
     };
     let cifar = CnnCifar { classes: 10 };
+    let code = CnnHicsCode { classes: 10 };
     vec![
         fmnist(Some(512)),
         fmnist(None),
@@ -310,26 +416,73 @@ fn models() -> Vec<(Box<dyn Architecture>, Net, Dataset)> {
             cifar.net(),
             random_dataset(&[3, 32, 32], None, 12, 10),
         ),
+        (
+            Box::new(code.clone()),
+            code.net(),
+            random_dataset(&[1, 28, 28], None, 12, 10),
+        ),
     ]
 }
 
+/// The model's initial parameters, its running statistics (if any) moved away from
+/// their start so that eval mode reads them.
+fn seed_params(layout: &ParamLayout, seed: u64) -> Vec<f32> {
+    let mut params = layout.init(seed);
+    for (i, spec) in layout.specs.iter().enumerate() {
+        if !spec.trainable {
+            for (j, v) in params[layout.range(i)].iter_mut().enumerate() {
+                *v += 0.5 + 0.01 * j as f32;
+            }
+        }
+    }
+    params
+}
+
+/// No dropout, from a fixed stream.
+fn no_dropout(rng: &mut crate::rng::Rng) -> Dropout<'_> {
+    Dropout { p: 0.0, rng }
+}
+
+/// The fused loss and gradient of each seed model match burn's autodiff through its
+/// forward pass without dropout and through its training-mode pass, BatchNorm's
+/// running statistics included.
 #[test]
 fn the_fused_gradient_matches_autodiff_on_the_seed_models() {
     let device = Device::flex();
     for (seed, (arch, net, data)) in models().into_iter().enumerate() {
         let layout = ParamLayout::of(arch.as_ref());
         assert_eq!(layout.total, net.plan().total, "{}", arch.name());
-        let params = layout.init(seed as u64);
+        let params = seed_params(&layout, seed as u64);
+        let trained: Vec<bool> = layout.specs.iter().map(|s| s.trainable).collect();
         let idx = [1, 4, 5, 7, 10];
-        let got = arch
+        let f = arch
             .loss_gradient()
-            .expect("the CNNs have a fused gradient")
-            .loss_and_gradient(&params, &data, &idx);
-        let want = autodiff(layout.to_tensors(&params, &device), &data, &idx, |p, x| {
-            arch.forward(p, x, None)
+            .expect("the CNNs have a fused gradient");
+        let got = f.loss_and_gradient(&params, &data, &idx);
+        let p = layout.to_tensors(&params, &device);
+        let want = autodiff(p, &trained, &data, &idx, |p, x| {
+            (arch.forward(p, x, None), Vec::new())
+        });
+        assert_close(&net, got, want);
+        let mut rng = stream(1, Purpose::Training, 0, 0);
+        let got = f.train_loss_and_gradient(&params, &data, &idx, &mut no_dropout(&mut rng));
+        let p = layout.to_tensors(&params, &device);
+        let want = autodiff(p, &trained, &data, &idx, |p, x| {
+            arch.forward_train(p, x, &mut no_dropout(&mut rng))
         });
         assert_close(&net, got, want);
     }
+}
+
+/// The training-mode pass (BatchNorm by the batch's statistics) without dropout.
+fn train_pass(
+    f: &dyn crate::model::LossGradient,
+    params: &[f32],
+    data: &Dataset,
+    idx: &[usize],
+) -> (f32, Vec<f32>) {
+    let mut rng = stream(1, Purpose::Training, 0, 0);
+    f.train_loss_and_gradient(params, data, idx, &mut no_dropout(&mut rng))
 }
 
 /// Batches of 9 cut into chunks of 4, 4 and 1; the dense products split into blocks.
@@ -346,7 +499,7 @@ fn the_fused_gradient_does_not_depend_on_the_thread_count() {
                 .num_threads(threads)
                 .build()
                 .unwrap()
-                .install(|| f.loss_and_gradient(&params, &data, &idx))
+                .install(|| train_pass(f, &params, &data, &idx))
         };
         let (loss, grad) = run(1);
         for threads in [2, 3, 4] {
@@ -389,7 +542,7 @@ fn every_glue_copy_gives_the_same_bits() {
         let run = |isa: Isa| {
             pool.install(|| {
                 FORCED_ISA.with(|c| c.set(Some(isa)));
-                let out = f.loss_and_gradient(&params, &data, &idx);
+                let out = train_pass(f, &params, &data, &idx);
                 FORCED_ISA.with(|c| c.set(None));
                 out
             })
