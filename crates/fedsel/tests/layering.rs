@@ -33,6 +33,17 @@ fn edges() -> BTreeMap<String, BTreeSet<String>> {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap();
+            // A module's tests in their own file (`dir/tests.rs`) are test code whole, as
+            // long as `dir/mod.rs` declares them under `#[cfg(test)]`.
+            if path.file_name().is_some_and(|n| n == "tests.rs") {
+                let parent = std::fs::read_to_string(path.with_file_name("mod.rs")).unwrap();
+                assert!(
+                    parent.contains("#[cfg(test)]\nmod tests;"),
+                    "{} is compiled outside tests",
+                    path.display()
+                );
+                continue;
+            }
             let code = text.split("#[cfg(test)]").next().unwrap();
             for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
                 for (i, _) in line.match_indices("crate::") {

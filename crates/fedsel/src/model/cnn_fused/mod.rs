@@ -82,7 +82,7 @@ use elementwise::{
     add_assign, add_row_sums, pool_backward, pool_forward, relu, relu_backward, relu_in_place,
     relu_into, relu_passes,
 };
-use norm::{Norm, prelu_backward, prelu_forward};
+use norm::{Norm, in_image_order, prelu_backward, prelu_forward};
 
 /// One per-image stage.
 #[derive(Debug, Clone, Copy)]
@@ -168,6 +168,7 @@ impl Net {
                     [c, h, w]
                 }
                 Stage::BatchNorm => {
+                    assert!(shapes.len() > 1, "a BatchNorm follows a stage");
                     at += 4 * c;
                     [c, h, w]
                 }
@@ -639,13 +640,7 @@ impl Net {
                 .par_iter()
                 .map(|tr| norm.sums(&tr.grad, &tr.outs[b - 1]))
                 .collect();
-            let mut sums = vec![[0.0f64; 2]; plan.shapes[b][0]];
-            for image in &per_image {
-                for (s, v) in sums.iter_mut().zip(image) {
-                    s[0] += v[0];
-                    s[1] += v[1];
-                }
-            }
+            let sums = in_image_order(&per_image, plan.shapes[b][0]);
             let [_, h, w] = plan.shapes[b];
             let n = traces.len() * h * w;
             traces.par_iter_mut().for_each(|tr| {

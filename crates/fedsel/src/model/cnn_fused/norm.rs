@@ -159,6 +159,19 @@ fn parts(p: &[f32], c: usize) -> [&[f32]; 4] {
     [gamma, beta, mean, var]
 }
 
+/// The batch's per-channel pairs of sums: each image's pairs `per_image` added in image
+/// order, so the totals do not depend on how the images were spread over threads.
+pub(super) fn in_image_order(per_image: &[Vec<[f64; 2]>], c: usize) -> Vec<[f64; 2]> {
+    let mut sums = vec![[0.0f64; 2]; c];
+    for image in per_image {
+        for (s, v) in sums.iter_mut().zip(image) {
+            s[0] += v[0];
+            s[1] += v[1];
+        }
+    }
+    sums
+}
+
 impl Norm {
     fn new(p: &[f32], c: usize, mean: Vec<f64>, var: &[f64], batch: bool) -> Self {
         let [gamma, beta, ..] = parts(p, c);
@@ -207,13 +220,7 @@ impl Norm {
             })
             .collect();
         let n = (per_image.len() * hw) as f64;
-        let mut sums = vec![[0.0f64; 2]; c];
-        for image in &per_image {
-            for (s, v) in sums.iter_mut().zip(image) {
-                s[0] += v[0];
-                s[1] += v[1];
-            }
-        }
+        let sums = in_image_order(&per_image, c);
         let mean: Vec<f64> = sums.iter().map(|s| s[0] / n).collect();
         let var: Vec<f64> = sums
             .iter()
