@@ -1153,21 +1153,50 @@ mod tests {
         }
     }
 
+    /// `net`'s fused trainer and its autodiff one ([`AutodiffOnly`]) from the same start
+    /// (`net`'s init of seed 5) on all of `data`: the start, then each one's local update
+    /// and full one-step gradient, the fused first.
+    fn fused_and_autodiff(
+        net: &dyn Architecture,
+        data: &Dataset,
+        cfg: &TrainConfig,
+    ) -> (Vec<f32>, [(LocalUpdate, Vec<f32>); 2]) {
+        use crate::model::AutodiffOnly;
+        let reference = AutodiffOnly(net);
+        assert!(net.loss_gradient().is_some() && reference.loss_gradient().is_none());
+        let layout = ParamLayout::of(net);
+        let device = Device::flex();
+        let start = layout.init(5);
+        let idx: Vec<usize> = (0..data.len()).collect();
+        let run = |arch: &dyn Architecture| {
+            let t = Trainer {
+                arch,
+                layout: &layout,
+                data,
+                cfg,
+                dropout: 0.0,
+                device: &device,
+            };
+            let rng = || stream(1, Purpose::Training, 0, 0);
+            let update = t.train(&start, &idx, cfg.lr, &mut rng(), None);
+            let gradient = t.gradient(&start, &idx, GradientScope::Full, &mut rng());
+            (update, gradient.values)
+        };
+        let both = [run(net), run(&reference)];
+        (start, both)
+    }
+
     /// The trainer takes the char-LSTM's fused gradient, and its steps (momentum, weight
     /// decay, proximal term) and full gradient follow the autodiff path's.
     #[test]
     fn the_fused_lstm_path_trains_like_autodiff() {
-        use crate::model::AutodiffOnly;
         use crate::model::lstm::CharLstm;
         let net = CharLstm {
             vocab: 9,
             embed: 4,
             hidden: 6,
         };
-        let reference = AutodiffOnly(&net);
-        assert!(net.loss_gradient().is_some() && reference.loss_gradient().is_none());
         let data = crate::bench::random_dataset(&[], Some(7), 30, 9);
-        let layout = ParamLayout::of(&net);
         let cfg = TrainConfig {
             lr: 0.5,
             momentum: 0.9,
@@ -1177,43 +1206,13 @@ mod tests {
             batch_size: 8,
             ..TrainConfig::default()
         };
-        let device = Device::flex();
-        let trainer = |arch| Trainer {
-            arch,
-            layout: &layout,
-            data: &data,
-            cfg: &cfg,
-            dropout: 0.0,
-            device: &device,
-        };
-        let start = layout.init(5);
-        let idx: Vec<usize> = (0..30).collect();
-        let train = |arch| {
-            trainer(arch).train(
-                &start,
-                &idx,
-                cfg.lr,
-                &mut stream(1, Purpose::Training, 0, 0),
-                None,
-            )
-        };
-        let (fused, slow) = (train(&net), train(&reference));
+        let (start, [(fused, fused_g), (slow, slow_g)]) = fused_and_autodiff(&net, &data, &cfg);
         let delta = |u: &LocalUpdate| -> Vec<f32> {
             u.params.iter().zip(&start).map(|(a, b)| a - b).collect()
         };
         assert!(relative_error(&delta(&fused), &delta(&slow)) < 1e-4);
         assert!((fused.mean_loss - slow.mean_loss).abs() < 1e-5 * slow.mean_loss);
-        let gradient = |arch| {
-            trainer(arch)
-                .gradient(
-                    &start,
-                    &idx,
-                    GradientScope::Full,
-                    &mut stream(1, Purpose::Training, 0, 0),
-                )
-                .values
-        };
-        assert!(relative_error(&gradient(&net), &gradient(&reference)) < 1e-4);
+        assert!(relative_error(&fused_g, &slow_g) < 1e-4);
     }
 
     /// The trainer takes the HiCS-FL code CNN's fused pass: its steps in the code's
@@ -1221,13 +1220,9 @@ mod tests {
     /// move follow the autodiff path's, and so does its one-step gradient (eval mode).
     #[test]
     fn the_fused_batch_norm_cnn_trains_like_autodiff() {
-        use crate::model::AutodiffOnly;
         use crate::model::cnn_hics_code::CnnHicsCode;
         let net = CnnHicsCode { classes: 10 };
-        let reference = AutodiffOnly(&net);
-        assert!(net.loss_gradient().is_some() && reference.loss_gradient().is_none());
         let data = crate::bench::random_dataset(&[1, 28, 28], None, 12, 10);
-        let layout = ParamLayout::of(&net);
         let cfg = TrainConfig {
             lr: 0.05,
             momentum: 0.9,
@@ -1237,27 +1232,7 @@ mod tests {
             batch_size: 4,
             ..TrainConfig::default()
         };
-        let device = Device::flex();
-        let trainer = |arch| Trainer {
-            arch,
-            layout: &layout,
-            data: &data,
-            cfg: &cfg,
-            dropout: 0.0,
-            device: &device,
-        };
-        let start = layout.init(5);
-        let idx: Vec<usize> = (0..12).collect();
-        let train = |arch| {
-            trainer(arch).train(
-                &start,
-                &idx,
-                cfg.lr,
-                &mut stream(1, Purpose::Training, 0, 0),
-                None,
-            )
-        };
-        let (fused, slow) = (train(&net), train(&reference));
+        let (start, [(fused, fused_g), (slow, slow_g)]) = fused_and_autodiff(&net, &data, &cfg);
         let delta = |u: &LocalUpdate, r: std::ops::Range<usize>| -> Vec<f32> {
             u.params[r.clone()]
                 .iter()
@@ -1265,23 +1240,14 @@ mod tests {
                 .map(|(a, b)| a - b)
                 .collect()
         };
+        let layout = ParamLayout::of(&net);
         for (i, spec) in layout.specs.iter().enumerate() {
             let r = layout.range(i);
             let err = relative_error(&delta(&fused, r.clone()), &delta(&slow, r));
             assert!(err < 1e-4, "{}: relative error {err:e}", spec.name);
         }
         assert!((fused.mean_loss - slow.mean_loss).abs() < 1e-5 * slow.mean_loss);
-        let gradient = |arch| {
-            trainer(arch)
-                .gradient(
-                    &start,
-                    &idx,
-                    GradientScope::Full,
-                    &mut stream(1, Purpose::Training, 0, 0),
-                )
-                .values
-        };
-        assert!(relative_error(&gradient(&net), &gradient(&reference)) < 1e-4);
+        assert!(relative_error(&fused_g, &slow_g) < 1e-4);
     }
 
     /// The flat optimizer of the fused path against the tensor optimizer of the autodiff
