@@ -670,6 +670,80 @@ impl Scaling {
     }
 }
 
+/// A run's round taken apart ([`round_parts`]), in ms a round, each the mean over the
+/// run's rounds.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundParts {
+    /// The whole round: the run's wall time over its rounds.
+    pub round_ms: f64,
+    /// The round's local trainings alone: the clients the run selected that round, from
+    /// the initial model, spawned as the engine spawns them.
+    pub training_ms: f64,
+    /// The test-set evaluation alone (in the run it goes beside the next round's
+    /// training).
+    pub evaluation_ms: f64,
+}
+
+impl RoundParts {
+    /// What the round spends outside its trainings and its evaluation: selection,
+    /// aggregation and bookkeeping, less what the evaluation's overlap with training saves.
+    pub fn rest_ms(&self) -> f64 {
+        self.round_ms - self.training_ms - self.evaluation_ms
+    }
+}
+
+/// Runs `config` (it must evaluate every round) and then times its parts alone: each
+/// round's trainings of the clients it selected, and one test evaluation a round.
+pub fn round_parts(
+    config: &crate::config::Config,
+    data_dir: &std::path::Path,
+) -> crate::error::Result<RoundParts> {
+    use crate::engine::{self, Experiment, Observer, RoundRecord};
+
+    /// Each round's selected clients.
+    struct Selected(Vec<Vec<usize>>);
+    impl Observer for Selected {
+        fn on_round(&mut self, r: &RoundRecord) -> crate::error::Result<()> {
+            self.0.push(r.selected.clone());
+            Ok(())
+        }
+    }
+    let exp = Experiment::prepare(config.clone(), data_dir)?;
+    let mut selected = Selected(Vec::new());
+    let summary = engine::run(&exp, &mut selected)?;
+    let rounds = selected.0.len().max(1) as f64;
+    let trainer = exp.trainer();
+    let global = exp.layout.init(config.seed);
+    let (mut training, mut evaluation) = (Duration::ZERO, Duration::ZERO);
+    for (t, clients) in selected.0.iter().enumerate() {
+        let started = Instant::now();
+        rayon::scope_fifo(|s| {
+            for &k in clients {
+                let (trainer, global, own) = (&trainer, &global, &exp.clients[k].train);
+                s.spawn_fifo(move |_| {
+                    let mut rng = stream(config.seed, Purpose::Training, t as u64, k as u64);
+                    std::hint::black_box(trainer.train(
+                        global,
+                        own,
+                        config.train.lr,
+                        &mut rng,
+                        None,
+                    ));
+                });
+            }
+        });
+        training += started.elapsed();
+        let started = Instant::now();
+        std::hint::black_box(exp.test(&global));
+        evaluation += started.elapsed();
+    }
+    Ok(RoundParts {
+        round_ms: summary.wall_s * 1e3 / rounds,
+        training_ms: training.as_secs_f64() * 1e3 / rounds,
+        evaluation_ms: evaluation.as_secs_f64() * 1e3 / rounds,
+    })
+}
+
 /// [`Scaling`] of each of [`STRATEGIES`] (None for another name).
 pub fn scaling(strategy: &str) -> Option<Scaling> {
     let (round, matrices, power) = match strategy {

@@ -236,7 +236,8 @@ impl Experiment {
         }
     }
 
-    pub(super) fn trainer(&self) -> Trainer<'_> {
+    /// The trainer of the experiment's local updates.
+    pub(crate) fn trainer(&self) -> Trainer<'_> {
         Trainer {
             arch: self.arch.as_ref(),
             layout: &self.layout,
