@@ -78,6 +78,7 @@ use std::time::Instant;
 use nalgebra::{DMatrix, DMatrixView, DVector, DVectorView};
 use rand::seq::index::sample;
 use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{ClientQuery, RoundContext, Selection, Selector, Setup};
@@ -319,82 +320,104 @@ const TILE: usize = 32;
 /// order (eight running sums over blocks of eight rows, then the rest in order), and the
 /// product with w. Tiles of [`TILE`] columns are transposed so that each of those
 /// operations runs across the tile's columns at once, not down one column's chain of
-/// dependent divisions.
+/// dependent divisions. Tiles are independent, so they run in parallel: each column's
+/// arithmetic is the same whatever thread solves it.
 fn solve_scaled(l: &DMatrix<f64>, b: &DMatrix<f64>, w: f64) -> DMatrix<f64> {
-    let (d, n) = b.shape();
-    let mut out = DMatrix::zeros(d, n);
+    let d = b.nrows();
+    let mut out = DMatrix::zeros(d, b.ncols());
     if d == 0 {
         return out;
     }
-    // Row r of the tile; a last, partial tile is padded with zeros, which solve to zeros
-    // and are not written back.
-    let mut rows = vec![[0.0; TILE]; d];
-    for c0 in (0..n).step_by(TILE) {
-        let tw = TILE.min(n - c0);
-        let src = &b.as_slice()[c0 * d..(c0 + tw) * d];
-        for (r, row) in rows.iter_mut().enumerate() {
-            row.fill(0.0);
-            for (v, bc) in row.iter_mut().zip(src.chunks_exact(d)) {
-                *v = bc[r];
-            }
-        }
-        for i in 0..d {
-            let lii = l[(i, i)];
-            let (head, tail) = rows.split_at_mut(i + 1);
-            let ri = &mut head[i];
-            ri.iter_mut().for_each(|v| *v /= lii);
-            for (j, rj) in (i + 1..d).zip(tail) {
-                let lji = l[(j, i)];
-                for (v, &c) in rj.iter_mut().zip(ri.iter()) {
-                    *v += -c * lji;
-                }
-            }
-        }
-        for i in (0..d).rev() {
-            let len = d - 1 - i;
-            let mut acc = [[0.0; TILE]; 8];
-            let mut k = 0;
-            while len - k >= 8 {
-                for (q, accq) in acc.iter_mut().enumerate() {
-                    let row = i + 1 + k + q;
-                    let lv = l[(row, i)];
-                    for (a, &v) in accq.iter_mut().zip(&rows[row]) {
-                        *a += lv * v;
-                    }
-                }
-                k += 8;
-            }
-            let mut res = [0.0; TILE];
-            for (t, r) in res.iter_mut().enumerate() {
-                *r += acc[0][t] + acc[4][t];
-                *r += acc[1][t] + acc[5][t];
-                *r += acc[2][t] + acc[6][t];
-                *r += acc[3][t] + acc[7][t];
-            }
-            for row in i + 1 + k..d {
-                let lv = l[(row, i)];
-                for (r, &v) in res.iter_mut().zip(&rows[row]) {
-                    *r += lv * v;
-                }
-            }
-            let lii = l[(i, i)];
-            for (v, &r) in rows[i].iter_mut().zip(&res) {
-                *v = (*v - r) / lii;
-            }
-        }
-        let dst = &mut out.as_mut_slice()[c0 * d..(c0 + tw) * d];
-        for (t, oc) in dst.chunks_exact_mut(d).enumerate() {
-            for (o, row) in oc.iter_mut().zip(&rows) {
-                *o = row[t] * w;
-            }
-        }
-    }
+    out.as_mut_slice()
+        .par_chunks_mut(TILE * d)
+        .zip(b.as_slice().par_chunks(TILE * d))
+        .for_each_init(
+            || vec![[0.0; TILE]; d],
+            |rows, (dst, src)| solve_tile(l, src, dst, w, rows),
+        );
     out
 }
 
-/// X u for each u of `us` (n values each, X d × n) in one pass over X, each entry summed
-/// as nalgebra's matrix-vector product sums it: x_r0 u_0 first, then x_rc u_c added in order of c.
+/// One tile of [`solve_scaled`]: the `src.len() / d` columns of `src` solved into `dst`,
+/// with `rows` (d rows of [`TILE`]) as scratch.
+fn solve_tile(l: &DMatrix<f64>, src: &[f64], dst: &mut [f64], w: f64, rows: &mut [[f64; TILE]]) {
+    let d = rows.len();
+    let tw = src.len() / d;
+    // A last, partial tile is padded with zeros, which solve to zeros and are not
+    // written back.
+    for (r, row) in rows.iter_mut().enumerate() {
+        row.fill(0.0);
+        for (v, bc) in row.iter_mut().zip(src.chunks_exact(d)) {
+            *v = bc[r];
+        }
+    }
+    for i in 0..d {
+        let lii = l[(i, i)];
+        let (head, tail) = rows.split_at_mut(i + 1);
+        let ri = &mut head[i];
+        ri.iter_mut().for_each(|v| *v /= lii);
+        for (j, rj) in (i + 1..d).zip(tail) {
+            let lji = l[(j, i)];
+            for (v, &c) in rj.iter_mut().zip(ri.iter()) {
+                *v += -c * lji;
+            }
+        }
+    }
+    for i in (0..d).rev() {
+        let len = d - 1 - i;
+        let mut acc = [[0.0; TILE]; 8];
+        let mut k = 0;
+        while len - k >= 8 {
+            for (q, accq) in acc.iter_mut().enumerate() {
+                let row = i + 1 + k + q;
+                let lv = l[(row, i)];
+                for (a, &v) in accq.iter_mut().zip(&rows[row]) {
+                    *a += lv * v;
+                }
+            }
+            k += 8;
+        }
+        let mut res = [0.0; TILE];
+        for (t, r) in res.iter_mut().enumerate() {
+            *r += acc[0][t] + acc[4][t];
+            *r += acc[1][t] + acc[5][t];
+            *r += acc[2][t] + acc[6][t];
+            *r += acc[3][t] + acc[7][t];
+        }
+        for row in i + 1 + k..d {
+            let lv = l[(row, i)];
+            for (r, &v) in res.iter_mut().zip(&rows[row]) {
+                *r += lv * v;
+            }
+        }
+        let lii = l[(i, i)];
+        for (v, &r) in rows[i].iter_mut().zip(&res) {
+            *v = (*v - r) / lii;
+        }
+    }
+    debug_assert_eq!(dst.len(), tw * d);
+    for (t, oc) in dst.chunks_exact_mut(d).enumerate() {
+        for (o, row) in oc.iter_mut().zip(rows.iter()) {
+            *o = row[t] * w;
+        }
+    }
+}
+
+/// Columns of X per parallel task of [`nll_and_grad`]'s per-column passes.
+const COLUMNS: usize = 256;
+
+/// X u for each u of `us` (n values each, X d × n), each entry summed as nalgebra's
+/// matrix-vector product sums it: x_r0 u_0 first, then x_rc u_c added in order of c. The
+/// u's are shared among the threads, each pass over X serving its share of them.
 fn products(x: &DMatrix<f64>, us: &[&[f64]]) -> Vec<DVector<f64>> {
+    let share = us.len().div_ceil(rayon::current_num_threads()).max(1);
+    us.par_chunks(share)
+        .flat_map_iter(|us| products_serial(x, us))
+        .collect()
+}
+
+/// [`products`] on the calling thread, in one pass over X.
+fn products_serial(x: &DMatrix<f64>, us: &[&[f64]]) -> Vec<DVector<f64>> {
     let d = x.nrows();
     let mut out = vec![DVector::zeros(d); us.len()];
     if d == 0 {
@@ -459,7 +482,6 @@ pub fn nll_and_grad(
         let vs: Vec<DVector<f64>> = products(&xs, &ys).iter().map(|xy| chol.solve(xy)).collect();
         // a_s = (y_s − X_Sᵀ v_s)/σ², each (X_Sᵀ v_s)_c summed as the matrix-vector product
         // sums it: x_0c v_0 first, then x_rc v_r added in order of r.
-        let mut a: Vec<Vec<f64>> = vec![vec![0.0; xs.ncols()]; group.len()];
         // The v_s side by side (entry r of every sample together), so that the group's
         // sums for one column run at once.
         let k = group.len();
@@ -469,34 +491,55 @@ pub fn nll_and_grad(
                 vt[r * k + s] = vr;
             }
         }
-        let mut t = vec![0.0; k];
-        for (c, xc) in xs.as_slice().chunks_exact(d).enumerate() {
-            let (first, rest) = vt.split_at(k);
-            t.iter_mut().zip(first).for_each(|(t, &v)| *t = xc[0] * v);
-            for (&xr, vr) in xc[1..].iter().zip(rest.chunks_exact(k)) {
-                t.iter_mut().zip(vr).for_each(|(t, &v)| *t += xr * v);
-            }
-            for ((a_s, y), &ts) in a.iter_mut().zip(&ys).zip(&t) {
-                a_s[c] = (y[c] - ts) / s2;
-            }
-        }
+        // Columns in parallel, the samples of one column side by side (`at[c·k + s]`).
+        let mut at = vec![0.0; xs.ncols() * k];
+        at.par_chunks_mut(COLUMNS * k)
+            .zip(xs.as_slice().par_chunks(COLUMNS * d))
+            .enumerate()
+            .for_each(|(chunk, (at, xcs))| {
+                let mut t = vec![0.0; k];
+                let (first, rest) = vt.split_at(k);
+                for (j, (at_c, xc)) in at.chunks_exact_mut(k).zip(xcs.chunks_exact(d)).enumerate() {
+                    let c = chunk * COLUMNS + j;
+                    t.iter_mut().zip(first).for_each(|(t, &v)| *t = xc[0] * v);
+                    for (&xr, vr) in xc[1..].iter().zip(rest.chunks_exact(k)) {
+                        t.iter_mut().zip(vr).for_each(|(t, &v)| *t += xr * v);
+                    }
+                    for ((a, y), &ts) in at_c.iter_mut().zip(&ys).zip(&t) {
+                        *a = (y[c] - ts) / s2;
+                    }
+                }
+            });
+        let a: Vec<Vec<f64>> = (0..k)
+            .map(|s| at.iter().skip(s).step_by(k).copied().collect())
+            .collect();
         for ((s, y), a_s) in group.iter().zip(&ys).zip(&a) {
             let (y, a_s) = (DVectorView::from(*y), DVectorView::from(a_s.as_slice()));
             nll += 0.5 * s.weight * y.dot(&a_s);
         }
         let a_refs: Vec<&[f64]> = a.iter().map(Vec::as_slice).collect();
         let xa = products(&xs, &a_refs);
-        for (c, gc) in g.as_mut_slice().chunks_exact_mut(d).enumerate() {
-            for ((s, a_s), xa_s) in group.iter().zip(&a).zip(&xa) {
-                let ac = a_s[c];
-                for (gv, &xr) in gc.iter_mut().zip(xa_s.as_slice()) {
-                    *gv -= (xr * ac) * s.weight;
+        g.as_mut_slice()
+            .par_chunks_mut(COLUMNS * d)
+            .enumerate()
+            .for_each(|(chunk, gcs)| {
+                for (j, gc) in gcs.chunks_exact_mut(d).enumerate() {
+                    let c = chunk * COLUMNS + j;
+                    for ((s, a_s), xa_s) in group.iter().zip(&a).zip(&xa) {
+                        let ac = a_s[c];
+                        for (gv, &xr) in gc.iter_mut().zip(xa_s.as_slice()) {
+                            *gv -= (xr * ac) * s.weight;
+                        }
+                    }
                 }
+            });
+        // Slices, not nalgebra's column views: the same one addition per entry, without
+        // a view's set-up per client (most of the likelihood's time at 10,000 clients).
+        let out: &mut [f64] = grad.as_mut_slice();
+        for (&k, gc) in clients.iter().zip(g.as_slice().chunks_exact(d)) {
+            for (a, &b) in out[k * d..(k + 1) * d].iter_mut().zip(gc) {
+                *a += b;
             }
-        }
-        for (c, &k) in clients.iter().enumerate() {
-            let mut col = grad.column_mut(k);
-            col += g.column(c);
         }
     }
     if !nll.is_finite() || grad.iter().any(|g| !g.is_finite()) {
@@ -778,19 +821,23 @@ impl FedCor {
             }
             let c1 = 1.0 - b1.powi(step as i32);
             let c2 = 1.0 - b2.powi(step as i32);
-            // Adam, in place: each entry as the matrix expressions m ← m β₁ + g (1 − β₁),
-            // v ← v β₂ + g² (1 − β₂), x ← x − lr (m/c₁) / (√(v/c₂) + ε) compute it.
-            for (((xv, mv), vv), &gv) in self
-                .x
-                .iter_mut()
-                .zip(m.iter_mut())
-                .zip(v.iter_mut())
-                .zip(g.iter())
-            {
-                *mv = *mv * b1 + gv * (1.0 - b1);
-                *vv = *vv * b2 + (gv * gv) * (1.0 - b2);
-                *xv -= lr * (*mv / c1) / ((*vv / c2).sqrt() + eps);
-            }
+            // Adam, in place and in parallel chunks: each entry as the matrix expressions
+            // m ← m β₁ + g (1 − β₁), v ← v β₂ + g² (1 − β₂),
+            // x ← x − lr (m/c₁) / (√(v/c₂) + ε) compute it.
+            const CHUNK: usize = 4096;
+            self.x
+                .as_mut_slice()
+                .par_chunks_mut(CHUNK)
+                .zip(m.as_mut_slice().par_chunks_mut(CHUNK))
+                .zip(v.as_mut_slice().par_chunks_mut(CHUNK))
+                .zip(g.as_slice().par_chunks(CHUNK))
+                .for_each(|(((xs, ms), vs), gs)| {
+                    for (((xv, mv), vv), &gv) in xs.iter_mut().zip(ms).zip(vs).zip(gs) {
+                        *mv = *mv * b1 + gv * (1.0 - b1);
+                        *vv = *vv * b2 + (gv * gv) * (1.0 - b2);
+                        *xv -= lr * (*mv / c1) / ((*vv / c2).sqrt() + eps);
+                    }
+                });
         }
         let nll_after = nll_and_grad(&self.x, self.cfg.noise, &data)
             .map_err(|e| err(anchor, e))?
@@ -1221,7 +1268,9 @@ mod tests {
     /// every client (X read in place) and over a subset, and groups that share a factor.
     #[test]
     fn in_place_likelihood_and_adam_equal_the_reference_bit_for_bit() {
-        let n = 200;
+        // Past two of the per-column passes' chunks and the Adam step's, and not a
+        // multiple of a solve tile, so that the parallel splits are exercised.
+        let n = 700;
         let mut rng = stream(31, Purpose::Strategy, 0, 0);
         let all: Vec<usize> = (0..n).collect();
         let some: Vec<usize> = (0..n).filter(|k| k % 3 != 0).collect();
@@ -1253,12 +1302,25 @@ mod tests {
                 dl: &ys[3],
             },
         ];
+        let pool = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+        };
+        let (one, three) = (pool(1), pool(3));
         for d in [15, 4] {
             let x = DMatrix::from_fn(d, n, |_, _| nrm(&mut rng) / (d as f64).sqrt());
-            let (nll, g) = nll_and_grad(&x, 0.01, &data).unwrap();
             let (want_nll, want_g) = reference_nll_and_grad(&x, 0.01, &data);
-            assert_eq!(nll.to_bits(), want_nll.to_bits(), "d = {d}");
-            assert_eq!(bits(&g), bits(&want_g), "d = {d}");
+            for (threads, pool) in [(1, &one), (3, &three)] {
+                let (nll, g) = pool.install(|| nll_and_grad(&x, 0.01, &data)).unwrap();
+                assert_eq!(
+                    nll.to_bits(),
+                    want_nll.to_bits(),
+                    "d = {d}, {threads} threads"
+                );
+                assert_eq!(bits(&g), bits(&want_g), "d = {d}, {threads} threads");
+            }
             let cfg = FedCorConfig {
                 dim: d,
                 ..FedCorConfig::default()
@@ -1272,7 +1334,14 @@ mod tests {
                     dl: o.dl.to_vec(),
                 });
             }
+            let mut serial = gp.clone();
             gp.fit(3, 20).unwrap();
+            one.install(|| serial.fit(3, 20)).unwrap();
+            assert_eq!(
+                bits(&gp.x),
+                bits(&serial.x),
+                "d = {d}: one thread or several"
+            );
             let weighted: Vec<Observation<'_>> = data
                 .iter()
                 .enumerate()
