@@ -34,6 +34,16 @@ impl PairSums {
     pub(crate) fn tile(&self, p: usize, q: usize) -> &[f64] {
         &self.sums[p][(q - p) * BLOCK..(q - p + 1) * BLOCK]
     }
+
+    /// Applies `f(p, q, tile)` to the sums of every row panel p against column panel
+    /// q ≥ p, the row panels in parallel: each tile is rewritten once, by one thread.
+    pub(crate) fn for_each_tile_mut(&mut self, f: impl Fn(usize, usize, &mut [f64]) + Sync) {
+        self.sums.par_iter_mut().enumerate().for_each(|(p, row)| {
+            for (c, tile) in row.chunks_exact_mut(BLOCK).enumerate() {
+                f(p, p + c, tile);
+            }
+        });
+    }
 }
 
 /// Every pair's sum over the features of `points` (all of one length), starting at −0.0 as

@@ -76,7 +76,7 @@ pub(super) fn distances_with(g: &[&[f32]], kernel: Kernel) -> Vec<Vec<f64>> {
 /// [`gradient_distances_into`] with the given kernel.
 fn distances_into(g: &[&[f32]], kernel: Kernel, out: &mut Vec<Vec<f64>>) {
     let n = g.len();
-    let dots = pair_sums(g, DEPTH, GROUP, |tile, rows, cols, depth| {
+    let mut dots = pair_sums(g, DEPTH, GROUP, |tile, rows, cols, depth| {
         accumulate(kernel, tile, rows, cols, depth)
     });
     let panels = n.div_ceil(PANEL);
@@ -84,26 +84,22 @@ fn distances_into(g: &[&[f32]], kernel: Kernel, out: &mut Vec<Vec<f64>>) {
     let mut sq: Vec<f64> = (0..n).map(|i| dots.get(i, i)).collect();
     sq.resize(panels * PANEL, 0.0);
     let isa = crate::cpu::isa();
+    // Each pair's distance once, in its tile of the upper triangle, vectorised over the tile.
+    dots.for_each_tile_mut(|p, q, tile| {
+        tile_distances(isa, tile, &sq[p * PANEL..], &sq[q * PANEL..]);
+    });
+    let roots = dots;
     out.resize_with(n, Vec::new);
     // A row panel at a time, a tile at a time: entry (i, j) is pair (min, max)'s one
     // expression (floating-point addition commutes, so both halves hold the same bits),
-    // vectorised over a tile, whose sums are read whole for the rows of its row panel and,
-    // transposed, for those of its column panel; read entry by entry, each of the lower
-    // triangle's was a cache line of its own.
+    // read whole for the rows of its row panel and, transposed, for those of its column
+    // panel; read entry by entry, each of the lower triangle's was a cache line of its own.
     out.par_chunks_mut(PANEL).enumerate().for_each(|(q, rows)| {
         for row in rows.iter_mut() {
             row.resize(n, 0.0);
         }
-        let mut roots = [0.0; BLOCK];
         for p in 0..panels {
-            let (lo, hi) = (p.min(q), p.max(q));
-            tile_distances(
-                isa,
-                &mut roots,
-                dots.tile(lo, hi),
-                &sq[lo * PANEL..],
-                &sq[hi * PANEL..],
-            );
+            let roots = roots.tile(p.min(q), p.max(q));
             let width = PANEL.min(n - p * PANEL);
             for (r, row) in rows.iter_mut().enumerate() {
                 let row = &mut row[p * PANEL..p * PANEL + width];
@@ -122,25 +118,16 @@ fn distances_into(g: &[&[f32]], kernel: Kernel, out: &mut Vec<Vec<f64>>) {
     });
 }
 
-/// `roots[r·PANEL + l]` = √max(0, ‖g_a‖² + ‖g_b‖² − 2 g_a·g_b) for a the row panel's vector
-/// r and b the column panel's vector l, from their tile of dot products and squared norms.
-fn tile_distances(
-    isa: crate::cpu::Isa,
-    roots: &mut [f64],
-    dots: &[f64],
-    sq_a: &[f64],
-    sq_b: &[f64],
-) {
+/// Entry r·PANEL + l of `tile`, the dot product g_a·g_b of the row panel's vector a = r
+/// and the column panel's vector b = l, becomes √max(0, ‖g_a‖² + ‖g_b‖² − 2 g_a·g_b),
+/// from the squared norms of the two panels.
+fn tile_distances(isa: crate::cpu::Isa, tile: &mut [f64], sq_a: &[f64], sq_b: &[f64]) {
     crate::cpu::on_isa!(
         isa,
-        fn fill(roots: &mut [f64], dots: &[f64], sq_a: &[f64], sq_b: &[f64]) {
-            for ((out, dots), &a) in roots
-                .chunks_exact_mut(PANEL)
-                .zip(dots.chunks_exact(PANEL))
-                .zip(sq_a)
-            {
-                for ((d, &dot), &b) in out.iter_mut().zip(dots).zip(&sq_b[..PANEL]) {
-                    *d = (a + b - 2.0 * dot).max(0.0).sqrt();
+        fn fill(tile: &mut [f64], sq_a: &[f64], sq_b: &[f64]) {
+            for (row, &a) in tile.chunks_exact_mut(PANEL).zip(sq_a) {
+                for (d, &b) in row.iter_mut().zip(&sq_b[..PANEL]) {
+                    *d = (a + b - 2.0 * *d).max(0.0).sqrt();
                 }
             }
         }
