@@ -332,7 +332,7 @@ impl Selector for ClusteredSampling {
         fresh.sort_unstable();
         fresh.dedup();
         if let Some(kept) = &mut self.state.ward {
-            kept.mark_changed(&fresh);
+            kept.mark_changed_symmetric(&fresh);
         }
         for (&k, row) in fresh
             .iter()

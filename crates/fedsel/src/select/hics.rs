@@ -656,7 +656,7 @@ impl Selector for Hics {
                 self.changed.push(k);
             }
             if let Some(kept) = &mut self.state.ward {
-                kept.mark_changed(feedback.selected);
+                kept.mark_changed_symmetric(feedback.selected);
             }
         }
     }

@@ -400,6 +400,11 @@ pub struct KeptDistances {
     sums: Vec<Vec<f64>>,
     /// Points reported changed since the last linkage ([`Self::mark_changed`]).
     reported: Vec<usize>,
+    /// Whether every report since the last linkage came from
+    /// [`Self::mark_changed_symmetric`] (`None`: no report), so that the changed features
+    /// are known without comparing every point with its last value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    symmetric: Option<bool>,
     /// √`sums`, which the chain merges in place: kept between calls so that its n² values
     /// (800 MB at 10,000 clients) are not allocated and faulted in again every round.
     #[serde(skip)]
@@ -409,7 +414,8 @@ pub struct KeptDistances {
 /// `roots` is scratch, overwritten by every linkage.
 impl PartialEq for KeptDistances {
     fn eq(&self, other: &Self) -> bool {
-        (&self.points, &self.sums, &self.reported) == (&other.points, &other.sums, &other.reported)
+        (&self.points, &self.sums, &self.reported, self.symmetric)
+            == (&other.points, &other.sums, &other.reported, other.symmetric)
     }
 }
 
@@ -418,6 +424,21 @@ impl KeptDistances {
     /// sums their rows afresh. Any row may change unannounced; announcing the ones that
     /// changed in most of their features keeps the update O(K N²).
     pub fn mark_changed(&mut self, points: &[usize]) {
+        self.symmetric = Some(false);
+        self.report(points);
+    }
+
+    /// Notes that the rows and the columns of `points` changed and nothing else did, as
+    /// they do in Clustered Sampling's and HiCS-FL's symmetric matrices of client
+    /// distances: the next linkage then takes those columns as the changed features
+    /// without comparing all N² values with the last ones (1.6 GB read at 10,000 clients).
+    /// The sums are those [`Self::mark_changed`] gives.
+    pub fn mark_changed_symmetric(&mut self, points: &[usize]) {
+        self.symmetric = Some(self.symmetric.unwrap_or(true));
+        self.report(points);
+    }
+
+    fn report(&mut self, points: &[usize]) {
         self.reported.extend_from_slice(points);
         self.reported.sort_unstable();
         self.reported.dedup();
@@ -448,32 +469,19 @@ impl KeptDistances {
         // rows (the reported clients' columns, when the matrix is symmetric) are the ones
         // whose terms are replaced. A row changed without being reported only widens them.
         let reported = std::mem::take(&mut self.reported);
+        let symmetric = self.symmetric.take() == Some(true) && dims == n;
         let mut row_changed = vec![false; n];
         for &i in &reported {
             row_changed[i] = true;
         }
-        // Compared in parallel, the rows' findings or-ed: no order to keep.
-        let col_changed = points
-            .par_iter()
-            .zip(&self.points)
-            .zip(&row_changed)
-            .filter(|&(_, &reported)| !reported)
-            .fold(
-                || vec![false; dims],
-                |mut changed, ((new, old), _)| {
-                    for ((c, x), y) in changed.iter_mut().zip(new).zip(old) {
-                        *c |= x.to_bits() != y.to_bits();
-                    }
-                    changed
-                },
-            )
-            .reduce(
-                || vec![false; dims],
-                |mut a, b| {
-                    a.iter_mut().zip(b).for_each(|(x, y)| *x |= y);
-                    a
-                },
-            );
+        // Compared in parallel, the rows' findings or-ed: no order to keep. A column
+        // announced changed whose values did not change adds (x − y)² − (x − y)² = 0 to
+        // each sum.
+        let col_changed = if symmetric {
+            row_changed.clone()
+        } else {
+            Self::changed_columns(points, &self.points, &row_changed, dims)
+        };
         let cols: Vec<usize> = (0..dims).filter(|&c| col_changed[c]).collect();
         if cols.is_empty() && reported.is_empty() {
             // The last linkage used the roots up.
@@ -540,8 +548,40 @@ impl KeptDistances {
         }
     }
 
+    /// The features in which some point not reported changed since `old`: one
+    /// comparison of every value, the rows in parallel and their findings or-ed.
+    fn changed_columns(
+        points: &[Vec<f64>],
+        old: &[Vec<f64>],
+        row_changed: &[bool],
+        dims: usize,
+    ) -> Vec<bool> {
+        points
+            .par_iter()
+            .zip(old)
+            .zip(row_changed)
+            .filter(|&(_, &reported)| !reported)
+            .fold(
+                || vec![false; dims],
+                |mut changed, ((new, old), _)| {
+                    for ((c, x), y) in changed.iter_mut().zip(new).zip(old) {
+                        *c |= x.to_bits() != y.to_bits();
+                    }
+                    changed
+                },
+            )
+            .reduce(
+                || vec![false; dims],
+                |mut a, b| {
+                    a.iter_mut().zip(b).for_each(|(x, y)| *x |= y);
+                    a
+                },
+            )
+    }
+
     fn recompute(&mut self, points: &[Vec<f64>]) {
         self.reported.clear();
+        self.symmetric = None;
         self.sums = point_sums_on(points, crate::cpu::isa());
         self.points = points.to_vec();
         self.fill_roots();
@@ -1374,6 +1414,40 @@ mod tests {
             worst > 0.0,
             "the updates were all exact: the test would not see drift"
         );
+    }
+
+    /// Changes announced as symmetric give the sums, roots and merges of the same changes
+    /// announced as rows, whose columns are found by comparison, bit for bit, round after
+    /// round; a plain announcement among symmetric ones falls back to the comparison.
+    #[test]
+    fn symmetric_announcements_keep_the_compared_sums() {
+        use crate::rng::{Purpose, stream};
+        use rand::seq::index::sample;
+        let n = 120;
+        let mut rng = stream(12, Purpose::Strategy, 0, 0);
+        let mut points = symmetric(n, &mut rng);
+        let (mut rows, mut both) = (KeptDistances::default(), KeptDistances::default());
+        for round in 0..25 {
+            let fresh: Vec<usize> = sample(&mut rng, n, 1 + round % 6).into_vec();
+            for &k in &fresh {
+                set_row(&mut points, k, &mut rng);
+            }
+            rows.mark_changed(&fresh);
+            if round % 5 == 4 {
+                both.mark_changed_symmetric(&fresh[..1]);
+                both.mark_changed(&fresh[1..]);
+            } else {
+                both.mark_changed_symmetric(&fresh);
+            }
+            let (want, got) = (rows.linkage(&points), both.linkage(&points));
+            assert_eq!(rows, both, "round {round}");
+            let bits = |m: &[Merge]| -> Vec<(usize, usize, usize, u64)> {
+                m.iter()
+                    .map(|m| (m.a, m.b, m.size, m.height.to_bits()))
+                    .collect()
+            };
+            assert_eq!(bits(&got), bits(&want), "round {round}");
+        }
     }
 
     /// The kept sums are the same bits on one thread as on several, and survive a JSON
