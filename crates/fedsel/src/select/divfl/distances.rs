@@ -2,7 +2,7 @@
 //! with every dot product the plain sequential f64 sum over the parameters in order, so
 //! that the selections stay bit for bit the ones of the one-at-a-time loop.
 //!
-//! The blocking is [`pair_sums`]'s (panels of [`PANEL`] clients, blocks of [`DEPTH`]
+//! The blocking is [`pair_sums_into`]'s (panels of [`PANEL`] clients, blocks of [`DEPTH`]
 //! parameters); each tile of one row panel against up to [`GROUP`] column panels carries
 //! its PANEL × GROUP·PANEL running sums in registers through the block: each sum still adds
 //! its products in parameter order, but the gradients are read from cache, not memory, and
@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use crate::select::panels::{BLOCK, PANEL, cross_sums, pair_sums};
+use crate::select::panels::{BLOCK, PANEL, PairSums, cross_sums, pair_sums_into};
 
 /// Column panels per tile: 8 × 3 accumulator vectors fill 24 of AVX-512's 32 registers.
 const GROUP: usize = 3;
@@ -59,63 +59,148 @@ pub fn gradient_distances(g: &[&[f32]]) -> Vec<Vec<f64>> {
     distances_with(g, Kernel::detect())
 }
 
-/// [`gradient_distances`] into `out`, reusing its rows' memory: the ideal refresh fills
-/// an N × N matrix every round (800 MB at 10,000 clients), which, allocated afresh, is
-/// faulted in page by page every round.
-pub(super) fn gradient_distances_into(g: &[&[f32]], out: &mut Vec<Vec<f64>>) {
-    distances_into(g, Kernel::detect(), out);
-}
-
 /// [`gradient_distances`] with the given kernel.
 pub(super) fn distances_with(g: &[&[f32]], kernel: Kernel) -> Vec<Vec<f64>> {
-    let mut out = Vec::new();
-    distances_into(g, kernel, &mut out);
-    out
+    let mut tiled = Tiled::default();
+    tiled.fill(g, kernel);
+    tiled.rows()
 }
 
-/// [`gradient_distances_into`] with the given kernel.
-fn distances_into(g: &[&[f32]], kernel: Kernel, out: &mut Vec<Vec<f64>>) {
-    let n = g.len();
-    let mut dots = pair_sums(g, DEPTH, GROUP, |tile, rows, cols, depth| {
-        accumulate(kernel, tile, rows, cols, depth)
-    });
-    let panels = n.div_ceil(PANEL);
-    // Lanes past the last vector: their entries are never written out.
-    let mut sq: Vec<f64> = (0..n).map(|i| dots.get(i, i)).collect();
-    sq.resize(panels * PANEL, 0.0);
-    let isa = crate::cpu::isa();
-    // Each pair's distance once, in its tile of the upper triangle, vectorised over the tile.
-    dots.for_each_tile_mut(|p, q, tile| {
-        tile_distances(isa, tile, &sq[p * PANEL..], &sq[q * PANEL..]);
-    });
-    let roots = dots;
-    out.resize_with(n, Vec::new);
-    // A row panel at a time, a tile at a time: entry (i, j) is pair (min, max)'s one
-    // expression (floating-point addition commutes, so both halves hold the same bits),
-    // read whole for the rows of its row panel and, transposed, for those of its column
-    // panel; read entry by entry, each of the lower triangle's was a cache line of its own.
-    out.par_chunks_mut(PANEL).enumerate().for_each(|(q, rows)| {
-        for row in rows.iter_mut() {
-            row.resize(n, 0.0);
-        }
-        for p in 0..panels {
-            let roots = roots.tile(p.min(q), p.max(q));
-            let width = PANEL.min(n - p * PANEL);
-            for (r, row) in rows.iter_mut().enumerate() {
-                let row = &mut row[p * PANEL..p * PANEL + width];
-                for (l, d) in row.iter_mut().enumerate() {
-                    *d = if p >= q {
-                        roots[r * PANEL + l]
-                    } else {
-                        roots[l * PANEL + r]
-                    };
+/// The distances of [`gradient_distances`] kept as their upper triangle of PANEL × PANEL
+/// tiles, as the dot products were summed: half the memory of the N × N rows (400 MB at
+/// 10,000 clients) and no pass writing them out. The ideal refresh's greedy reads them
+/// in place, a row panel of candidates at a time ([`Tiled::costs`]), and keeps the memory
+/// between rounds.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Tiled {
+    roots: PairSums,
+    n: usize,
+}
+
+impl Tiled {
+    /// The distances between the vectors of `g`, replacing what was kept.
+    pub(super) fn refill(&mut self, g: &[&[f32]]) {
+        self.fill(g, Kernel::detect());
+    }
+
+    fn fill(&mut self, g: &[&[f32]], kernel: Kernel) {
+        let n = g.len();
+        pair_sums_into(
+            g,
+            DEPTH,
+            GROUP,
+            |tile, rows, cols, depth| accumulate(kernel, tile, rows, cols, depth),
+            &mut self.roots,
+        );
+        let panels = n.div_ceil(PANEL);
+        // Lanes past the last vector: their entries are never read.
+        let mut sq: Vec<f64> = (0..n).map(|i| self.roots.get(i, i)).collect();
+        sq.resize(panels * PANEL, 0.0);
+        let isa = crate::cpu::isa();
+        // Each pair's distance once, in its tile of the upper triangle, vectorised over
+        // the tile; a point's distance to itself is 0.
+        self.roots.for_each_tile_mut(|p, q, tile| {
+            tile_distances(isa, tile, &sq[p * PANEL..], &sq[q * PANEL..]);
+            if p == q {
+                for r in 0..PANEL {
+                    tile[r * PANEL + r] = 0.0;
                 }
-                if p == q {
-                    row[r] = 0.0;
+            }
+        });
+        self.n = n;
+    }
+
+    /// The number of vectors.
+    pub(super) fn len(&self) -> usize {
+        self.n
+    }
+
+    /// ‖g_a − g_b‖.
+    pub(super) fn at(&self, a: usize, b: usize) -> f64 {
+        self.roots.get(a.min(b), a.max(b))
+    }
+
+    /// Σ_i min(nearest_i, d(j, i)) for every point j of a row panel holding a candidate,
+    /// as (j, cost): one sequential sum over the points in order from −0.0, the panels in
+    /// parallel, each summing its PANEL lanes side by side through the tiles of its row
+    /// and column, so that a panel costs one pass over N·PANEL distances, as PANEL rows do.
+    pub(super) fn costs(&self, nearest: &[f64], candidates: &[usize]) -> Vec<(usize, f64)> {
+        let mut panels: Vec<usize> = candidates.iter().map(|&c| c / PANEL).collect();
+        panels.sort_unstable();
+        panels.dedup();
+        let isa = crate::cpu::isa();
+        let n = self.n;
+        panels
+            .par_iter()
+            .flat_map_iter(|&p| {
+                let sums = self.panel_costs(isa, p, nearest);
+                (p * PANEL..((p + 1) * PANEL).min(n)).zip(sums)
+            })
+            .collect()
+    }
+
+    /// [`Self::costs`] of the PANEL lanes of row panel `p`.
+    fn panel_costs(&self, isa: crate::cpu::Isa, p: usize, nearest: &[f64]) -> [f64; PANEL] {
+        let mut sums = [-0.0f64; PANEL];
+        let mut turned = [0.0f64; BLOCK];
+        for q in 0..self.n.div_ceil(PANEL) {
+            let near = &nearest[q * PANEL..((q + 1) * PANEL).min(self.n)];
+            // Entry l·PANEL + r: the distance of point q·PANEL + l to candidate lane r.
+            let tile = if q < p {
+                self.roots.tile(q, p)
+            } else {
+                let tile = self.roots.tile(p, q);
+                for (r, row) in tile.chunks_exact(PANEL).enumerate() {
+                    for (l, &v) in row.iter().enumerate() {
+                        turned[l * PANEL + r] = v;
+                    }
+                }
+                &turned[..]
+            };
+            add_nearer(isa, &mut sums, tile, near);
+        }
+        sums
+    }
+
+    /// Every row in full ([`gradient_distances`]: the stale refresh's first matrix). A row
+    /// panel at a time, a tile at a time: entry (i, j) is pair (min, max)'s one expression
+    /// (floating-point addition commutes, so both halves hold the same bits), read whole
+    /// for the rows of its row panel and, transposed, for those of its column panel; read
+    /// entry by entry, each of the lower triangle's was a cache line of its own.
+    pub(super) fn rows(&self) -> Vec<Vec<f64>> {
+        let n = self.n;
+        let mut out = vec![vec![0.0; n]; n];
+        out.par_chunks_mut(PANEL).enumerate().for_each(|(q, rows)| {
+            for p in 0..n.div_ceil(PANEL) {
+                let roots = self.roots.tile(p.min(q), p.max(q));
+                let width = PANEL.min(n - p * PANEL);
+                for (r, row) in rows.iter_mut().enumerate() {
+                    for (l, d) in row[p * PANEL..p * PANEL + width].iter_mut().enumerate() {
+                        *d = if p >= q {
+                            roots[r * PANEL + l]
+                        } else {
+                            roots[l * PANEL + r]
+                        };
+                    }
+                }
+            }
+        });
+        out
+    }
+}
+
+/// `sums[r] += min(near[l], tile[l·PANEL + r])` for each point l of `near` in order.
+fn add_nearer(isa: crate::cpu::Isa, sums: &mut [f64; PANEL], tile: &[f64], near: &[f64]) {
+    crate::cpu::on_isa!(
+        isa,
+        fn add(sums: &mut [f64; PANEL], tile: &[f64], near: &[f64]) {
+            for (&v, row) in near.iter().zip(tile.chunks_exact(PANEL)) {
+                for (s, &d) in sums.iter_mut().zip(row) {
+                    *s += v.min(d);
                 }
             }
         }
-    });
+    )
 }
 
 /// Entry r·PANEL + l of `tile`, the dot product g_a·g_b of the row panel's vector a = r
