@@ -808,6 +808,22 @@ fn selection_bench(clients: &[usize], strategies: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Prints the memory bandwidth that bounds the passes without multiply-adds.
+fn print_bandwidth() {
+    let memory = fedsel::bench::bandwidth(MEMORY_PROBE_BYTES);
+    println!(
+        "memory: {:.1} GB/s read, {:.1} GB/s copied (read + written), {} MB buffers, best of 3, {} threads",
+        memory.read / 1e9,
+        memory.copy / 1e9,
+        memory.bytes >> 20,
+        rayon::current_num_threads()
+    );
+}
+
+/// Bytes of each buffer of the bandwidth probe: far past any cache, as the selectors'
+/// N × N matrices at thousands of clients are.
+const MEMORY_PROBE_BYTES: usize = 256 << 20;
+
 /// Predicted seconds above which `fedsel bench` skips a selection size.
 const SKIP_S: f64 = 1800.0;
 
@@ -845,6 +861,7 @@ fn bench(
             _ => String::new(),
         }
     );
+    print_bandwidth();
     let cases: Vec<(
         &str,
         Box<dyn fedsel::model::Architecture>,
@@ -1275,7 +1292,10 @@ fn dispatch(cli: Cli) -> Result<()> {
             clients,
             strategies,
             ..
-        }) => selection_bench(&clients, &strategies),
+        }) => {
+            print_bandwidth();
+            selection_bench(&clients, &strategies)
+        }
         Some(Command::Bench {
             clock_only: true,
             rounds,

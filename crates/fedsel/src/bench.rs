@@ -258,6 +258,73 @@ pub fn peak() -> Peak {
     }
 }
 
+/// The memory bandwidth all threads reach, measured: what bounds the passes that do no
+/// multiply-add the peak counts (the selectors' N × N matrices at thousands of clients,
+/// a batch's activations between a CNN's products).
+#[derive(Debug, Clone, Copy)]
+pub struct Bandwidth {
+    /// Bytes of the buffers each measure streams through.
+    pub bytes: usize,
+    /// Bytes per second read (every thread summing its share of one buffer).
+    pub read: f64,
+    /// Bytes per second moved by a copy between two buffers, the bytes read plus the
+    /// bytes written (STREAM's convention; a plain store also reads its line first).
+    pub copy: f64,
+}
+
+/// Measures [`Bandwidth`] over buffers of `bytes` (two of them for the copy), the best
+/// of three passes each, the buffers written once before any pass so that no page is
+/// faulted in during one.
+pub fn bandwidth(bytes: usize) -> Bandwidth {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 14;
+    let n = (bytes / 8).max(CHUNK);
+    let mut src = vec![0.0f64; n];
+    src.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(c, s)| s.fill(c as f64));
+    let mut dst = vec![0.0f64; n];
+    dst.par_chunks_mut(CHUNK).for_each(|d| d.fill(1.0));
+    let best = |pass: &mut dyn FnMut()| {
+        (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                pass();
+                started.elapsed()
+            })
+            .min()
+            .expect("three passes")
+            .as_secs_f64()
+    };
+    let read = best(&mut || {
+        let total: f64 = src
+            .par_chunks(CHUNK)
+            .map(|c| {
+                let mut lanes = [0.0f64; 8];
+                for v in c.chunks_exact(8) {
+                    for (a, &x) in lanes.iter_mut().zip(v) {
+                        *a += x;
+                    }
+                }
+                lanes.iter().sum::<f64>()
+            })
+            .sum();
+        std::hint::black_box(total);
+    });
+    let copy = best(&mut || {
+        dst.par_chunks_mut(CHUNK)
+            .zip(src.par_chunks(CHUNK))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        std::hint::black_box(&dst);
+    });
+    let moved = (n * 8) as f64;
+    Bandwidth {
+        bytes: n * 8,
+        read: moved / read,
+        copy: 2.0 * moved / copy,
+    }
+}
+
 /// The first "cpu MHz" of /proc/cpuinfo, in GHz.
 fn nominal_ghz() -> Option<f64> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
