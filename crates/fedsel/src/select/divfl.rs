@@ -699,6 +699,16 @@ mod tests {
             .collect()
     }
 
+    /// The greedy tests' gradients: uniform for small sets, in `clusters` clusters above
+    /// 100, where many candidates' costs lie close together.
+    fn greedy_gradients(n: usize, params: usize, clusters: usize, rng: &mut Rng) -> Vec<Vec<f32>> {
+        if n > 100 {
+            clustered(n, params, clusters, rng)
+        } else {
+            random_gradients(n, params, rng)
+        }
+    }
+
     /// Side-by-side candidate sums and the lazy greedy pick what one sum per candidate
     /// picks, on a matrix and on members of a larger one, with and without the stochastic
     /// subsample; ties (duplicated gradients) go to the lowest index in both. The larger
@@ -708,11 +718,7 @@ mod tests {
     fn grouped_greedy_picks_as_one_sum_per_candidate() {
         let mut rng = stream(3, Purpose::Strategy, 0, 0);
         for n in [1, 5, 9, 17, 40, 150, 301] {
-            let mut g = if n > 100 {
-                clustered(n, 13, 6, &mut rng)
-            } else {
-                random_gradients(n, 13, &mut rng)
-            };
+            let mut g = greedy_gradients(n, 13, 6, &mut rng);
             if n > 4 {
                 g[3] = g[1].clone();
             }
@@ -769,11 +775,7 @@ mod tests {
     fn tiled_distances_pick_as_the_rows() {
         let mut rng = stream(4, Purpose::Strategy, 0, 0);
         for n in [1, 7, 8, 9, 33, 150, 301] {
-            let mut g = if n > 100 {
-                clustered(n, 29, 5, &mut rng)
-            } else {
-                random_gradients(n, 29, &mut rng)
-            };
+            let mut g = greedy_gradients(n, 29, 5, &mut rng);
             for c in (9..n).step_by(5) {
                 g[c] = g[c - 9].clone();
             }
