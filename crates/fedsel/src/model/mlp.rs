@@ -167,12 +167,24 @@ fn column_sums(out: &mut [f32], m: &[f32]) {
 
 /// `a = (a + bias) ⊙ mask` row by row, then ReLU; `a` keeps the pre-ReLU values (the
 /// backward pass needs their signs) and the returned matrix is the activation.
+///
+/// The mask is matched once, not per entry, so that each arm is one loop the compiler
+/// vectorises.
 fn bias_dropout_relu(a: &mut [f32], bias: &[f32], mask: Option<&[f32]>) -> Vec<f32> {
-    for (r, row) in a.chunks_exact_mut(bias.len()).enumerate() {
-        for (j, (v, b)) in row.iter_mut().zip(bias).enumerate() {
-            *v += b;
-            if let Some(m) = mask {
-                *v *= m[r * bias.len() + j];
+    match mask {
+        Some(mask) => {
+            for (row, m) in a
+                .chunks_exact_mut(bias.len())
+                .zip(mask.chunks_exact(bias.len()))
+            {
+                for ((v, b), m) in row.iter_mut().zip(bias).zip(m) {
+                    *v = (*v + b) * m;
+                }
+            }
+        }
+        None => {
+            for row in a.chunks_exact_mut(bias.len()) {
+                row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
             }
         }
     }
@@ -180,14 +192,24 @@ fn bias_dropout_relu(a: &mut [f32], bias: &[f32], mask: Option<&[f32]>) -> Vec<f
 }
 
 /// The gradient at a layer's pre-activation from the gradient at its activation:
-/// ReLU passes it where the unit was positive, then dropout scales it by the mask.
+/// ReLU passes it where the unit was positive, then dropout scales it by the mask
+/// (matched once, as in [`bias_dropout_relu`]; without one the gradient passes as it is,
+/// the bits of its product with 1).
 fn relu_dropout_back(d: &mut [f32], pre: &[f32], mask: Option<&[f32]>) {
-    for (i, (g, &p)) in d.iter_mut().zip(pre).enumerate() {
-        *g = if p > 0.0 {
-            *g * mask.map_or(1.0, |m| m[i])
-        } else {
-            0.0
-        };
+    match mask {
+        Some(mask) => {
+            for ((g, &p), &m) in d.iter_mut().zip(pre).zip(mask) {
+                // The product taken either way, so that the choice is a select the
+                // compiler vectorises, not a branch per entry.
+                let scaled = *g * m;
+                *g = if p > 0.0 { scaled } else { 0.0 };
+            }
+        }
+        None => {
+            for (g, &p) in d.iter_mut().zip(pre) {
+                *g = if p > 0.0 { *g } else { 0.0 };
+            }
+        }
     }
 }
 
@@ -424,6 +446,25 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "batch {b}");
         }
+    }
+
+    /// The dropout passes by hand: the bias added then the mask applied, ReLU after;
+    /// backward, the gradient kept and scaled only where the pre-activation is positive
+    /// (zero, negative and NaN give +0), and without a mask passed as it is.
+    #[test]
+    fn the_dropout_passes_give_the_hand_computed_values() {
+        let mut a = vec![1.0, -3.0, 0.5, 2.0];
+        let r = bias_dropout_relu(&mut a, &[0.5, 1.0], Some(&[2.0, 2.0, 0.0, 2.0]));
+        assert_eq!(a, [3.0, -4.0, 0.0, 6.0]);
+        assert_eq!(r, [3.0, 0.0, 0.0, 6.0]);
+        let pre = [1.0, -1.0, 0.0, f32::NAN, 3.0];
+        let mut d = vec![2.0, 3.0, 4.0, 5.0, -1.5];
+        relu_dropout_back(&mut d, &pre, Some(&[2.0, 2.0, 2.0, 2.0, 0.0]));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&d), bits(&[4.0, 0.0, 0.0, 0.0, -0.0]));
+        let mut d = vec![2.0, 3.0, 4.0, 5.0, -1.5];
+        relu_dropout_back(&mut d, &pre, None);
+        assert_eq!(d, [2.0, 0.0, 0.0, 0.0, -1.5]);
     }
 
     /// The shared products are the single `gemm` call's, bit for bit, for the first
