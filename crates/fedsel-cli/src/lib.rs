@@ -835,7 +835,7 @@ fn bench(
     clients: &[usize],
     strategies: &[String],
 ) -> Result<()> {
-    use fedsel::bench::{random_dataset, step_time_and_flops};
+    use fedsel::bench::{random_dataset, side_by_side_step_time, step_time_and_flops};
     use fedsel::model::{
         cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
         lstm::CharLstm, mlp::Mlp,
@@ -948,6 +948,17 @@ fn bench(
             "step  {name:<18} batch {batch:>3}: {:>8.3} ms  ({rate})",
             t.as_secs_f64() * 1e3
         );
+        if flops > 0 && threads > 1 {
+            // Runs of at least 20 ms: a shorter one would time the workers' waking.
+            let steps = ((0.02 / t.as_secs_f64()).ceil() as usize).clamp(5, 1000);
+            let t = side_by_side_step_time(arch.as_ref(), data, *batch, steps, 5, &device);
+            let gflops = flops as f64 / t.as_secs_f64() / 1e9;
+            println!(
+                "      side by side, a client to each of the {threads} threads as in a round: {:>8.3} ms a step ({gflops:.1} GFLOP/s, {:.0} % of peak)",
+                t.as_secs_f64() * 1e3,
+                1e11 * gflops / peak_flops
+            );
+        }
     }
     if steps_only {
         return Ok(());

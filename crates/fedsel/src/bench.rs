@@ -45,6 +45,11 @@ pub fn random_dataset(shape: &[usize], tokens: Option<usize>, n: usize, classes:
 /// in the fused paths' matrix products (2·m·n·k each; the elementwise work around them
 /// is left out). Zero FLOPs for an architecture trained through burn's ops, which are
 /// not counted.
+///
+/// The steps run on a thread of rayon's pool, as the engine runs a client's training
+/// (inside its round's scope): from a thread outside the pool, every split a step hands
+/// to rayon would wait for a worker to wake and for the result to come back, which at
+/// the MLP's 0.1 ms a step cost more than the step's products.
 pub fn step_time_and_flops(
     arch: &dyn Architecture,
     data: &Dataset,
@@ -53,7 +58,25 @@ pub fn step_time_and_flops(
     reps: usize,
     device: &Device,
 ) -> (Duration, u64) {
-    timed_steps(&[arch], data, batch, steps, reps, device)[0]
+    timed_steps(&[arch], data, batch, steps, reps, 1, device)[0]
+}
+
+/// Time per step when every thread of rayon's pool trains its own client side by side,
+/// as the engine trains a round's clients (a round of FedCor's FMNIST runs five on two
+/// cores): the wall time of `reps` runs of `threads` concurrent trainings of `steps`
+/// steps, divided by `threads · steps`, the median. The machine's throughput in steps,
+/// where [`step_time_and_flops`] is one step's latency: a step whose products are too
+/// small to spread over every core still fills them when each core has its own.
+pub fn side_by_side_step_time(
+    arch: &dyn Architecture,
+    data: &Dataset,
+    batch: usize,
+    steps: usize,
+    reps: usize,
+    device: &Device,
+) -> Duration {
+    let copies = rayon::current_num_threads();
+    timed_steps(&[arch], data, batch, steps, reps, copies, device)[0].0
 }
 
 /// Median time of one SGD step of each architecture, as [`step_time_and_flops`], with the
@@ -68,19 +91,22 @@ pub fn step_times(
     reps: usize,
     device: &Device,
 ) -> Vec<Duration> {
-    timed_steps(archs, data, batch, steps, reps, device)
+    timed_steps(archs, data, batch, steps, reps, 1, device)
         .into_iter()
         .map(|(t, _)| t)
         .collect()
 }
 
-/// [`step_times`] with each architecture's FLOPs per step, as [`step_time_and_flops`].
+/// [`step_times`] with each architecture's FLOPs per step, as [`step_time_and_flops`];
+/// each timed run trains `copies` clients side by side, each with its own stream, and
+/// its time is divided by `copies · steps`.
 fn timed_steps(
     archs: &[&dyn Architecture],
     data: &Dataset,
     batch: usize,
     steps: usize,
     reps: usize,
+    copies: usize,
     device: &Device,
 ) -> Vec<(Duration, u64)> {
     let cfg = TrainConfig {
@@ -103,24 +129,41 @@ fn timed_steps(
         .collect();
     let params: Vec<Vec<f32>> = layouts.iter().map(|l| l.init(0)).collect();
     let idx: Vec<usize> = (0..data.len()).collect();
-    let mut rng = stream(0, Purpose::Training, 0, 0);
-    let flops: Vec<u64> = trainers
-        .iter()
-        .zip(&params)
-        .map(|(t, p)| {
-            let before = crate::model::matmul::flops_counted();
-            t.train(p, &idx, 0.01, &mut rng, None);
-            (crate::model::matmul::flops_counted() - before) / steps as u64
-        })
-        .collect();
+    let train = |t: &Trainer<'_>, p: &[f32]| {
+        rayon::scope(|s| {
+            for c in 0..copies {
+                let idx = &idx;
+                s.spawn(move |_| {
+                    let mut rng = stream(0, Purpose::Training, 0, c as u64);
+                    t.train(p, idx, 0.01, &mut rng, None);
+                });
+            }
+        });
+    };
     let mut times = vec![Vec::with_capacity(reps); archs.len()];
-    for _ in 0..reps {
-        for ((t, p), out) in trainers.iter().zip(&params).zip(&mut times) {
-            let started = Instant::now();
-            t.train(p, &idx, 0.01, &mut rng, None);
-            out.push(started.elapsed() / steps as u32);
+    let flops = rayon::scope(|_| {
+        let flops: Vec<u64> = trainers
+            .iter()
+            .zip(&params)
+            .map(|(t, p)| {
+                let before = crate::model::matmul::flops_counted();
+                let mut rng = stream(0, Purpose::Training, 0, 0);
+                t.train(p, &idx, 0.01, &mut rng, None);
+                (crate::model::matmul::flops_counted() - before) / steps as u64
+            })
+            .collect();
+        for (t, p) in trainers.iter().zip(&params) {
+            train(t, p);
         }
-    }
+        for _ in 0..reps {
+            for ((t, p), out) in trainers.iter().zip(&params).zip(&mut times) {
+                let started = Instant::now();
+                train(t, p);
+                out.push(started.elapsed() / (copies * steps) as u32);
+            }
+        }
+        flops
+    });
     times
         .into_iter()
         .zip(flops)
