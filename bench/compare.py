@@ -19,6 +19,7 @@ Prints a Markdown table: workload, median PyTorch ms, median fedsel ms, speed ra
 under DATA_DIR/fashion-mnist; without it that row is left out.
 """
 import argparse
+import csv
 import json
 import os
 import re
@@ -61,15 +62,21 @@ def torch_side(py, threads, fmnist, rounds, quick):
 
 
 def fedcor_round(binary, data_dir, rounds, env):
-    """What `fedsel bench` times as the FedCor round: the run's wall time per round,
-    without the per-client held-out accuracies (`eval.per_client`), which the PyTorch
-    loop does not compute."""
+    """The FedCor round `fedsel bench` runs, without the per-client held-out accuracies
+    (`eval.per_client`), which the PyTorch loop does not compute: ms per round after the
+    same five warm-up rounds that torch_fedcor_round.py leaves out, from the run's
+    `elapsed_s`: the mean of the later rounds, where the PyTorch loop takes their median,
+    as the column's millisecond steps make a median of single rounds too coarse."""
     config = HERE.parent / "configs" / "fedcor" / "fmnist_2spc_rand.toml"
+    warm_up = 5
+    if rounds <= warm_up:
+        sys.exit(f"--rounds must exceed the {warm_up} warm-up rounds")
     with tempfile.TemporaryDirectory() as out:
         run([binary, "run", str(config), "--set", f"rounds={rounds}", "--set", "eval.per_client=false",
              "--data-dir", data_dir, "--out", out + "/run"], env)
-        summary = json.loads((Path(out) / "run" / "summary.json").read_text())
-    return 1000 * summary["wall_s"] / rounds
+        with open(Path(out) / "run" / "metrics.csv", newline="") as f:
+            elapsed = [float(row["elapsed_s"]) for row in csv.DictReader(f)]
+    return 1000 * (elapsed[-1] - elapsed[warm_up - 1]) / (len(elapsed) - warm_up)
 
 
 def fedsel_side(binary, threads, data_dir, rounds, quick, fmnist):
