@@ -171,16 +171,15 @@ struct Packed<'a> {
 impl<'a> Packed<'a> {
     fn new(w: &Weights<'a>, inputs: usize, h: usize) -> Self {
         let h4 = 4 * h;
-        let panels = Panels::pack(4 * h.div_ceil(W), inputs + h, |p, k, j| {
-            let unit = p / 4 * W + j;
+        let panels = Panels::pack_rows(4 * h.div_ceil(W), inputs + h, |p, k| {
+            let unit = p / 4 * W;
             let col = p % 4 * h + unit;
-            (unit < h).then(|| {
-                if k < inputs {
-                    w.w_ih[k * h4 + col]
-                } else {
-                    w.w_hh[(k - inputs) * h4 + col]
-                }
-            })
+            let len = W.min(h - unit);
+            if k < inputs {
+                &w.w_ih[k * h4 + col..][..len]
+            } else {
+                &w.w_hh[(k - inputs) * h4 + col..][..len]
+            }
         });
         Self {
             panels,
@@ -193,9 +192,13 @@ impl<'a> Packed<'a> {
 
 /// `W_hhᵀ` in panels of [`W`] units (inner dimension 4H), for `δh_{t−1} = δa_t W_hhᵀ`.
 fn pack_transposed(w_hh: &[f32], h: usize) -> Panels {
-    Panels::pack(h.div_ceil(W), 4 * h, |u, n, j| {
+    Panels::pack_columns(h.div_ceil(W), 4 * h, |u, j| {
         let unit = u * W + j;
-        (unit < h).then(|| w_hh[unit * 4 * h + n])
+        if unit < h {
+            &w_hh[unit * 4 * h..(unit + 1) * 4 * h]
+        } else {
+            &[]
+        }
     })
 }
 

@@ -37,24 +37,71 @@ pub(super) struct Panels {
 
 impl Panels {
     /// Packs `count` panels; `entry(p, k, j)` is the weight of panel `p`'s column `j`
-    /// at inner index `k`, or `None` for padding.
+    /// at inner index `k`, or `None` for padding. The tests' reference for the two
+    /// packings the products use, which copy runs of weights instead of calling a
+    /// closure per weight (a tenth of the char-LSTM's step when they did).
+    #[cfg(test)]
     pub fn pack(
         count: usize,
         k: usize,
         entry: impl Fn(usize, usize, usize) -> Option<f32> + Sync,
     ) -> Self {
+        Self::fill(count, k, |p, panel| {
+            for (kk, row) in panel.chunks_exact_mut(W).enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    *v = entry(p, kk, j).unwrap_or(0.0);
+                }
+            }
+        })
+    }
+
+    /// Packs `count` panels whose inner row `kk` of panel `p` is the run `row(p, kk)`
+    /// of at most [`W`] consecutive weights (a row-major matrix's columns), padded with
+    /// zeros.
+    pub fn pack_rows<'w>(
+        count: usize,
+        k: usize,
+        row: impl Fn(usize, usize) -> &'w [f32] + Sync,
+    ) -> Self {
+        Self::fill(count, k, |p, panel| {
+            for (kk, dst) in panel.chunks_exact_mut(W).enumerate() {
+                let src = row(p, kk);
+                dst[..src.len()].copy_from_slice(src);
+            }
+        })
+    }
+
+    /// Packs `count` panels whose column `j` of panel `p` is the run `column(p, j)` of
+    /// `k` consecutive weights (a row-major matrix's rows, transposed), or empty for
+    /// padding.
+    pub fn pack_columns<'w>(
+        count: usize,
+        k: usize,
+        column: impl Fn(usize, usize) -> &'w [f32] + Sync,
+    ) -> Self {
+        Self::fill(count, k, |p, panel| {
+            for j in 0..W {
+                let src = column(p, j);
+                if src.is_empty() {
+                    continue;
+                }
+                assert_eq!(src.len(), k, "a column of the inner dimension's length");
+                for (dst, &v) in panel[j..].iter_mut().step_by(W).zip(src) {
+                    *dst = v;
+                }
+            }
+        })
+    }
+
+    /// `count` zeroed panels of inner dimension `k`, each filled by `fill(p, panel)`,
+    /// the panels in parallel.
+    fn fill(count: usize, k: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> Self {
         use rayon::prelude::*;
         let mut data = vec![0.0; count * k * W];
         if k > 0 {
             data.par_chunks_mut(k * W)
                 .enumerate()
-                .for_each(|(p, panel)| {
-                    for (kk, row) in panel.chunks_exact_mut(W).enumerate() {
-                        for (j, v) in row.iter_mut().enumerate() {
-                            *v = entry(p, kk, j).unwrap_or(0.0);
-                        }
-                    }
-                });
+                .for_each(|(p, panel)| fill(p, panel));
         }
         Self { k, data }
     }
@@ -281,6 +328,38 @@ unsafe fn tile_avx2<const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The two packings the products use give the reference's panels exactly: a
+    /// row-major matrix's columns by runs of rows, and its transpose by runs of columns,
+    /// each with a padded last panel.
+    #[test]
+    fn the_run_packings_equal_the_entry_packing() {
+        let (rows, cols) = (7, 2 * W + 5);
+        let m: Vec<f32> = (0..rows * cols).map(|i| i as f32 - 40.5).collect();
+        let by_rows = Panels::pack_rows(cols.div_ceil(W), rows, |p, kk| {
+            &m[kk * cols + p * W..][..W.min(cols - p * W)]
+        });
+        let want = Panels::pack(cols.div_ceil(W), rows, |p, kk, j| {
+            let c = p * W + j;
+            (c < cols).then(|| m[kk * cols + c])
+        });
+        assert_eq!(by_rows.data, want.data);
+        let (units, inner) = (cols, rows);
+        let mt: Vec<f32> = (0..units * inner).map(|i| 0.5 * i as f32 - 7.0).collect();
+        let by_columns = Panels::pack_columns(units.div_ceil(W), inner, |u, j| {
+            let unit = u * W + j;
+            if unit < units {
+                &mt[unit * inner..(unit + 1) * inner]
+            } else {
+                &[]
+            }
+        });
+        let want = Panels::pack(units.div_ceil(W), inner, |u, n, j| {
+            let unit = u * W + j;
+            (unit < units).then(|| mt[unit * inner + n])
+        });
+        assert_eq!(by_columns.data, want.data);
+    }
 
     /// The packed product equals a naive f64 product up to f32 rounding, for every
     /// tile height (1–13 rows: whole and partial 6-row tiles), a strided `a`, and a
