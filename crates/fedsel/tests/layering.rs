@@ -34,9 +34,16 @@ fn edges() -> BTreeMap<String, BTreeSet<String>> {
             }
             let text = std::fs::read_to_string(&path).unwrap();
             // A module's tests in their own file (`dir/tests.rs`) are test code whole, as
-            // long as `dir/mod.rs` declares them under `#[cfg(test)]`.
+            // long as the module's file (`dir/mod.rs`, or `dir.rs` beside the directory)
+            // declares them under `#[cfg(test)]`.
             if path.file_name().is_some_and(|n| n == "tests.rs") {
-                let parent = std::fs::read_to_string(path.with_file_name("mod.rs")).unwrap();
+                let inside = path.with_file_name("mod.rs");
+                let module_file = if inside.exists() {
+                    inside
+                } else {
+                    dir.with_extension("rs")
+                };
+                let parent = std::fs::read_to_string(&module_file).unwrap();
                 assert!(
                     parent.contains("#[cfg(test)]\nmod tests;"),
                     "{} is compiled outside tests",
