@@ -61,8 +61,9 @@ fn main() {
     let device = burn::tensor::Device::flex();
     let t = side_by_side_step_time(arch.as_ref(), &data, batch, steps, 3, &device);
     println!(
-        "{name}: {:.3} ms a step, {} threads side by side",
-        t.as_secs_f64() * 1e3,
-        rayon::current_num_threads()
+        "{name}: {:.3} ms a step, {} threads side by side, products {:.0} % of the cores' time",
+        t.step.as_secs_f64() * 1e3,
+        rayon::current_num_threads(),
+        100.0 * t.products_share
     );
 }

@@ -61,6 +61,18 @@ pub fn step_time_and_flops(
     timed_steps(&[arch], data, batch, steps, reps, 1, device)[0]
 }
 
+/// A step timed side by side ([`side_by_side_step_time`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SideBySide {
+    /// Wall time per step: a run's wall time over the steps of all its clients.
+    pub step: Duration,
+    /// The share of the cores' time spent in the step's counted matrix products, from
+    /// one more run with the products timed: what a step's fraction of the FMA peak is
+    /// bounded by when the products themselves run at the peak. The rest is the work
+    /// around them (elementwise passes, copies, packing, waiting).
+    pub products_share: f64,
+}
+
 /// Time per step when every thread of rayon's pool trains its own client side by side,
 /// as the engine trains a round's clients (a round of FedCor's FMNIST runs five on two
 /// cores): the wall time of `reps` runs of `threads` concurrent trainings of `steps`
@@ -74,9 +86,51 @@ pub fn side_by_side_step_time(
     steps: usize,
     reps: usize,
     device: &Device,
-) -> Duration {
+) -> SideBySide {
     let copies = rayon::current_num_threads();
-    timed_steps(&[arch], data, batch, steps, reps, copies, device)[0].0
+    let step = timed_steps(&[arch], data, batch, steps, reps, copies, device)[0].0;
+    let (wall, spent) = rayon::scope(|_| {
+        let cfg = TrainConfig {
+            work: LocalWork::Steps(steps),
+            batch_size: batch,
+            ..TrainConfig::default()
+        };
+        let layout = ParamLayout::of(arch);
+        let trainer = Trainer {
+            arch,
+            layout: &layout,
+            data,
+            cfg: &cfg,
+            dropout: 0.0,
+            device,
+        };
+        let params = layout.init(0);
+        let idx: Vec<usize> = (0..data.len()).collect();
+        crate::model::matmul::time_products(true);
+        let before = crate::model::matmul::product_ns();
+        let started = Instant::now();
+        train_side_by_side(&trainer, &params, &idx, copies);
+        let wall = started.elapsed();
+        let spent = crate::model::matmul::product_ns() - before;
+        crate::model::matmul::time_products(false);
+        (wall, spent)
+    });
+    SideBySide {
+        step,
+        products_share: spent as f64 / (wall.as_nanos() as f64 * copies as f64),
+    }
+}
+
+/// `copies` trainings of `t` from `p` on `idx` side by side, each with its own stream.
+fn train_side_by_side(t: &Trainer<'_>, p: &[f32], idx: &[usize], copies: usize) {
+    rayon::scope(|s| {
+        for c in 0..copies {
+            s.spawn(move |_| {
+                let mut rng = stream(0, Purpose::Training, 0, c as u64);
+                t.train(p, idx, 0.01, &mut rng, None);
+            });
+        }
+    });
 }
 
 /// Median time of one SGD step of each architecture, as [`step_time_and_flops`], with the
@@ -129,17 +183,7 @@ fn timed_steps(
         .collect();
     let params: Vec<Vec<f32>> = layouts.iter().map(|l| l.init(0)).collect();
     let idx: Vec<usize> = (0..data.len()).collect();
-    let train = |t: &Trainer<'_>, p: &[f32]| {
-        rayon::scope(|s| {
-            for c in 0..copies {
-                let idx = &idx;
-                s.spawn(move |_| {
-                    let mut rng = stream(0, Purpose::Training, 0, c as u64);
-                    t.train(p, idx, 0.01, &mut rng, None);
-                });
-            }
-        });
-    };
+    let train = |t: &Trainer<'_>, p: &[f32]| train_side_by_side(t, p, &idx, copies);
     let mut times = vec![Vec::with_capacity(reps); archs.len()];
     let flops = rayon::scope(|_| {
         let flops: Vec<u64> = trainers
@@ -915,6 +959,32 @@ pub const STRATEGIES: &[&str] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The side-by-side figures of the MLP: a step's time, and a share of the cores' time
+    /// in its products that is more than none and at most all of it, from a timed run
+    /// that adds to the product time.
+    #[test]
+    fn the_side_by_side_step_reports_its_products_share() {
+        let _alone = crate::model::matmul::TIMING_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mlp = crate::model::mlp::Mlp {
+            inputs: 784,
+            classes: 10,
+            dropout: 0.5,
+        };
+        let data = random_dataset(&[1, 28, 28], None, 128, 10);
+        let side = side_by_side_step_time(&mlp, &data, 64, 4, 3, &Device::flex());
+        assert!(side.step > Duration::ZERO);
+        assert!(
+            side.products_share > 0.0 && side.products_share <= 1.0,
+            "share {}",
+            side.products_share
+        );
+        let before = crate::model::matmul::product_ns();
+        side_by_side_step_time(&mlp, &data, 64, 1, 1, &Device::flex());
+        assert!(crate::model::matmul::product_ns() > before);
+    }
 
     /// The stand-in clients answer whatever each strategy asks for, and a selector's
     /// rounds are timed after its warm-up.

@@ -9,6 +9,8 @@
 //! block the sums differently.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use gemm::{Parallelism, gemm};
 use rayon::prelude::*;
@@ -16,12 +18,34 @@ use rayon::prelude::*;
 thread_local! {
     /// Floating-point operations of the products this thread has run (2·m·n·k each).
     static FLOPS: Cell<u64> = const { Cell::new(0) };
+    /// Nanoseconds this thread has spent in products while [`time_products`] is on.
+    static PRODUCT_NS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Adds `n` floating-point operations to this thread's count, for products computed
-/// outside this module (the char-LSTM's packed-panel kernel).
-pub(crate) fn count_flops(n: usize) {
+/// Whether products are timed ([`time_products`]); off, a product pays one relaxed load.
+static TIMING: AtomicBool = AtomicBool::new(false);
+
+/// One product in progress: its FLOPs are counted when it starts, and while
+/// [`time_products`] is on its time is added to the thread's product time when it is
+/// dropped, at the end of the scope that computes the product.
+#[must_use = "the product's time runs until the guard is dropped"]
+pub(crate) struct Product(Option<Instant>);
+
+impl Drop for Product {
+    fn drop(&mut self) {
+        if let Some(started) = self.0 {
+            let ns = started.elapsed().as_nanos() as u64;
+            PRODUCT_NS.with(|t| t.set(t.get() + ns));
+        }
+    }
+}
+
+/// Starts a product of `n` floating-point operations on this thread: counts them, and
+/// times the product until the returned guard is dropped. Products computed outside
+/// this module (the char-LSTM's packed-panel kernel, the direct convolution) call it too.
+pub(crate) fn count_flops(n: usize) -> Product {
     FLOPS.with(|f| f.set(f.get() + n as u64));
+    Product(TIMING.load(Ordering::Relaxed).then(Instant::now))
 }
 
 /// Floating-point operations of every product run so far (2·m·n·k each: a multiply
@@ -30,12 +54,29 @@ pub(crate) fn count_flops(n: usize) {
 /// module or reported by [`count_flops`] count, not the elementwise work around them
 /// nor burn's own ops.
 pub(crate) fn flops_counted() -> u64 {
-    let pool: u64 = rayon::broadcast(|_| FLOPS.with(Cell::get))
+    summed(&FLOPS)
+}
+
+/// Turns the timing of products on or off, for every thread. `fedsel bench` turns it on
+/// for one run of steps, to show how much of a step's time its products take.
+pub(crate) fn time_products(on: bool) {
+    TIMING.store(on, Ordering::Relaxed);
+}
+
+/// Nanoseconds spent in products while [`time_products`] was on, summed over the
+/// calling thread and the threads of its rayon pool (core time, not wall time).
+pub(crate) fn product_ns() -> u64 {
+    summed(&PRODUCT_NS)
+}
+
+/// A per-thread count summed over the calling thread and its rayon pool's threads.
+fn summed(count: &'static std::thread::LocalKey<Cell<u64>>) -> u64 {
+    let pool: u64 = rayon::broadcast(|_| count.with(Cell::get))
         .into_iter()
         .sum();
     match rayon::current_thread_index() {
         Some(_) => pool,
-        None => pool + FLOPS.with(Cell::get),
+        None => pool + count.with(Cell::get),
     }
 }
 
@@ -135,7 +176,7 @@ pub(crate) unsafe fn gemm_raw(
     b: View<'_>,
     accumulate: bool,
 ) {
-    count_flops(2 * a.rows * b.cols * a.cols);
+    let _product = count_flops(2 * a.rows * b.cols * a.cols);
     // SAFETY: the caller's contract.
     unsafe { gemm_raw_uncounted(dst, dst_rs, a, b, accumulate) }
 }
@@ -209,7 +250,7 @@ pub(crate) fn gemm_into_padded(
         m == 0 || n == 0 || (m - 1) * out_rs + n <= out.len(),
         "output inside its slice"
     );
-    count_flops(2 * m * cols * k);
+    let _product = count_flops(2 * m * cols * k);
     // SAFETY: checked above; `out` is borrowed exclusively.
     unsafe { gemm_raw_uncounted(out.as_mut_ptr(), out_rs, a, b, accumulate) }
 }
@@ -251,4 +292,36 @@ pub(crate) fn matmul(out: &mut [f32], a: View<'_>, b: View<'_>, accumulate: bool
         // exclusively, and no two pieces share an entry.
         unsafe { gemm_raw(dst.get().add(offset), n, a, b, accumulate) }
     });
+}
+
+/// Held by the tests that turn the timing of products on, so that none of them sees
+/// another's timing: the switch is global.
+#[cfg(test)]
+pub(crate) static TIMING_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A product's time reaches this thread's count only while the timing is on, and
+    /// its FLOPs are counted either way.
+    #[test]
+    fn products_are_timed_only_while_the_timing_is_on() {
+        let _alone = TIMING_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let n = 128;
+        let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32).collect();
+        let mut out = vec![0.0; n * n];
+        let mine = || (PRODUCT_NS.with(Cell::get), FLOPS.with(Cell::get));
+        let mut product =
+            || gemm_into(&mut out, n, View::new(&a, n, n), View::new(&a, n, n), false);
+        let (ns, flops) = mine();
+        product();
+        assert_eq!(mine(), (ns, flops + 2 * (n * n * n) as u64));
+        time_products(true);
+        product();
+        time_products(false);
+        let (timed_ns, timed_flops) = mine();
+        assert!(timed_ns > ns, "the timed product added no time");
+        assert_eq!(timed_flops, flops + 4 * (n * n * n) as u64);
+    }
 }

@@ -34,7 +34,7 @@ pub(super) unsafe fn conv_direct_avx512(
     let cout = w.len() / ckk;
     assert!(xp.len() >= c * hp * wp && w.len() == cout * ckk && out.len() == cout * ho * wo);
     assert!(b.is_none_or(|b| b.len() == cout), "one bias per channel");
-    crate::model::matmul::count_flops(2 * cout * ho * wo * ckk);
+    let _product = crate::model::matmul::count_flops(2 * cout * ho * wo * ckk);
     assert!(ckk <= DIRECT_PATCH, "a small patch");
     // Each patch entry's offset in `xp` from the output pixel's.
     let mut offsets = [0; DIRECT_PATCH];

@@ -143,7 +143,7 @@ pub(super) fn accumulate4(
     #[cfg(target_arch = "x86_64")]
     if rows > 0 && k > 0 && avx512() {
         assert!((rows - 1) * a_rs + k <= a.len(), "rows inside their slice");
-        crate::model::matmul::count_flops(4 * 2 * rows * k * W);
+        let _product = crate::model::matmul::count_flops(4 * 2 * rows * k * W);
         let p = panels.map(<[f32]>::as_ptr);
         let mut r = 0;
         while r < rows {
@@ -225,7 +225,7 @@ pub(super) fn accumulate(out: &mut [f32], a: &[f32], a_rs: usize, rows: usize, p
     }
     assert!((rows - 1) * a_rs + k <= a.len(), "rows inside their slice");
     // For `fedsel bench`'s GFLOP/s (a last panel's padding columns included).
-    crate::model::matmul::count_flops(2 * rows * k * W);
+    let _product = crate::model::matmul::count_flops(2 * rows * k * W);
     let fast = avx2();
     let mut r = 0;
     while r < rows {
