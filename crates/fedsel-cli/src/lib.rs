@@ -836,10 +836,6 @@ fn bench(
     strategies: &[String],
 ) -> Result<()> {
     use fedsel::bench::{random_dataset, side_by_side_step_time, step_time_and_flops};
-    use fedsel::model::{
-        cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
-        lstm::CharLstm, mlp::Mlp,
-    };
     let device = burn::tensor::Device::flex();
     let threads = rayon::current_num_threads();
     println!(
@@ -862,72 +858,7 @@ fn bench(
         }
     );
     print_bandwidth();
-    let cases: Vec<(
-        &str,
-        Box<dyn fedsel::model::Architecture>,
-        fedsel::data::Dataset,
-        usize,
-    )> = vec![
-        (
-            "logreg 60->10",
-            Box::new(LogReg {
-                inputs: 60,
-                classes: 10,
-            }),
-            random_dataset(&[60], None, 640, 10),
-            10,
-        ),
-        (
-            "mlp 784-64-30-10",
-            Box::new(Mlp {
-                inputs: 784,
-                classes: 10,
-                dropout: 0.5,
-            }),
-            random_dataset(&[1, 28, 28], None, 640, 10),
-            64,
-        ),
-        (
-            "cnn_fmnist",
-            Box::new(CnnFmnist {
-                classes: 10,
-                hidden: Some(512),
-            }),
-            random_dataset(&[1, 28, 28], None, 640, 10),
-            64,
-        ),
-        (
-            "cnn_hics",
-            Box::new(CnnFmnist {
-                classes: 10,
-                hidden: None,
-            }),
-            random_dataset(&[1, 28, 28], None, 640, 10),
-            64,
-        ),
-        (
-            "cnn_hics_code",
-            Box::new(CnnHicsCode { classes: 10 }),
-            random_dataset(&[1, 28, 28], None, 640, 10),
-            64,
-        ),
-        (
-            "cnn_cifar",
-            Box::new(CnnCifar { classes: 10 }),
-            random_dataset(&[3, 32, 32], None, 500, 10),
-            50,
-        ),
-        (
-            "char_lstm",
-            Box::new(CharLstm {
-                vocab: 80,
-                embed: 8,
-                hidden: 256,
-            }),
-            random_dataset(&[], Some(80), 100, 80),
-            10,
-        ),
-    ];
+    let cases = fedsel::bench::seed_steps();
     let cases: Vec<_> = cases
         .into_iter()
         .filter(|c| only.is_none_or(|o| c.0.contains(o)))

@@ -39,6 +39,80 @@ pub fn random_dataset(shape: &[usize], tokens: Option<usize>, n: usize, classes:
     }
 }
 
+/// A seed model's training step as `fedsel bench` times it: a name, the architecture,
+/// random data shaped as its dataset, and the batch size of its configs.
+pub type StepCase = (&'static str, Box<dyn Architecture>, Dataset, usize);
+
+/// The steps `fedsel bench` times, one per seed model (and the logistic regression),
+/// in its order; `examples/step_profile` picks one of them by its name's first word.
+pub fn seed_steps() -> Vec<StepCase> {
+    use crate::model::{
+        cnn_cifar::CnnCifar, cnn_fmnist::CnnFmnist, cnn_hics_code::CnnHicsCode, logreg::LogReg,
+        lstm::CharLstm, mlp::Mlp,
+    };
+    vec![
+        (
+            "logreg 60->10",
+            Box::new(LogReg {
+                inputs: 60,
+                classes: 10,
+            }),
+            random_dataset(&[60], None, 640, 10),
+            10,
+        ),
+        (
+            "mlp 784-64-30-10",
+            Box::new(Mlp {
+                inputs: 784,
+                classes: 10,
+                dropout: 0.5,
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_fmnist",
+            Box::new(CnnFmnist {
+                classes: 10,
+                hidden: Some(512),
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_hics",
+            Box::new(CnnFmnist {
+                classes: 10,
+                hidden: None,
+            }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_hics_code",
+            Box::new(CnnHicsCode { classes: 10 }),
+            random_dataset(&[1, 28, 28], None, 640, 10),
+            64,
+        ),
+        (
+            "cnn_cifar",
+            Box::new(CnnCifar { classes: 10 }),
+            random_dataset(&[3, 32, 32], None, 500, 10),
+            50,
+        ),
+        (
+            "char_lstm",
+            Box::new(CharLstm {
+                vocab: 80,
+                embed: 8,
+                hidden: 256,
+            }),
+            random_dataset(&[], Some(80), 100, 80),
+            10,
+        ),
+    ]
+}
+
 /// Median time of one SGD step at `batch` (plain SGD at lr 0.01, the PyTorch references'
 /// optimizer and the seed configs' default), over `reps` timed runs of `steps` steps after
 /// a warm-up, and the floating-point operations of one step, counted during the warm-up
@@ -58,7 +132,8 @@ pub fn step_time_and_flops(
     reps: usize,
     device: &Device,
 ) -> (Duration, u64) {
-    timed_steps(&[arch], data, batch, steps, reps, 1, device)[0]
+    let timed = timed_steps(&[arch], data, batch, steps, reps, 1, false, device)[0];
+    (timed.step, timed.flops)
 }
 
 /// A step timed side by side ([`side_by_side_step_time`]).
@@ -88,36 +163,10 @@ pub fn side_by_side_step_time(
     device: &Device,
 ) -> SideBySide {
     let copies = rayon::current_num_threads();
-    let step = timed_steps(&[arch], data, batch, steps, reps, copies, device)[0].0;
-    let (wall, spent) = rayon::scope(|_| {
-        let cfg = TrainConfig {
-            work: LocalWork::Steps(steps),
-            batch_size: batch,
-            ..TrainConfig::default()
-        };
-        let layout = ParamLayout::of(arch);
-        let trainer = Trainer {
-            arch,
-            layout: &layout,
-            data,
-            cfg: &cfg,
-            dropout: 0.0,
-            device,
-        };
-        let params = layout.init(0);
-        let idx: Vec<usize> = (0..data.len()).collect();
-        crate::model::matmul::time_products(true);
-        let before = crate::model::matmul::product_ns();
-        let started = Instant::now();
-        train_side_by_side(&trainer, &params, &idx, copies);
-        let wall = started.elapsed();
-        let spent = crate::model::matmul::product_ns() - before;
-        crate::model::matmul::time_products(false);
-        (wall, spent)
-    });
+    let timed = timed_steps(&[arch], data, batch, steps, reps, copies, true, device)[0];
     SideBySide {
-        step,
-        products_share: spent as f64 / (wall.as_nanos() as f64 * copies as f64),
+        step: timed.step,
+        products_share: timed.products_share.expect("the share was asked for"),
     }
 }
 
@@ -145,15 +194,29 @@ pub fn step_times(
     reps: usize,
     device: &Device,
 ) -> Vec<Duration> {
-    timed_steps(archs, data, batch, steps, reps, 1, device)
+    timed_steps(archs, data, batch, steps, reps, 1, false, device)
         .into_iter()
-        .map(|(t, _)| t)
+        .map(|t| t.step)
         .collect()
+}
+
+/// One architecture's figures from [`timed_steps`].
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    /// The median time per step.
+    step: Duration,
+    /// FLOPs in the products of one step.
+    flops: u64,
+    /// The share of the cores' time in products, from one more run with them timed
+    /// ([`SideBySide::products_share`]), where it was asked for.
+    products_share: Option<f64>,
 }
 
 /// [`step_times`] with each architecture's FLOPs per step, as [`step_time_and_flops`];
 /// each timed run trains `copies` clients side by side, each with its own stream, and
-/// its time is divided by `copies · steps`.
+/// its time is divided by `copies · steps`. With `share_of_products`, one more run of
+/// each architecture times its products.
+#[allow(clippy::too_many_arguments)]
 fn timed_steps(
     archs: &[&dyn Architecture],
     data: &Dataset,
@@ -161,8 +224,9 @@ fn timed_steps(
     steps: usize,
     reps: usize,
     copies: usize,
+    share_of_products: bool,
     device: &Device,
-) -> Vec<(Duration, u64)> {
+) -> Vec<Timed> {
     let cfg = TrainConfig {
         work: LocalWork::Steps(steps),
         batch_size: batch,
@@ -185,7 +249,7 @@ fn timed_steps(
     let idx: Vec<usize> = (0..data.len()).collect();
     let train = |t: &Trainer<'_>, p: &[f32]| train_side_by_side(t, p, &idx, copies);
     let mut times = vec![Vec::with_capacity(reps); archs.len()];
-    let flops = rayon::scope(|_| {
+    let (flops, shares) = rayon::scope(|_| {
         let flops: Vec<u64> = trainers
             .iter()
             .zip(&params)
@@ -206,14 +270,34 @@ fn timed_steps(
                 out.push(started.elapsed() / (copies * steps) as u32);
             }
         }
-        flops
+        let share = |(t, p): (&Trainer<'_>, &Vec<f32>)| {
+            crate::model::matmul::time_products(true);
+            let before = crate::model::matmul::product_ns();
+            let started = Instant::now();
+            train(t, p);
+            let wall = started.elapsed();
+            let spent = crate::model::matmul::product_ns() - before;
+            crate::model::matmul::time_products(false);
+            spent as f64 / (wall.as_nanos() as f64 * copies as f64)
+        };
+        let shares: Vec<Option<f64>> = trainers
+            .iter()
+            .zip(&params)
+            .map(|tp| share_of_products.then(|| share(tp)))
+            .collect();
+        (flops, shares)
     });
     times
         .into_iter()
         .zip(flops)
-        .map(|(mut t, f)| {
+        .zip(shares)
+        .map(|((mut t, flops), products_share)| {
             t.sort();
-            (t[reps / 2], f)
+            Timed {
+                step: t[reps / 2],
+                flops,
+                products_share,
+            }
         })
         .collect()
 }
