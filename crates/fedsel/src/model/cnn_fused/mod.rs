@@ -441,7 +441,7 @@ impl Net {
                     relu_backward(&mut s.grad_in, &s.grad, &tr.outs[i]);
                 }
                 Stage::Pool => {
-                    zeros(&mut s.grad_in, ci * h * w);
+                    fit(&mut s.grad_in, ci * h * w);
                     // A ReLU just before the pool (fused in the forward pass) is applied
                     // here: its gradient passes where its output does, and only window
                     // maxima receive one, where its output is the pool's. Skipping its
@@ -450,6 +450,7 @@ impl Net {
                     let relu_before = i > 0 && self.relu_into_pool(i - 1);
                     pool_backward(
                         &mut s.grad_in,
+                        shape,
                         &tr.argmax[i],
                         &s.grad,
                         relu_before.then_some(&tr.outs[i][..]),

@@ -392,6 +392,171 @@ fn row_sums_side_by_side_equal_sequential_sums() {
     }
 }
 
+/// The instruction sets this CPU runs, narrowest first.
+fn glue_isas() -> Vec<Isa> {
+    let widest = glue_isa();
+    [Isa::Baseline, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&i| match widest {
+            Isa::Avx512 => true,
+            Isa::Avx2 => i != Isa::Avx512,
+            Isa::Baseline => i == Isa::Baseline,
+        })
+        .collect()
+}
+
+/// `f` with the loops around the products forced onto `isa`.
+fn on_forced<T>(isa: Isa, f: impl FnOnce() -> T) -> T {
+    FORCED_ISA.with(|c| c.set(Some(isa)));
+    let out = f();
+    FORCED_ISA.with(|c| c.set(None));
+    out
+}
+
+/// A window's maximum is its first largest entry in row-major order, a NaN replacing
+/// what came before it, on every instruction set: worked by hand on a 2×4 image, then
+/// the vector copies against the one-window loop on images whose rows are shorter than,
+/// as long as and longer than a vector's 16 windows, with odd edges, ties and NaNs.
+#[test]
+fn every_pool_copy_takes_the_same_maxima() {
+    let nan = f32::NAN;
+    let x = [1.0, 3.0, nan, 2.0, 3.0, 0.0, 5.0, nan];
+    for isa in glue_isas() {
+        let (mut out, mut idx) = (vec![0.0; 2], vec![0; 2]);
+        on_forced(isa, || pool_forward(&x, [1, 2, 4], &mut out, &mut idx));
+        assert_eq!(out[0], 3.0, "{}", isa.name());
+        assert!(out[1].is_nan(), "{}", isa.name());
+        assert_eq!(idx, [1, 7], "{}", isa.name());
+    }
+    let mut rng = stream(10, Purpose::Init, 0, 0);
+    let values = [-1.0, -0.0, 0.0, 0.5, 2.0, nan];
+    for shape in [[2, 5, 7], [3, 30, 30], [1, 9, 33], [2, 4, 65], [1, 3, 64]] {
+        let [c, h, w] = shape;
+        let x: Vec<f32> = (0..c * h * w)
+            .map(|_| values[rng.random_range(0..values.len())])
+            .collect();
+        let n = c * (h / 2) * (w / 2);
+        let run = |isa| {
+            let (mut out, mut idx) = (vec![0.0f32; n], vec![0u32; n]);
+            on_forced(isa, || pool_forward(&x, shape, &mut out, &mut idx));
+            (out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), idx)
+        };
+        let want = run(Isa::Baseline);
+        for isa in glue_isas() {
+            assert_eq!(run(isa), want, "{shape:?} {}", isa.name());
+        }
+    }
+}
+
+/// Max-pool backward writes `0 + g` at each window's maximum where the ReLU passes and
+/// zeros everywhere else, on every instruction set: the 2×4 image of
+/// [`every_pool_copy_takes_the_same_maxima`] by hand (a −0 gradient lands as +0), then
+/// the vector copies against the plain loop on odd shapes, into buffers full of garbage.
+#[test]
+fn every_pool_backward_copy_writes_the_same_gradient() {
+    let nan = f32::NAN;
+    for isa in glue_isas() {
+        let mut d = vec![7.0; 8];
+        on_forced(isa, || {
+            pool_backward(&mut d, [1, 2, 4], &[1, 7], &[-0.0, 2.5], None)
+        });
+        let bits: Vec<u32> = d.iter().map(|v| v.to_bits()).collect();
+        let want = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.5f32].map(f32::to_bits);
+        assert_eq!(bits, want, "{}", isa.name());
+        let maxima = [-1.0, nan];
+        on_forced(isa, || {
+            pool_backward(&mut d, [1, 2, 4], &[1, 7], &[3.0, 2.5], Some(&maxima));
+        });
+        assert_eq!(
+            d,
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.5],
+            "{}",
+            isa.name()
+        );
+    }
+    let mut rng = stream(12, Purpose::Init, 0, 0);
+    for shape in [
+        [2, 5, 7],
+        [3, 30, 30],
+        [1, 9, 33],
+        [2, 4, 65],
+        [1, 3, 64],
+        [64, 13, 13],
+    ] {
+        let [c, h, w] = shape;
+        let x: Vec<f32> = (0..c * h * w)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let n = c * (h / 2) * (w / 2);
+        let (mut maxima, mut idx) = (vec![0.0; n], vec![0; n]);
+        pool_forward(&x, shape, &mut maxima, &mut idx);
+        let g: Vec<f32> = (0..n)
+            .map(|i| {
+                if i % 5 == 0 {
+                    -0.0
+                } else {
+                    rng.random_range(-1.0f32..1.0)
+                }
+            })
+            .collect();
+        for relu in [None, Some(&maxima[..])] {
+            let run = |isa| {
+                let mut d = vec![nan; c * h * w];
+                on_forced(isa, || pool_backward(&mut d, shape, &idx, &g, relu));
+                d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let want = run(Isa::Baseline);
+            for isa in glue_isas() {
+                assert_eq!(run(isa), want, "{shape:?} {}", isa.name());
+            }
+        }
+    }
+}
+
+/// col2im adds each patch entry to the pixel it came from, on every instruction set:
+/// a 2×2 image with a 2×2 kernel and padding 1 (a 3×3 output) worked by hand, then
+/// the vector copies against the plain loop, bit for bit, at the seed CNNs' shapes.
+#[test]
+fn every_col2im_copy_adds_the_same_entries() {
+    // Output 3×3; patch row (ky, kx) at output (oy, ox) reads pixel (oy + ky − 1, ox + kx − 1).
+    let col: Vec<f32> = (0..4 * 9).map(|v| v as f32).collect();
+    // Pixel (0, 0) is read by (ky, kx, oy, ox) = (0,0,1,1), (0,1,1,0), (1,0,0,1), (1,1,0,0):
+    // entries 4, 9 + 3, 18 + 1, 27 + 0.
+    let want = [
+        4.0 + 12.0 + 19.0 + 27.0,
+        5.0 + 13.0 + 20.0 + 28.0,
+        7.0 + 15.0 + 22.0 + 30.0,
+        8.0 + 16.0 + 23.0 + 31.0,
+    ];
+    for isa in glue_isas() {
+        let mut x = vec![0.0; 4];
+        on_forced(isa, || col2im(&col, [1, 2, 2], 2, 1, &mut x));
+        assert_eq!(x, want, "{}", isa.name());
+    }
+    let mut rng = stream(11, Purpose::Init, 0, 0);
+    for (shape, k, pad) in [
+        ([32, 15, 15], 3, 0),
+        ([64, 6, 6], 3, 0),
+        ([32, 14, 14], 5, 2),
+        ([3, 40, 37], 5, 2),
+    ] {
+        let [c, h, w] = shape;
+        let (ho, wo) = (h + 2 * pad + 1 - k, w + 2 * pad + 1 - k);
+        let col: Vec<f32> = (0..c * k * k * ho * wo)
+            .map(|_| rng.random_range(-1.0f32..1.0) * 10f32.powi(rng.random_range(-6..6)))
+            .collect();
+        let run = |isa| {
+            let mut x = vec![0.0f32; c * h * w];
+            on_forced(isa, || col2im(&col, shape, k, pad, &mut x));
+            x.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let want = run(Isa::Baseline);
+        for isa in glue_isas() {
+            assert_eq!(run(isa), want, "{shape:?} k {k} {}", isa.name());
+        }
+    }
+}
+
 /// The four seed CNNs at their real shapes, against their own burn forward pass.
 fn models() -> Vec<(Box<dyn Architecture>, Net, Dataset)> {
     let fmnist = |hidden| {
@@ -519,15 +684,7 @@ fn the_fused_gradient_does_not_depend_on_the_thread_count() {
 /// through `gemm`'s kernels (docs/reliability.md).
 #[test]
 fn every_glue_copy_gives_the_same_bits() {
-    let widest = glue_isa();
-    let isas: Vec<Isa> = [Isa::Baseline, Isa::Avx2, Isa::Avx512]
-        .into_iter()
-        .filter(|&i| match widest {
-            Isa::Avx512 => true,
-            Isa::Avx2 => i != Isa::Avx512,
-            Isa::Baseline => i == Isa::Baseline,
-        })
-        .collect();
+    let isas = glue_isas();
     for (arch, _, data) in models() {
         let params = ParamLayout::of(arch.as_ref()).init(7);
         let idx: Vec<usize> = (0..9).collect();
@@ -539,14 +696,8 @@ fn every_glue_copy_gives_the_same_bits() {
             .num_threads(1)
             .build()
             .unwrap();
-        let run = |isa: Isa| {
-            pool.install(|| {
-                FORCED_ISA.with(|c| c.set(Some(isa)));
-                let out = train_pass(f, &params, &data, &idx);
-                FORCED_ISA.with(|c| c.set(None));
-                out
-            })
-        };
+        let run =
+            |isa: Isa| pool.install(|| on_forced(isa, || train_pass(f, &params, &data, &idx)));
         let (loss, grad) = run(Isa::Baseline);
         for &isa in &isas[1..] {
             let (l, g) = run(isa);
