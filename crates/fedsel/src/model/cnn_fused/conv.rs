@@ -1,6 +1,8 @@
 //! The convolutions' data movement around their products: the patch matrix (im2col),
 //! its adjoint (col2im), and the direct forward pass for small patches.
 
+#[cfg(target_arch = "x86_64")]
+use super::first_lanes;
 use super::{glue_isa, zeros};
 use crate::cpu::Isa;
 
@@ -85,7 +87,7 @@ unsafe fn conv_direct_group<const G: usize>(
     for oy in 0..ho {
         let mut ox = 0;
         while ox < wo {
-            let mask = u16::MAX >> (16 - (wo - ox).min(16));
+            let mask = first_lanes(wo - ox);
             let at = oy * wp + ox;
             // SAFETY: patch entry r of output pixels at..at + 16 (masked to the row)
             // reads xp[at + offsets[r] ..], inside the padded image; channel co + g's
@@ -233,7 +235,7 @@ unsafe fn patch_rows_avx512(xp: &[f32], padded: [usize; 3], k: usize, col: &mut 
             let (from, to) = ((ci * hp + oy + ky) * wp + kx, r * ld + oy * wo);
             let mut j = 0;
             while j < wo {
-                let mask = u16::MAX >> (16 - (wo - j).min(16));
+                let mask = first_lanes(wo - j);
                 // SAFETY: entries from..from + wo of `xp` lie in image row
                 // ci·hp + oy + ky (kx + wo ≤ wp), and to..to + wo in patch row r
                 // (oy·wo + wo ≤ ho·wo ≤ ld); the masks touch no lane past them.
@@ -353,14 +355,8 @@ unsafe fn add_patch_rows_avx512(
     assert!(x.len() >= c * h * w && col.len() >= c * k * k * ho * wo);
     let (src, dst) = (col.as_ptr(), x.as_mut_ptr());
     // Lanes lo..hi of a mask.
-    let lanes = |lo: isize, hi: isize| -> u16 {
-        let (lo, hi) = (lo.clamp(0, 16), hi.clamp(0, 16));
-        if lo >= hi {
-            0
-        } else {
-            (u16::MAX >> (16 - (hi - lo))) << lo
-        }
-    };
+    let lanes =
+        |lo: isize, hi: isize| first_lanes(hi.max(0) as usize) & !first_lanes(lo.max(0) as usize);
     for ci in 0..c {
         for iy in 0..h {
             let mut ix = 0;

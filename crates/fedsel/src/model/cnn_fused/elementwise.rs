@@ -1,6 +1,8 @@
 //! The elementwise and pooling loops between the products: ReLU, 2×2 max-pool, the
 //! bias sums and the chunks' sums, each in its fixed sequential order.
 
+#[cfg(target_arch = "x86_64")]
+use super::first_lanes;
 use super::glue_isa;
 
 /// burn-flex's ReLU: NaN passes through.
@@ -113,8 +115,7 @@ unsafe fn pool_rows_avx512(x: &[f32], shape: [usize; 3], out: &mut [f32], idx: &
     let (src, o, ix) = (x.as_ptr(), out.as_mut_ptr(), idx.as_mut_ptr());
     // The 32 entries from `at` of one row, masked to its first `n`, split in two.
     let split = |at: usize, n: usize| -> [__m512; 2] {
-        let lo = u16::MAX >> (16 - n.min(16));
-        let hi = if n > 16 { u16::MAX >> (32 - n) } else { 0 };
+        let (lo, hi) = (first_lanes(n), first_lanes(n.saturating_sub(16)));
         // SAFETY: the caller reads the first n ≤ 2·wo ≤ w entries of an image row.
         let (a, b) = unsafe {
             (
@@ -144,7 +145,7 @@ unsafe fn pool_rows_avx512(x: &[f32], shape: [usize; 3], out: &mut [f32], idx: &
                 let cand = _mm512_add_epi32(first, _mm512_set1_epi32(step as i32));
                 at = _mm512_mask_blend_epi32(take, at, cand);
             }
-            let mask = u16::MAX >> (16 - lanes);
+            let mask = first_lanes(lanes);
             // SAFETY: windows ox..ox + lanes of output row r lie inside `out` and `idx`.
             unsafe {
                 _mm512_mask_storeu_ps(o.add(r * wo + ox), mask, best);
@@ -241,7 +242,7 @@ unsafe fn pool_grad_rows_avx512(
             let mut ox = 0;
             while ox < wo {
                 let n = (wo - ox).min(16);
-                let lanes = u16::MAX >> (16 - n);
+                let lanes = first_lanes(n);
                 let at = r * wo + ox;
                 // SAFETY: windows ox..ox + n of window row r lie inside idx, g, maxima.
                 let (ix, gv) = unsafe {
@@ -265,10 +266,7 @@ unsafe fn pool_grad_rows_avx512(
                     let here = _mm512_add_epi32(first, _mm512_set1_epi32(step as i32));
                     _mm512_maskz_mov_ps(_mm512_cmp_epi32_mask::<_MM_CMPINT_EQ>(ix, here), grad)
                 });
-                let (front, back) = (
-                    u16::MAX >> (16 - (2 * n).min(16)),
-                    if n > 8 { u16::MAX >> (32 - 2 * n) } else { 0 },
-                );
+                let (front, back) = (first_lanes(2 * n), first_lanes((2 * n).saturating_sub(16)));
                 for (line, left, right) in [(row, tl, tr), (row + w, bl, br)] {
                     let to = line + 2 * ox;
                     // SAFETY: entries to..to + 2n lie in image row `line` (2·wo ≤ w).

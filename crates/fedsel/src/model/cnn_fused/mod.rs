@@ -57,6 +57,13 @@ pub(crate) fn glue_isa() -> Isa {
     crate::cpu::isa()
 }
 
+/// The mask of a 16-lane vector's first `n` lanes (all of them from 16 on): the row
+/// edges of the AVX-512 loops.
+#[cfg(target_arch = "x86_64")]
+fn first_lanes(n: usize) -> u16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
 /// Defines `fn name(args) body` compiled once per [`Isa`], the call running the
 /// version [`glue_isa`] picks. The body is inlined into each version, so its loops are
 /// vectorised for that instruction set.

@@ -413,6 +413,17 @@ fn on_forced<T>(isa: Isa, f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// A row edge's mask holds exactly the first `n` lanes, and all 16 from 16 on.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn first_lanes_masks_the_first_n() {
+    assert_eq!(first_lanes(0), 0);
+    assert_eq!(first_lanes(3), 0b111);
+    assert_eq!(first_lanes(15), 0x7fff);
+    assert_eq!(first_lanes(16), 0xffff);
+    assert_eq!(first_lanes(40), 0xffff);
+}
+
 /// A window's maximum is its first largest entry in row-major order, a NaN replacing
 /// what came before it, on every instruction set: worked by hand on a 2×4 image, then
 /// the vector copies against the one-window loop on images whose rows are shorter than,
