@@ -89,7 +89,7 @@ use elementwise::{
     add_assign, add_row_sums, pool_backward, pool_forward, relu, relu_backward, relu_in_place,
     relu_into, relu_passes,
 };
-use norm::{Norm, in_image_order, prelu_backward, prelu_forward};
+use norm::{Norm, in_image_order, moments, prelu_backward, prelu_forward};
 
 /// One per-image stage.
 #[derive(Debug, Clone, Copy)]
@@ -232,6 +232,10 @@ struct Trace {
     /// In the backward pass of a net with BatchNorm, the image's gradient held while
     /// the batch's sums are taken.
     grad: Vec<f32>,
+    /// The image's per-channel pairs of sums at the BatchNorm that ends the range it
+    /// last ran, taken as it left that range: (Σx, Σx²) of the BatchNorm's input going
+    /// forward, (Σδy, Σδy·x̂) going backward.
+    sums: Vec<[f64; 2]>,
 }
 
 /// Scratch buffers of one thread, reused across its images and steps.
@@ -278,6 +282,8 @@ impl Net {
 
     /// Runs stages `range` on image `x`, filling `tr` (a ReLU just before a pool leaves
     /// its output empty, [`Net::relu_into_pool`]); a BatchNorm normalises by its `norms`.
+    /// A range that ends at a BatchNorm leaves the image's moments of its input in
+    /// `tr.sums`.
     #[allow(clippy::too_many_arguments)]
     fn forward_image(
         &self,
@@ -292,7 +298,7 @@ impl Net {
         let n = self.stages.len();
         tr.outs.resize_with(n, Vec::new);
         tr.argmax.resize_with(n, Vec::new);
-        for i in range {
+        for i in range.clone() {
             let stage = &self.stages[i];
             let shape = plan.shapes[i];
             let [co, ho, wo] = plan.shapes[i + 1];
@@ -378,6 +384,10 @@ impl Net {
                     .expect("a BatchNorm's statistics")
                     .forward(out, input),
             }
+        }
+        if let Some(Stage::BatchNorm) = self.stages.get(range.end) {
+            let [_, h, w] = plan.shapes[range.end];
+            moments(&tr.outs[range.end - 1], h * w, &mut tr.sums);
         }
     }
 
@@ -514,9 +524,9 @@ impl Net {
                 for end in starts.iter().copied().chain([n]) {
                     if from > 0 {
                         let [c, h, w] = plan.shapes[from];
-                        let inputs = traces.par_iter().map(|tr| &tr.outs[from - 1][..]);
+                        let sums = in_image_order(traces.iter().map(|tr| &tr.sums[..]), c);
                         let p = &params[plan.at[from]..][..4 * c];
-                        norms[from] = Some(Norm::of_batch(p, c, h * w, inputs));
+                        norms[from] = Some(Norm::of_batch(p, c, batch * h * w, &sums));
                     }
                     let norms = &norms;
                     traces
@@ -592,8 +602,9 @@ impl Net {
     /// features (`batch` rows); returns the stages' parameter gradients of each chunk of
     /// [`CHUNK`] images (images in order within a chunk) and each BatchNorm's batch sums
     /// (Σ δy, Σ δy·x̂) by stage. The BatchNorms bound the ranges the images run
-    /// through one at a time: at each, the batch's sums are taken and every image's
-    /// gradient passes it ([`Norm::backward`]).
+    /// through one at a time: each image leaves its sums at the BatchNorm that starts
+    /// its range, the batch's are added in image order, and the next range begins by
+    /// passing each image's gradient through it ([`Norm::backward`]).
     #[allow(clippy::too_many_arguments)]
     fn stages_backward(
         &self,
@@ -611,7 +622,17 @@ impl Net {
         let mut norm_sums = Vec::new();
         let mut end = self.stages.len();
         let bounds: Vec<usize> = self.norms().rev().collect();
-        for (r, start) in bounds.iter().map(|b| b + 1).chain([0]).enumerate() {
+        let batch = traces.len();
+        let norm = |b: usize| norms[b].as_ref().expect("a BatchNorm's statistics");
+        for start in bounds.iter().map(|b| b + 1).chain([0]) {
+            // The BatchNorm that ends this range (its sums already taken) and the one
+            // that starts it: each image passes the first and leaves its sums at the
+            // second while its gradient is in cache.
+            let above = norm_sums.last().map(|(b, sums): &NormSums| {
+                let [_, h, w] = plan.shapes[*b];
+                (*b, norm(*b), &sums[..], batch * h * w)
+            });
+            let below = start.checked_sub(1).map(|b| (b, norm(b)));
             traces
                 .par_chunks_mut(CHUNK)
                 .zip(&mut parts)
@@ -626,35 +647,26 @@ impl Net {
                             .zip(dfeat.chunks_exact(width))
                             .zip(xs.chunks_exact(pixels))
                         {
-                            if r == 0 {
-                                s.grad.clear();
-                                s.grad.extend_from_slice(df);
-                            } else {
-                                std::mem::swap(&mut s.grad, &mut tr.grad);
+                            match above {
+                                None => {
+                                    s.grad.clear();
+                                    s.grad.extend_from_slice(df);
+                                }
+                                Some((b, norm, sums, n)) => {
+                                    std::mem::swap(&mut s.grad, &mut tr.grad);
+                                    norm.backward(&mut s.grad, &tr.outs[b - 1], sums, n);
+                                }
                             }
                             self.backward_image(plan, params, w_t, start..end, x, tr, g, s);
-                            if start > 0 {
+                            if let Some((b, norm)) = below {
+                                norm.sums(&s.grad, &tr.outs[b - 1], &mut tr.sums);
                                 std::mem::swap(&mut s.grad, &mut tr.grad);
                             }
                         }
                     });
                 });
-            if start == 0 {
-                break;
-            }
-            let b = start - 1;
-            let norm = norms[b].as_ref().expect("a BatchNorm's statistics");
-            let per_image: Vec<Vec<[f64; 2]>> = traces
-                .par_iter()
-                .map(|tr| norm.sums(&tr.grad, &tr.outs[b - 1]))
-                .collect();
-            let sums = in_image_order(&per_image, plan.shapes[b][0]);
-            let [_, h, w] = plan.shapes[b];
-            let n = traces.len() * h * w;
-            traces.par_iter_mut().for_each(|tr| {
-                let Trace { outs, grad, .. } = tr;
-                norm.backward(grad, &outs[b - 1], &sums, n);
-            });
+            let Some((b, _)) = below else { break };
+            let sums = in_image_order(traces.iter().map(|tr| &tr.sums[..]), plan.shapes[b][0]);
             norm_sums.push((b, sums));
             end = b;
         }

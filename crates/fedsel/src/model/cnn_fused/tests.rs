@@ -11,7 +11,7 @@ use crate::bench::random_dataset;
 use crate::data::Dataset;
 use crate::model::cnn_cifar::CnnCifar;
 use crate::model::cnn_fmnist::CnnFmnist;
-use crate::model::cnn_hics_code::{CnnHicsCode, batch_norm};
+use crate::model::cnn_hics_code::{BN_EPS, CnnHicsCode, batch_norm};
 use crate::model::{
     Architecture, AutodiffOnly, Batch, Dropout, ParamLayout, batch, cross_entropy, dense_rows,
 };
@@ -564,6 +564,68 @@ fn every_col2im_copy_adds_the_same_entries() {
         let want = run(Isa::Baseline);
         for isa in glue_isas() {
             assert_eq!(run(isa), want, "{shape:?} k {k} {}", isa.name());
+        }
+    }
+}
+
+/// BatchNorm's sums and PReLU's backward give the same bits on every instruction set:
+/// worked by hand on one channel, then the vector copies against the lane-group loops on
+/// channels shorter than, as long as and longer than a lane group, with zeros of both
+/// signs.
+#[test]
+fn every_batch_norm_copy_takes_the_same_sums() {
+    // γ = 1, β = 0, running mean 1 and variance 4 − ε: x̂ = (x − 1)/2.
+    let p = [1.0, 0.0, 1.0, 4.0 - BN_EPS as f32];
+    let norm = Norm::running(&p, 1);
+    let x = [1.0, 3.0, -1.0, 5.0, 2.0, 0.0, 7.0, 1.0, 9.0, -3.0];
+    let g = [1.0, -2.0, 0.5, 1.0, 4.0, 2.0, -1.0, 3.0, 0.25, 1.0];
+    for isa in glue_isas() {
+        let (mut m, mut dm) = (Vec::new(), Vec::new());
+        on_forced(isa, || {
+            moments(&x, x.len(), &mut m);
+            norm.sums(&g, &x, &mut dm);
+        });
+        assert_eq!(m, [[24.0, 180.0]], "{}", isa.name());
+        // x̂ = (0, 1, −1, 2, 0.5, −0.5, 3, 0, 4, −2): Σg = 9.75 and
+        // Σ g·x̂ = 0 − 2 − 0.5 + 2 + 2 − 1 − 3 + 0 + 1 − 2 = −3.5.
+        assert_eq!(dm, [[9.75, -3.5]], "{}", isa.name());
+        let (mut d, mut da) = (vec![f32::NAN; x.len()], 0.5);
+        let xs = [1.0, -2.0, 0.0, -0.0, 3.0, -1.0, 2.0, -4.0, 1.0, -0.5];
+        on_forced(isa, || prelu_backward(&mut d, &g, &xs, 0.25, &mut da));
+        let want = [1.0, -0.5, 0.0, 0.0, 4.0, 0.5, -1.0, 0.75, 0.25, 0.25];
+        assert_eq!(d, want, "{}", isa.name());
+        // 0.5 + Σ g·x over x < 0: 4 − 2 − 12 − 0.5.
+        assert_eq!(da, -10.0, "{}", isa.name());
+    }
+    let mut rng = stream(12, Purpose::Init, 0, 0);
+    for (c, hw) in [(2, 5), (3, 8), (2, 13), (4, 196), (1, 784)] {
+        let draw = |rng: &mut crate::rng::Rng| -> Vec<f32> {
+            (0..c * hw)
+                .map(|_| match rng.random_range(0..8) {
+                    0 => 0.0,
+                    1 => -0.0,
+                    _ => rng.random_range(-1.0f32..1.0) * 10f32.powi(rng.random_range(-4..4)),
+                })
+                .collect()
+        };
+        let (x, g) = (draw(&mut rng), draw(&mut rng));
+        let p: Vec<f32> = [vec![1.5; c], vec![-0.5; c], vec![0.1; c], vec![2.0; c]].concat();
+        let norm = Norm::running(&p, c);
+        let run = |isa| {
+            on_forced(isa, || {
+                let (mut m, mut dm) = (Vec::new(), Vec::new());
+                moments(&x, hw, &mut m);
+                norm.sums(&g, &x, &mut dm);
+                let (mut d, mut da) = (vec![f32::NAN; x.len()], 0.0);
+                prelu_backward(&mut d, &g, &x, 0.3, &mut da);
+                let pairs = m.iter().chain(&dm).flatten().map(|v| v.to_bits());
+                let ds = d.iter().map(|v| u64::from(v.to_bits()));
+                pairs.chain(ds).chain([da.to_bits()]).collect::<Vec<u64>>()
+            })
+        };
+        let want = run(Isa::Baseline);
+        for isa in glue_isas() {
+            assert_eq!(run(isa), want, "{c}×{hw} {}", isa.name());
         }
     }
 }
