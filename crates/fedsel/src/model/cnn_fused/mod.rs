@@ -151,6 +151,13 @@ struct Plan {
     stage_total: usize,
     /// Offsets of each dense layer's weight and bias.
     dense_at: Vec<(usize, usize)>,
+    /// Whether stage i's output stays in the image's trace: when the backward pass or a
+    /// later range reads it, or it is the features. The others pass through the
+    /// thread's scratch, which stays in cache where a batch's traces do not: those read
+    /// only by the next stage (or the pool after a fused ReLU), as a convolution's
+    /// output before its pool, and a PReLU's output before a BatchNorm, recomputed from
+    /// the PReLU's input where it is read again ([`Net::norm_input`]).
+    kept: Vec<bool>,
     /// All parameters.
     total: usize,
 }
@@ -190,12 +197,29 @@ impl Net {
             at += fan_in * width + width;
             fan_in = width;
         }
+        let n = self.stages.len();
+        let kept = (0..n)
+            .map(|j| {
+                let read_next = match self.stages.get(j + 1) {
+                    Some(Stage::Conv { .. } | Stage::Prelu) => true,
+                    Some(Stage::BatchNorm) => j == 0 || !matches!(self.stages[j], Stage::Prelu),
+                    _ => false,
+                };
+                let read_own = match self.stages[j] {
+                    Stage::Relu => !self.relu_into_pool(j),
+                    Stage::Pool => j > 0 && self.relu_into_pool(j - 1),
+                    _ => false,
+                };
+                j + 1 == n || read_next || read_own
+            })
+            .collect();
         Plan {
             shapes,
             at: stage_at,
             stage_total,
             dense_at,
             total: at,
+            kept,
         }
     }
 
@@ -223,8 +247,9 @@ impl Net {
 /// A BatchNorm's stage and its batch sums (Σ δy, Σ δy·x̂) per channel.
 type NormSums = (usize, Vec<[f64; 2]>);
 
-/// What one image's forward pass keeps: each stage's output, and for each pool the
-/// index (into its input) of each window's maximum. Buffers are reused across images.
+/// What one image's forward pass keeps: each stage's output that [`Plan::kept`] keeps
+/// (the others' entries stay empty), and for each pool the index (into its input) of
+/// each window's maximum. Buffers are reused across images.
 #[derive(Default)]
 struct Trace {
     outs: Vec<Vec<f32>>,
@@ -247,6 +272,8 @@ struct Scratch {
     padded: Vec<f32>,
     grad: Vec<f32>,
     grad_in: Vec<f32>,
+    /// The outputs of the stages a trace does not keep, by stage, for the next stage.
+    passing: Vec<Vec<f32>>,
 }
 
 thread_local! {
@@ -254,7 +281,8 @@ thread_local! {
     /// image in the FMNIST models' second layer) are not allocated and zeroed anew.
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     /// The per-image traces of the last batch this thread ran [`Net::loss_and_gradient`]
-    /// on, kept for the same reason (about 21 MB for `cnn_fmnist` at batch 64).
+    /// on, kept for the same reason: at batch 64, 4.8 MB for `cnn_fmnist` (its pools'
+    /// outputs and indices) and 27 MB for `cnn_hics_code` ([`Plan::kept`]).
     static TRACES: RefCell<Vec<Trace>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -280,6 +308,25 @@ impl Net {
         matches!(self.stages[i], Stage::Relu) && matches!(self.stages.get(i + 1), Some(Stage::Pool))
     }
 
+    /// The input of BatchNorm stage `b` for one image with stage outputs `outs`: the
+    /// trace's, or the PReLU's output recomputed into `buf` from its input where the
+    /// trace does not keep it ([`Plan::kept`]; the same bits).
+    fn norm_input<'a>(
+        plan: &Plan,
+        params: &[f32],
+        b: usize,
+        outs: &'a [Vec<f32>],
+        buf: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        if plan.kept[b - 1] {
+            return &outs[b - 1];
+        }
+        let x = &outs[b - 2];
+        fit(buf, x.len());
+        prelu_forward(buf, x, params[plan.at[b - 1]]);
+        buf
+    }
+
     /// Runs stages `range` on image `x`, filling `tr` (a ReLU just before a pool leaves
     /// its output empty, [`Net::relu_into_pool`]); a BatchNorm normalises by its `norms`.
     /// A range that ends at a BatchNorm leaves the image's moments of its input in
@@ -298,20 +345,31 @@ impl Net {
         let n = self.stages.len();
         tr.outs.resize_with(n, Vec::new);
         tr.argmax.resize_with(n, Vec::new);
+        s.passing.resize_with(n, Vec::new);
         for i in range.clone() {
             let stage = &self.stages[i];
             let shape = plan.shapes[i];
             let [co, ho, wo] = plan.shapes[i + 1];
+            if i == range.start && matches!(stage, Stage::BatchNorm) {
+                // The range starts here: an input not kept is no longer in the scratch.
+                Self::norm_input(plan, params, i, &tr.outs, &mut s.passing[i - 1]);
+            }
             let (done, rest) = tr.outs.split_at_mut(i);
+            let (passed, ahead) = s.passing.split_at_mut(i);
             let fused_relu = i > 0 && self.relu_into_pool(i - 1);
+            let output = |j: usize| -> &[f32] { if plan.kept[j] { &done[j] } else { &passed[j] } };
             // A pool after a fused ReLU reads the ReLU's input.
             let input: &[f32] = match (i, fused_relu) {
                 (0, _) => x,
                 (1, true) => x,
-                (_, true) => &done[i - 2],
-                _ => &done[i - 1],
+                (_, true) => output(i - 2),
+                _ => output(i - 1),
             };
-            let out = &mut rest[0];
+            let out = if plan.kept[i] {
+                &mut rest[0]
+            } else {
+                &mut ahead[0]
+            };
             if self.relu_into_pool(i) {
                 out.clear();
                 continue;
@@ -387,7 +445,13 @@ impl Net {
         }
         if let Some(Stage::BatchNorm) = self.stages.get(range.end) {
             let [_, h, w] = plan.shapes[range.end];
-            moments(&tr.outs[range.end - 1], h * w, &mut tr.sums);
+            let j = range.end - 1;
+            let x = if plan.kept[j] {
+                &tr.outs[j]
+            } else {
+                &s.passing[j]
+            };
+            moments(x, h * w, &mut tr.sums);
         }
     }
 
@@ -642,6 +706,7 @@ impl Net {
                     // No rayon call runs inside (each GEMM is single-threaded), so no
                     // other task of this thread can want the scratch while it is borrowed.
                     SCRATCH.with_borrow_mut(|s| {
+                        s.passing.resize_with(self.stages.len(), Vec::new);
                         for ((tr, df), x) in trs
                             .iter_mut()
                             .zip(dfeat.chunks_exact(width))
@@ -654,12 +719,26 @@ impl Net {
                                 }
                                 Some((b, norm, sums, n)) => {
                                     std::mem::swap(&mut s.grad, &mut tr.grad);
-                                    norm.backward(&mut s.grad, &tr.outs[b - 1], sums, n);
+                                    let x = Self::norm_input(
+                                        plan,
+                                        params,
+                                        b,
+                                        &tr.outs,
+                                        &mut s.passing[b - 1],
+                                    );
+                                    norm.backward(&mut s.grad, x, sums, n);
                                 }
                             }
                             self.backward_image(plan, params, w_t, start..end, x, tr, g, s);
                             if let Some((b, norm)) = below {
-                                norm.sums(&s.grad, &tr.outs[b - 1], &mut tr.sums);
+                                let x = Self::norm_input(
+                                    plan,
+                                    params,
+                                    b,
+                                    &tr.outs,
+                                    &mut s.passing[b - 1],
+                                );
+                                norm.sums(&s.grad, x, &mut tr.sums);
                                 std::mem::swap(&mut s.grad, &mut tr.grad);
                             }
                         }

@@ -630,6 +630,28 @@ fn every_batch_norm_copy_takes_the_same_sums() {
     }
 }
 
+/// A trace keeps the outputs the backward pass or a later range reads, and the
+/// features; the rest pass through the scratch. Worked by hand from each stage list.
+#[test]
+fn traces_keep_what_is_read_again() {
+    let (t, f) = (true, false);
+    for (arch, net, _) in models() {
+        let want: &[bool] = match arch.name() {
+            // conv → ReLU (fused) → pool, twice: the pools' maxima and the features.
+            "cnn_fmnist" | "cnn_hics" => &[f, f, t, f, f, t],
+            // conv → pool → ReLU, three times without the last pool: each ReLU's output
+            // (its backward and the next convolution read it).
+            "cnn_cifar" => &[f, f, t, f, f, t, f, t],
+            // conv → PReLU → BatchNorm (→ pool): each convolution's output (PReLU's
+            // backward), not the PReLUs' (recomputed), the first BatchNorm's (the next
+            // convolution reads it), the pools'.
+            "cnn_hics_code" => &[t, f, t, t, f, f, t, t, f, f, t],
+            other => panic!("a seed CNN without a case: {other}"),
+        };
+        assert_eq!(net.plan().kept, want, "{}", arch.name());
+    }
+}
+
 /// The four seed CNNs at their real shapes, against their own burn forward pass.
 fn models() -> Vec<(Box<dyn Architecture>, Net, Dataset)> {
     let fmnist = |hidden| {
