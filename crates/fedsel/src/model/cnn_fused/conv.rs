@@ -274,12 +274,13 @@ fn copy_short(dst: &mut [f32], src: &[f32]) {
     *d = *s;
 }
 
-/// The adjoint of [`im2col`]: adds each patch-matrix entry of `col` to the input pixel
-/// it was read from, patch rows in order. With AVX-512, 16 pixels at a time take all
-/// their entries ([`add_patch_rows_avx512`]); the patch rows of the CIFAR CNN's last
-/// convolutions are 13 and 4 entries long, where the compiler's loop spent its time on
-/// the edges. Each pixel gets the same adds in the same order either way, so the bits
-/// do not change.
+/// The adjoint of [`im2col`]: each input pixel of `x` becomes the sum, from 0 and patch
+/// rows in order, of the patch-matrix entries of `col` read from it (what `x` held
+/// before is overwritten). With AVX-512, 16 pixels at a time take all their entries
+/// from a zero vector ([`add_patch_rows_avx512`]), so the image needs no zeroing pass
+/// of its own; the patch rows of the CIFAR CNN's last convolutions are 13 and 4 entries
+/// long, where the compiler's loop spent its time on the edges. Each pixel gets the
+/// same adds in the same order either way, so the bits do not change.
 pub(super) fn col2im(col: &[f32], shape: [usize; 3], k: usize, pad: usize, x: &mut [f32]) {
     let [c, h, w] = shape;
     let (ho, wo) = (h + 2 * pad + 1 - k, w + 2 * pad + 1 - k);
@@ -291,6 +292,7 @@ pub(super) fn col2im(col: &[f32], shape: [usize; 3], k: usize, pad: usize, x: &m
         unsafe { add_patch_rows_avx512(col, shape, k, pad, x) };
         return;
     }
+    x.fill(0.0);
     add_patch_rows(col, shape, k, pad, x);
 }
 
@@ -331,10 +333,10 @@ dispatch! {
     }
 }
 
-/// [`add_patch_rows`] with AVX-512, pixel by pixel instead of patch row by patch row:
-/// 16 pixels of an image row are loaded once, take the entries of every patch row that
-/// reads them (masked adds, patch rows in order, so each pixel's sum is the same chain
-/// of adds), and are stored once. Adding patch row after patch row into the image
+/// [`add_patch_rows`] into a zeroed image, with AVX-512, pixel by pixel instead of
+/// patch row by patch row: 16 pixels of an image row start from zero, take the entries
+/// of every patch row that reads them (masked adds, patch rows in order, so each
+/// pixel's sum is the same chain of adds), and are stored once. Adding patch row after patch row into the image
 /// instead stored each pixel k² times, and each masked load waited on the overlapping
 /// masked store just before it.
 ///
@@ -349,7 +351,9 @@ unsafe fn add_patch_rows_avx512(
     pad: usize,
     x: &mut [f32],
 ) {
-    use std::arch::x86_64::{_mm512_mask_add_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps};
+    use std::arch::x86_64::{
+        _mm512_mask_add_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_setzero_ps,
+    };
     let [c, h, w] = shape;
     let (ho, wo) = (h + 2 * pad + 1 - k, w + 2 * pad + 1 - k);
     assert!(x.len() >= c * h * w && col.len() >= c * k * k * ho * wo);
@@ -363,8 +367,7 @@ unsafe fn add_patch_rows_avx512(
             while ix < w {
                 let pixels = lanes(0, (w - ix) as isize);
                 let at = (ci * h + iy) * w + ix;
-                // SAFETY: the pixels' lanes lie in image row iy of channel ci.
-                let mut acc = unsafe { _mm512_maskz_loadu_ps(pixels, dst.add(at)) };
+                let mut acc = _mm512_setzero_ps();
                 for ky in 0..k {
                     let Some(oy) = (iy + pad).checked_sub(ky).filter(|&oy| oy < ho) else {
                         continue;
@@ -381,7 +384,7 @@ unsafe fn add_patch_rows_avx512(
                         acc = _mm512_mask_add_ps(acc, take, acc, v);
                     }
                 }
-                // SAFETY: as the load.
+                // SAFETY: the pixels' lanes lie in image row iy of channel ci.
                 unsafe { _mm512_mask_storeu_ps(dst.add(at), pixels, acc) };
                 ix += 16;
             }

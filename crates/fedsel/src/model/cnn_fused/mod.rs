@@ -514,7 +514,7 @@ impl Net {
                         View::new(&s.grad, cout, hw),
                         false,
                     );
-                    zeros(&mut s.grad_in, ci * h * w);
+                    fit(&mut s.grad_in, ci * h * w);
                     col2im(&s.col[..ckk * hw], shape, k, pad, &mut s.grad_in);
                 }
                 Stage::Relu => {

@@ -524,9 +524,10 @@ fn every_pool_backward_copy_writes_the_same_gradient() {
     }
 }
 
-/// col2im adds each patch entry to the pixel it came from, on every instruction set:
-/// a 2×2 image with a 2×2 kernel and padding 1 (a 3×3 output) worked by hand, then
-/// the vector copies against the plain loop, bit for bit, at the seed CNNs' shapes.
+/// col2im gives each pixel the sum of the patch entries read from it, over whatever the
+/// image held (NaN here), on every instruction set: a 2×2 image with a 2×2 kernel and
+/// padding 1 (a 3×3 output) worked by hand, then the vector copies against the plain
+/// loop, bit for bit, at the seed CNNs' shapes.
 #[test]
 fn every_col2im_copy_adds_the_same_entries() {
     // Output 3×3; patch row (ky, kx) at output (oy, ox) reads pixel (oy + ky − 1, ox + kx − 1).
@@ -540,7 +541,8 @@ fn every_col2im_copy_adds_the_same_entries() {
         8.0 + 16.0 + 23.0 + 31.0,
     ];
     for isa in glue_isas() {
-        let mut x = vec![0.0; 4];
+        // What the image held is overwritten: no zeroing pass is needed before.
+        let mut x = vec![f32::NAN; 4];
         on_forced(isa, || col2im(&col, [1, 2, 2], 2, 1, &mut x));
         assert_eq!(x, want, "{}", isa.name());
     }
@@ -557,7 +559,7 @@ fn every_col2im_copy_adds_the_same_entries() {
             .map(|_| rng.random_range(-1.0f32..1.0) * 10f32.powi(rng.random_range(-6..6)))
             .collect();
         let run = |isa| {
-            let mut x = vec![0.0f32; c * h * w];
+            let mut x = vec![f32::NAN; c * h * w];
             on_forced(isa, || col2im(&col, shape, k, pad, &mut x));
             x.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
