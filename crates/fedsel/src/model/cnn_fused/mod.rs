@@ -84,7 +84,7 @@ mod tests;
 
 #[cfg(target_arch = "x86_64")]
 use conv::conv_direct_avx512;
-use conv::{DIRECT_PATCH, col2im, im2col, pad_image, patch_stride, transposed};
+use conv::{DIRECT_PATCH, Padded, col2im, im2col, patch_stride, transposed};
 use elementwise::{
     add_assign, add_row_sums, pool_backward, pool_forward, relu, relu_backward, relu_in_place,
     relu_into, relu_passes,
@@ -269,7 +269,7 @@ struct Scratch {
     col: Vec<f32>,
     /// A convolution's output at the patch matrix's row stride, where that is wider.
     wide: Vec<f32>,
-    padded: Vec<f32>,
+    padded: Padded,
     grad: Vec<f32>,
     grad_in: Vec<f32>,
     /// The outputs of the stages a trace does not keep, by stage, for the next stage.
@@ -284,12 +284,6 @@ thread_local! {
     /// on, kept for the same reason: at batch 64, 4.8 MB for `cnn_fmnist` (its pools'
     /// outputs and indices) and 27 MB for `cnn_hics_code` ([`Plan::kept`]).
     static TRACES: RefCell<Vec<Trace>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Makes `v` `n` zeros long.
-fn zeros(v: &mut Vec<f32>, n: usize) {
-    v.clear();
-    v.resize(n, 0.0);
 }
 
 /// Makes `v` `n` long, keeping what it holds (only new entries are set): for buffers
@@ -387,8 +381,7 @@ impl Net {
                         let xp: &[f32] = if pad == 0 {
                             input
                         } else {
-                            pad_image(input, shape, pad, &mut s.padded);
-                            &s.padded
+                            s.padded.of(input, shape, pad)
                         };
                         // SAFETY: glue_isa found AVX-512F; `xp` is the padded image, `w`
                         // and `b` this stage's weights and biases, `out` its output.

@@ -524,6 +524,41 @@ fn every_pool_backward_copy_writes_the_same_gradient() {
     }
 }
 
+/// A padded image is the image inside a zero border, whatever images of its shape or of
+/// others came before it (each shape keeps its buffer, whose border is never written):
+/// worked by hand.
+#[test]
+fn padded_images_keep_a_zero_border() {
+    let mut padded = Padded::default();
+    let a = [1.0, 2.0, 3.0, 4.0];
+    assert_eq!(padded.of(&a, [1, 2, 2], 1), inside_a_border(&a));
+    // Two channels of 1×3 with padding 2: each channel 5×7, the image in row 2.
+    let b = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let got = padded.of(&b, [2, 1, 3], 2).to_vec();
+    assert_eq!(got.len(), 2 * 5 * 7);
+    for (i, &v) in got.iter().enumerate() {
+        let (ch, r, col) = (i / 35, i % 35 / 7, i % 7);
+        let want = if r == 2 && (2..5).contains(&col) {
+            b[ch * 3 + col - 2]
+        } else {
+            0.0
+        };
+        assert_eq!(v, want, "entry {i}");
+    }
+    let c = [5.0, 6.0, 7.0, 8.0];
+    assert_eq!(padded.of(&c, [1, 2, 2], 1), inside_a_border(&c));
+}
+
+/// A 2×2 image inside a border of 1: a 4×4 image, by hand.
+fn inside_a_border(x: &[f32; 4]) -> [f32; 16] {
+    let mut out = [0.0; 16];
+    out[5] = x[0];
+    out[6] = x[1];
+    out[9] = x[2];
+    out[10] = x[3];
+    out
+}
+
 /// col2im gives each pixel the sum of the patch entries read from it, over whatever the
 /// image held (NaN here), on every instruction set: a 2×2 image with a 2×2 kernel and
 /// padding 1 (a 3×3 output) worked by hand, then the vector copies against the plain
