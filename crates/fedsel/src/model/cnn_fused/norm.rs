@@ -35,6 +35,53 @@ fn total(lanes: [f64; LANES], tail: impl Iterator<Item = f64>) -> f64 {
     lanes.into_iter().chain(tail).fold(0.0, |s, v| s + v)
 }
 
+/// A channel's (Σx, Σx²) from its lanes' sums over the whole lane groups, then the
+/// entries `tail` past them: the same for every copy of [`channel_moments`].
+#[inline(always)]
+fn moment_pair(s: [f64; LANES], q: [f64; LANES], tail: &[f32]) -> [f64; 2] {
+    let sum = total(s, tail.iter().map(|&v| f64::from(v)));
+    let squares = total(q, tail.iter().map(|&v| f64::from(v) * f64::from(v)));
+    [sum, squares]
+}
+
+/// A channel's (Σδy, Σδy·x̂) likewise, from the entries `dy` and `x` past the lane
+/// groups, for every copy of [`gradient_moments`].
+#[inline(always)]
+fn gradient_pair(
+    a: [f64; LANES],
+    b: [f64; LANES],
+    dy: &[f32],
+    x: &[f32],
+    m: f32,
+    s: f32,
+) -> [f64; 2] {
+    let tail = || dy.iter().zip(x);
+    let sum = total(a, tail().map(|(&g, _)| f64::from(g)));
+    let dot = total(
+        b,
+        tail().map(|(&g, &v)| f64::from(g) * f64::from((v - m) * s)),
+    );
+    [sum, dot]
+}
+
+/// Each channel of one image's δy and x (`[c, hw]` each), with its mean, inverse
+/// deviation and pair of `out`.
+#[inline(always)]
+fn gradient_channels<'a>(
+    dy: &'a [f32],
+    x: &'a [f32],
+    mean: &'a [f32],
+    inv_std: &'a [f32],
+    out: &'a mut [[f64; 2]],
+) -> impl Iterator<Item = (&'a [f32], &'a [f32], f32, f32, &'a mut [f64; 2])> {
+    let hw = x.len() / mean.len();
+    dy.chunks_exact(hw)
+        .zip(x.chunks_exact(hw))
+        .zip(mean.iter().zip(inv_std))
+        .zip(out.iter_mut())
+        .map(|(((dy, x), (&m, &s)), o)| (dy, x, m, s, o))
+}
+
 dispatch! {
     /// Per channel of one image `x` (`[c, hw]`), Σx and Σx² into `out`.
     fn channel_moments(x: &[f32], hw: usize, out: &mut [[f64; 2]]) {
@@ -49,10 +96,7 @@ dispatch! {
                     q[l] += v * v;
                 }
             }
-            let tail = groups.remainder();
-            let sum = total(s, tail.iter().map(|&v| f64::from(v)));
-            let squares = total(q, tail.iter().map(|&v| f64::from(v) * f64::from(v)));
-            *o = [sum, squares];
+            *o = moment_pair(s, q, groups.remainder());
         }
     }
 }
@@ -66,13 +110,7 @@ dispatch! {
         inv_std: &[f32],
         out: &mut [[f64; 2]],
     ) {
-        let hw = x.len() / mean.len();
-        for (((dy, x), (&m, &s)), o) in dy
-            .chunks_exact(hw)
-            .zip(x.chunks_exact(hw))
-            .zip(mean.iter().zip(inv_std))
-            .zip(out.iter_mut())
-        {
+        for (dy, x, m, s, o) in gradient_channels(dy, x, mean, inv_std, out) {
             let (mut a, mut b) = ([0.0f64; LANES], [0.0f64; LANES]);
             let (mut gs, mut xs) = (dy.chunks_exact(LANES), x.chunks_exact(LANES));
             for (g, v) in (&mut gs).zip(&mut xs) {
@@ -83,10 +121,7 @@ dispatch! {
                     b[l] += f64::from(g[l]) * f64::from((v[l] - m) * s);
                 }
             }
-            let tail = || gs.remainder().iter().zip(xs.remainder());
-            let sum = total(a, tail().map(|(&g, _)| f64::from(g)));
-            let dot = total(b, tail().map(|(&g, &v)| f64::from(g) * f64::from((v - m) * s)));
-            *o = [sum, dot];
+            *o = gradient_pair(a, b, gs.remainder(), xs.remainder(), m, s);
         }
     }
 }
@@ -122,13 +157,7 @@ unsafe fn channel_moments_avx512(x: &[f32], hw: usize, out: &mut [[f64; 2]]) {
             s = _mm512_add_pd(s, v);
             q = _mm512_add_pd(q, _mm512_mul_pd(v, v));
         }
-        let tail = groups.remainder();
-        let sum = total(lanes_of(s), tail.iter().map(|&v| f64::from(v)));
-        let squares = total(
-            lanes_of(q),
-            tail.iter().map(|&v| f64::from(v) * f64::from(v)),
-        );
-        *o = [sum, squares];
+        *o = moment_pair(lanes_of(s), lanes_of(q), groups.remainder());
     }
 }
 
@@ -150,13 +179,7 @@ unsafe fn gradient_moments_avx512(
         _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_sub_ps, _mm512_add_pd,
         _mm512_cvtps_pd, _mm512_mul_pd, _mm512_setzero_pd,
     };
-    let hw = x.len() / mean.len();
-    for (((dy, x), (&m, &s)), o) in dy
-        .chunks_exact(hw)
-        .zip(x.chunks_exact(hw))
-        .zip(mean.iter().zip(inv_std))
-        .zip(out.iter_mut())
-    {
+    for (dy, x, m, s, o) in gradient_channels(dy, x, mean, inv_std, out) {
         let (mv, sv) = (_mm256_set1_ps(m), _mm256_set1_ps(s));
         let (mut a, mut b) = (_mm512_setzero_pd(), _mm512_setzero_pd());
         let (mut gs, mut xs) = (dy.chunks_exact(LANES), x.chunks_exact(LANES));
@@ -168,13 +191,14 @@ unsafe fn gradient_moments_avx512(
             a = _mm512_add_pd(a, g);
             b = _mm512_add_pd(b, _mm512_mul_pd(g, xh));
         }
-        let tail = || gs.remainder().iter().zip(xs.remainder());
-        let sum = total(lanes_of(a), tail().map(|(&g, _)| f64::from(g)));
-        let dot = total(
+        *o = gradient_pair(
+            lanes_of(a),
             lanes_of(b),
-            tail().map(|(&g, &v)| f64::from(g) * f64::from((v - m) * s)),
+            gs.remainder(),
+            xs.remainder(),
+            m,
+            s,
         );
-        *o = [sum, dot];
     }
 }
 
