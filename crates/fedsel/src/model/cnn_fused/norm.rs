@@ -20,7 +20,7 @@
 //! reduction order: the two agree within float tolerance, not bit for bit (the model
 //! tests compare them).
 
-use super::glue_isa;
+use super::{fit, glue_isa};
 use crate::cpu::Isa;
 use crate::model::cnn_hics_code::{BN_EPS, BN_MOMENTUM};
 
@@ -272,18 +272,13 @@ fn parts(p: &[f32], c: usize) -> [&[f32]; 4] {
 /// One image's per-channel pairs of sums (Σx, Σx²) of `x` (`[c, hw]`) into `out`: taken
 /// as each image leaves the stage before a BatchNorm, while its output is in cache.
 pub(super) fn moments(x: &[f32], hw: usize, out: &mut Vec<[f64; 2]>) {
-    fit_pairs(out, x.len() / hw);
+    fit(out, x.len() / hw);
     #[cfg(target_arch = "x86_64")]
     if glue_isa() == Isa::Avx512 {
         // SAFETY: glue_isa found AVX-512F; `out` holds a pair per channel of `x`.
         return unsafe { channel_moments_avx512(x, hw, out) };
     }
     channel_moments(x, hw, out);
-}
-
-/// Makes `v` `c` pairs long (each then written in full).
-fn fit_pairs(v: &mut Vec<[f64; 2]>, c: usize) {
-    v.resize(c, [0.0; 2]);
 }
 
 /// The batch's per-channel pairs of sums: each image's pairs `per_image` added in image
@@ -378,7 +373,7 @@ impl Norm {
     /// One image's (Σ δy, Σ δy·x̂) per channel into `out`, from the gradient `dy` at the
     /// layer's output and its input `x`.
     pub(super) fn sums(&self, dy: &[f32], x: &[f32], out: &mut Vec<[f64; 2]>) {
-        fit_pairs(out, self.mean.len());
+        fit(out, self.mean.len());
         #[cfg(target_arch = "x86_64")]
         if glue_isa() == Isa::Avx512 {
             // SAFETY: glue_isa found AVX-512F; `out` holds a pair per channel.
