@@ -85,49 +85,68 @@ impl UpdateRule {
         }
     }
 
-    /// Step `step` (counted from 1) on one span of parameters `p` with gradient `g` (used
-    /// as scratch), the model received `global`, and the optimizer moments `m`, `v` (empty
-    /// where the optimizer keeps none). Each case is its own loop over zipped slices, so
-    /// the branches are taken once per span and the loops vectorise.
+    /// Step `step` (counted from 1) on one span of parameters `p` with gradient `g`, the
+    /// model received `global`, and the optimizer moments `m`, `v` (empty where the
+    /// optimizer keeps none).
     fn apply(
         &self,
         step: u64,
         p: &mut [f32],
-        g: &mut [f32],
+        g: &[f32],
         global: &[f32],
         m: &mut [f32],
         v: &mut [f32],
     ) {
-        if let Some(wd) = self.weight_decay {
-            g.iter_mut().zip(p.iter()).for_each(|(g, &p)| *g += p * wd);
+        match (self.weight_decay.is_some(), self.prox_mu.is_some()) {
+            (false, false) => self.apply_with::<false, false>(step, p, g, global, m, v),
+            (true, false) => self.apply_with::<true, false>(step, p, g, global, m, v),
+            (false, true) => self.apply_with::<false, true>(step, p, g, global, m, v),
+            (true, true) => self.apply_with::<true, true>(step, p, g, global, m, v),
         }
-        if let Some(mu) = self.prox_mu {
-            g.iter_mut()
-                .zip(p.iter().zip(global))
-                .for_each(|(g, (&p, &x))| *g += (p - x) * mu);
-        }
+    }
+
+    /// [`UpdateRule::apply`] with the weight decay (`WD`) and the proximal term (`PROX`)
+    /// chosen at compile time, so that each case is one pass over zipped slices that
+    /// vectorises: the terms are added to each entry's gradient in torch's order, the
+    /// same operations as a pass of their own each, and the optimizer then steps.
+    fn apply_with<const WD: bool, const PROX: bool>(
+        &self,
+        step: u64,
+        p: &mut [f32],
+        g: &[f32],
+        global: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+    ) {
+        let (wd, mu) = (
+            self.weight_decay.unwrap_or_default(),
+            self.prox_mu.unwrap_or_default(),
+        );
+        let term = |g: f32, p: f32, x: f32| {
+            let g = if WD { g + p * wd } else { g };
+            if PROX { g + (p - x) * mu } else { g }
+        };
         let lr = self.lr;
+        let pgx = p.iter_mut().zip(g.iter().zip(global));
         match (self.optimizer, self.momentum) {
             (LocalOptimizer::Sgd, Some(momentum)) => {
-                for ((p, &g), m) in p.iter_mut().zip(g.iter()).zip(m.iter_mut()) {
-                    *m = *m * momentum + g;
+                for ((p, (&g, &x)), m) in pgx.zip(m.iter_mut()) {
+                    *m = *m * momentum + term(g, *p, x);
                     *p -= *m * lr;
                 }
             }
             (LocalOptimizer::Sgd, None) => {
-                p.iter_mut().zip(g.iter()).for_each(|(p, &g)| *p -= g * lr)
+                for (p, (&g, &x)) in pgx {
+                    *p -= term(g, *p, x) * lr;
+                }
             }
             (LocalOptimizer::Adam, _) => {
                 let (b1, b2, eps) = (self.beta1 as f32, self.beta2 as f32, self.eps);
                 let (one_b1, one_b2) = ((1.0 - self.beta1) as f32, (1.0 - self.beta2) as f32);
                 let c1 = (1.0 - self.beta1.powi(step as i32)) as f32;
                 let c2 = (1.0 - self.beta2.powi(step as i32)) as f32;
-                for (((p, &g), m), v) in p
-                    .iter_mut()
-                    .zip(g.iter())
-                    .zip(m.iter_mut())
-                    .zip(v.iter_mut())
-                {
+                for ((p, (&g, &x)), (m, v)) in pgx.zip(m.iter_mut().zip(v.iter_mut())) {
+                    let g = term(g, *p, x);
                     *m = *m * b1 + g * one_b1;
                     *v = *v * b2 + g * g * one_b2;
                     let denom = (*v / c2).sqrt() + eps;
@@ -150,7 +169,7 @@ impl UpdateRule {
         &self,
         step: u64,
         p: &mut [f32],
-        g: &mut [f32],
+        g: &[f32],
         global: &[f32],
         m: &mut [f32],
         v: &mut [f32],
@@ -161,7 +180,7 @@ impl UpdateRule {
         let n = p.len().div_ceil(UPDATE_PIECE);
         let (ms, vs) = (pieces(m, n), pieces(v, n));
         p.par_chunks_mut(UPDATE_PIECE)
-            .zip(g.par_chunks_mut(UPDATE_PIECE))
+            .zip(g.par_chunks(UPDATE_PIECE))
             .zip(global.par_chunks(UPDATE_PIECE))
             .zip(ms.into_par_iter().zip(vs))
             .for_each(|(((p, g), x), (m, v))| self.apply(step, p, g, x, m, v));
@@ -389,7 +408,7 @@ impl Trainer<'_> {
                 p: self.dropout,
                 rng,
             };
-            let (loss, mut grad) = f.train_loss_and_gradient(&params, self.data, b, &mut drop);
+            let (loss, grad) = f.train_loss_and_gradient(&params, self.data, b, &mut drop);
             loss_sum += loss;
             step += 1;
             for r in &frozen {
@@ -400,7 +419,7 @@ impl Trainer<'_> {
                 rule.apply_pieces(
                     step,
                     &mut params[r.clone()],
-                    &mut grad[r.clone()],
+                    &grad[r.clone()],
                     &global[r.clone()],
                     m.get_mut(r.clone()).unwrap_or_default(),
                     v.get_mut(r).unwrap_or_default(),
@@ -839,16 +858,16 @@ mod tests {
             let keeps = optimizer == LocalOptimizer::Adam || momentum.is_some();
             let moments = |x: &Vec<f32>| if keeps { x.clone() } else { Vec::new() };
             let run = |pieces: bool| {
-                let (mut p, mut g, mut m, mut v) = (p.clone(), g.clone(), moments(&m), moments(&v));
+                let (mut p, mut m, mut v) = (p.clone(), moments(&m), moments(&v));
                 let v_or_none = if optimizer == LocalOptimizer::Adam {
                     &mut v[..]
                 } else {
                     &mut [][..]
                 };
                 if pieces {
-                    rule.apply_pieces(3, &mut p, &mut g, &global, &mut m, v_or_none);
+                    rule.apply_pieces(3, &mut p, &g, &global, &mut m, v_or_none);
                 } else {
-                    rule.apply(3, &mut p, &mut g, &global, &mut m, v_or_none);
+                    rule.apply(3, &mut p, &g, &global, &mut m, v_or_none);
                 }
                 (p, m)
             };
@@ -865,6 +884,85 @@ mod tests {
                 "{optimizer:?} {momentum:?}"
             );
             assert_ne!(bits(&whole.0), bits(&p), "the update moved the parameters");
+        }
+    }
+
+    /// The one-pass update gives the bits of torch's order written out as passes of
+    /// their own (weight decay into the gradient, then the proximal term, then the
+    /// optimizer's step), for every optimizer with and without each term.
+    #[test]
+    fn the_one_pass_update_is_torchs_passes_to_the_bit() {
+        use rand::Rng as _;
+        let n = 1000;
+        let mut rng = stream(5, Purpose::Dataset, 0, 0);
+        let mut draw = || -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let (p0, g0, global, m0, v0) = (draw(), draw(), draw(), draw(), draw());
+        let v0: Vec<f32> = v0.iter().map(|x| x.abs()).collect();
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let (lr, b1, b2, eps, step) = (0.05f32, 0.9f64, 0.999f64, 1e-8f32, 3);
+        for weight_decay in [None, Some(1e-3f32)] {
+            for prox_mu in [None, Some(0.01f32)] {
+                for (optimizer, momentum) in [
+                    (LocalOptimizer::Sgd, None),
+                    (LocalOptimizer::Sgd, Some(0.9f32)),
+                    (LocalOptimizer::Adam, None),
+                ] {
+                    let (mut g, mut p, mut m, mut v) =
+                        (g0.clone(), p0.clone(), m0.clone(), v0.clone());
+                    for i in 0..n {
+                        if let Some(wd) = weight_decay {
+                            g[i] += p[i] * wd;
+                        }
+                    }
+                    for i in 0..n {
+                        if let Some(mu) = prox_mu {
+                            g[i] += (p[i] - global[i]) * mu;
+                        }
+                    }
+                    for i in 0..n {
+                        match (optimizer, momentum) {
+                            (LocalOptimizer::Sgd, None) => p[i] -= g[i] * lr,
+                            (LocalOptimizer::Sgd, Some(mom)) => {
+                                m[i] = m[i] * mom + g[i];
+                                p[i] -= m[i] * lr;
+                            }
+                            (LocalOptimizer::Adam, _) => {
+                                m[i] = m[i] * b1 as f32 + g[i] * (1.0 - b1) as f32;
+                                v[i] = v[i] * b2 as f32 + g[i] * g[i] * (1.0 - b2) as f32;
+                                let c1 = (1.0 - b1.powi(step)) as f32;
+                                let c2 = (1.0 - b2.powi(step)) as f32;
+                                p[i] -= (m[i] / c1) / ((v[i] / c2).sqrt() + eps) * lr;
+                            }
+                        }
+                    }
+                    let rule = UpdateRule {
+                        optimizer,
+                        lr,
+                        weight_decay,
+                        prox_mu,
+                        momentum,
+                        beta1: b1,
+                        beta2: b2,
+                        eps,
+                    };
+                    let keeps = optimizer == LocalOptimizer::Adam || momentum.is_some();
+                    let (mut q, mut qm) = (p0.clone(), if keeps { m0.clone() } else { Vec::new() });
+                    let mut qv = if optimizer == LocalOptimizer::Adam {
+                        v0.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    rule.apply(step as u64, &mut q, &g0, &global, &mut qm, &mut qv);
+                    let case = format!("{optimizer:?} {momentum:?} {weight_decay:?} {prox_mu:?}");
+                    assert_eq!(bits(&q), bits(&p), "{case}");
+                    if keeps {
+                        assert_eq!(bits(&qm), bits(&m), "{case}");
+                    }
+                    if optimizer == LocalOptimizer::Adam {
+                        assert_eq!(bits(&qv), bits(&v), "{case}");
+                    }
+                }
+            }
         }
     }
 
