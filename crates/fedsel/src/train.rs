@@ -403,7 +403,10 @@ impl Trainer<'_> {
             frozen.into_iter().map(|i| self.layout.range(i)).collect();
         let plan = batches(idx, cfg.work, cfg.batch_size, rng);
         let mut loss_sum = 0.0f32;
-        for b in &plan {
+        for (i, b) in plan.iter().enumerate() {
+            if let Some(next) = plan.get(i + 1) {
+                self.data.prefetch(next);
+            }
             let mut drop = Dropout {
                 p: self.dropout,
                 rng,
