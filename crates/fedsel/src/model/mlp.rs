@@ -16,8 +16,9 @@ use burn::tensor::activation::relu;
 
 use super::{
     Architecture, Batch, Dropout, FusedLogits, LossGradient, ParamLayout, ParamSpec, dense,
+    dense_rows_into, fit,
 };
-use crate::data::{Dataset, Inputs};
+use crate::data::Dataset;
 
 /// Two hidden layers of 64 and 30 units.
 #[derive(Debug, Clone)]
@@ -314,22 +315,6 @@ impl Mlp {
         ((loss / b as f64) as f32, grad)
     }
 
-    /// The batch `idx` of `data` into `x` as a row-major matrix, and its labels into
-    /// `labels`.
-    fn gather(&self, data: &Dataset, idx: &[usize], x: &mut Vec<f32>, labels: &mut Vec<u32>) {
-        let Inputs::Dense { values, .. } = &data.inputs else {
-            unreachable!("model::build gives the MLP dense inputs only")
-        };
-        let n = self.inputs;
-        assert_eq!(data.inputs.row_len(), n, "input width");
-        x.clear();
-        for &i in idx {
-            x.extend_from_slice(&values[i * n..(i + 1) * n]);
-        }
-        labels.clear();
-        labels.extend(idx.iter().map(|&i| data.labels[i]));
-    }
-
     /// [`Mlp::fused`] on the batch `idx` of `data`, in this thread's [`Scratch`].
     fn step(
         &self,
@@ -341,8 +326,9 @@ impl Mlp {
         // Taken out and put back rather than borrowed: while a product waits for its
         // stolen half, rayon may run another client's step on this thread, which then
         // finds the slot empty and works in buffers of its own.
+        assert_eq!(data.inputs.row_len(), self.inputs, "input width");
         let mut s = SCRATCH.take();
-        self.gather(data, idx, &mut s.x, &mut s.labels);
+        dense_rows_into(data, idx, &mut s.x, &mut s.labels);
         let b = idx.len();
         let masks = dropout.and_then(|d| {
             if d.p <= 0.0 {
@@ -386,11 +372,6 @@ thread_local! {
     static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
 }
 
-/// Makes `v` `n` long, keeping what it holds: for outputs a product then overwrites.
-fn fit(v: &mut Vec<f32>, n: usize) {
-    v.resize(n, 0.0);
-}
-
 /// The six parameter blocks of `grad`, in the order of [`Mlp::params`].
 fn split<'a>(grad: &'a mut [f32], layout: &ParamLayout) -> [&'a mut [f32]; 6] {
     let mut rest = grad;
@@ -429,6 +410,7 @@ mod tests {
 
     use super::*;
     use crate::bench::random_dataset;
+    use crate::data::Inputs;
     use crate::model::{batch, cross_entropy};
     use crate::rng::{Purpose, Rng, stream};
 

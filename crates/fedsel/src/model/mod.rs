@@ -495,15 +495,36 @@ pub fn loss_and_correct(logits: Tensor<2>, labels: Tensor<1, Int>) -> (f64, usiz
 
 /// Examples `idx` of a dense dataset, one row after another, and their labels.
 pub(crate) fn dense_rows(data: &Dataset, idx: &[usize]) -> (Vec<f32>, Vec<u32>) {
+    let mut x = Vec::with_capacity(idx.len() * data.inputs.row_len());
+    let mut labels = Vec::with_capacity(idx.len());
+    dense_rows_into(data, idx, &mut x, &mut labels);
+    (x, labels)
+}
+
+/// [`dense_rows`] into `x` and `labels`, whatever they held: for a thread's buffers
+/// kept from step to step.
+pub(crate) fn dense_rows_into(
+    data: &Dataset,
+    idx: &[usize],
+    x: &mut Vec<f32>,
+    labels: &mut Vec<u32>,
+) {
     let Inputs::Dense { values, .. } = &data.inputs else {
         unreachable!("model::build gives dense models dense inputs only")
     };
     let row = data.inputs.row_len();
-    let mut x = Vec::with_capacity(idx.len() * row);
+    x.clear();
     for &i in idx {
         x.extend_from_slice(&values[i * row..(i + 1) * row]);
     }
-    (x, idx.iter().map(|&i| data.labels[i]).collect())
+    labels.clear();
+    labels.extend(idx.iter().map(|&i| data.labels[i]));
+}
+
+/// Makes `v` `n` long, keeping what it holds (only new entries are set): for buffers
+/// that are then written in full, where zeroing them first would be wasted work.
+pub(crate) fn fit<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    v.resize(n, T::default());
 }
 
 /// Sum of cross-entropy and number of correct predictions, as [`loss_and_correct`],

@@ -36,6 +36,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::cpu::Isa;
+use crate::model::fit;
 use crate::model::matmul::{View, gemm_into, gemm_into_padded, matmul};
 
 #[cfg(test)]
@@ -284,12 +285,6 @@ thread_local! {
     /// on, kept for the same reason: at batch 64, 4.8 MB for `cnn_fmnist` (its pools'
     /// outputs and indices) and 27 MB for `cnn_hics_code` ([`Plan::kept`]).
     static TRACES: RefCell<Vec<Trace>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Makes `v` `n` long, keeping what it holds (only new entries are set): for buffers
-/// that are then written in full, where zeroing them first would be wasted work.
-fn fit<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
-    v.resize(n, T::default());
 }
 
 impl Net {
